@@ -1,0 +1,283 @@
+"""Schedule generators: pure functions ``ScheduleSpec -> Schedule``, registered by name.
+
+Every generator only decides two things: the Q-tile visiting order of each chain, and which worker
+runs which chains in which order. The summation order of every dQ tile (the ranks) then follows from
+one of two rules:
+
+* ``kv_order``: contributions to a dQ tile are added in ascending KV-tile order (the FA3 rule);
+  with dynamic dispatch in chain order, a rank predecessor always holds a smaller ticket.
+* ``arrival``: contributions are added in the order they would arrive if every step took the same
+  time: sorted by *depth* (the step's position in its worker's sequence), ties broken by worker.
+  Every rank edge then goes from a depth to an equal or larger depth, so with all workers
+  co-resident there is no cycle, and where no two workers touch the same dQ tile at the same depth
+  the order adds no wait at all (the paper's Lemma 1).
+
+Generators (paper section 3):
+
+* ``fa3``: ascending Q tiles, ``kv_order`` ranks, dynamic dispatch (the FA3 deterministic baseline).
+* ``descending``: descending Q tiles, ``kv_order`` ranks, dynamic dispatch.
+* ``shift``: full mask only; KV tile ``j`` starts at Q tile ``j mod M`` and wraps around, so the
+  KV tiles running side by side touch different dQ tiles at every step; static dispatch.
+* ``symmetric_shift``: causal only; KV tiles ``p`` and ``N - 1 - p`` run back to back on one worker
+  (long column with short column: equal work per worker). KV tile ``p`` first walks the rectangle
+  every concurrent long column covers, cyclically shifted, then the rest of its column ascending
+  (the folded triangle); KV tile ``N - 1 - p`` then walks its column descending. Static dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from .types import Dispatch, Schedule, ScheduleSpec
+
+RANK_KV_ORDER = "kv_order"
+RANK_ARRIVAL = "arrival"
+
+
+def build_schedule(
+    name: str,
+    spec: ScheduleSpec,
+    dispatch: Dispatch | str,
+    q_order: Callable[[int], Sequence[int] | np.ndarray],
+    units: Sequence[Sequence[int]],
+    rank_rule: str,
+) -> Schedule:
+    """Assemble a ``Schedule`` from visiting orders and a work split.
+
+    Args:
+        q_order: chain index -> the Q tiles it visits, in order (the same for each q head).
+        units: groups of chains executed back to back by one worker, in dispatch order. Static
+            dispatch deals units round-robin to the ``spec.workers`` workers (worker ``w`` runs
+            units ``w, w + P, ...``); dynamic dispatch hands out the chains as tickets in this order.
+        rank_rule: ``"kv_order"`` or ``"arrival"`` (see the module docstring).
+    """
+    dispatch = Dispatch(dispatch)
+    group = spec.group_size
+    lengths = np.zeros(spec.num_chains, dtype=np.int64)
+    heads: list[np.ndarray] = []
+    tiles: list[np.ndarray] = []
+    for chain in range(spec.num_chains):
+        _, kv_head, _ = _chain_coords(spec, chain)
+        order = np.asarray(q_order(chain), dtype=np.int64)
+        heads.append(np.repeat(np.arange(kv_head * group, (kv_head + 1) * group), len(order)))
+        tiles.append(np.tile(order, group))
+        lengths[chain] = len(order) * group
+    chain_start = np.concatenate([[0], np.cumsum(lengths)])
+    step_q_head = np.concatenate(heads) if heads else np.zeros(0, np.int64)
+    step_q_tile = np.concatenate(tiles) if tiles else np.zeros(0, np.int64)
+
+    flat = [chain for unit in units for chain in unit]
+    if sorted(flat) != list(range(spec.num_chains)):
+        raise ValueError(f"{name}: units must list every chain exactly once")
+    if dispatch is Dispatch.STATIC:
+        per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
+        for index, unit in enumerate(units):
+            per_worker[index % spec.workers].extend(unit)
+        order = [chain for chains in per_worker for chain in chains]
+        worker_start = np.concatenate([[0], np.cumsum([len(c) for c in per_worker])])
+    else:
+        order = flat
+        worker_start = np.array([0, spec.num_chains])
+
+    schedule = Schedule(
+        name=name,
+        spec=spec,
+        dispatch=dispatch,
+        chain_start=chain_start,
+        step_q_head=step_q_head,
+        step_q_tile=step_q_tile,
+        step_rank=np.zeros_like(step_q_tile),
+        order=np.asarray(order),
+        worker_start=worker_start,
+    )
+    if rank_rule == RANK_KV_ORDER:
+        _, kv_tile = schedule.step_batch_kv()
+        ranks = kv_tile
+    elif rank_rule == RANK_ARRIVAL:
+        ranks = _arrival_ranks(schedule)
+    else:
+        raise ValueError(f"rank_rule must be {RANK_KV_ORDER!r} or {RANK_ARRIVAL!r}, got {rank_rule!r}")
+    object.__setattr__(schedule, "step_rank", np.ascontiguousarray(ranks, dtype=np.int32))
+    schedule.step_rank.setflags(write=False)
+    return schedule
+
+
+def step_depth_and_worker(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """``[S]`` depth (position in its worker's step sequence) and worker of every step.
+
+    For dynamic dispatch the worker is not known ahead of time; tickets are dealt round-robin as
+    an approximation (exact when every chain has the same length).
+    """
+    spec = schedule.spec
+    lengths = np.diff(schedule.chain_start)
+    chain_depth = np.zeros(schedule.num_chains, dtype=np.int64)
+    chain_worker = np.zeros(schedule.num_chains, dtype=np.int64)
+    if schedule.dispatch is Dispatch.STATIC:
+        for worker in range(spec.workers):
+            lo, hi = schedule.worker_start[worker], schedule.worker_start[worker + 1]
+            chains = schedule.order[lo:hi]
+            chain_worker[chains] = worker
+            chain_depth[chains] = np.concatenate([[0], np.cumsum(lengths[chains])[:-1]])
+    else:
+        busy = np.zeros(spec.workers, dtype=np.int64)
+        for chain in schedule.order.tolist():
+            worker = int(np.argmin(busy))
+            chain_worker[chain] = worker
+            chain_depth[chain] = busy[worker]
+            busy[worker] += lengths[chain]
+    step_chain = schedule.step_chain()
+    within = np.arange(schedule.num_steps) - schedule.chain_start[step_chain]
+    return chain_depth[step_chain] + within, chain_worker[step_chain]
+
+
+def _arrival_ranks(schedule: Schedule) -> np.ndarray:
+    depth, worker = step_depth_and_worker(schedule)
+    dq = schedule.step_dq_tile()
+    by_arrival = np.lexsort((worker, depth, dq))
+    sorted_dq = dq[by_arrival]
+    group_first = np.r_[0, np.flatnonzero(np.diff(sorted_dq)) + 1]
+    group_sizes = np.diff(np.r_[group_first, len(sorted_dq)])
+    position = np.arange(len(sorted_dq)) - np.repeat(group_first, group_sizes)
+    ranks = np.empty(len(dq), dtype=np.int64)
+    ranks[by_arrival] = position
+    return ranks
+
+
+def _chain_coords(spec: ScheduleSpec, chain: int) -> tuple[int, int, int]:
+    kv_tile = chain % spec.kv_tiles
+    rest = chain // spec.kv_tiles
+    return rest // spec.kv_heads, rest % spec.kv_heads, kv_tile
+
+
+def _one_chain_per_unit(spec: ScheduleSpec) -> list[list[int]]:
+    return [[chain] for chain in range(spec.num_chains)]
+
+
+def fa3(spec: ScheduleSpec) -> Schedule:
+    """FA3 deterministic baseline: ascending Q tiles, KV-order sums, dynamic dispatch."""
+
+    def order(chain: int) -> np.ndarray:
+        kv_tile = chain % spec.kv_tiles
+        return np.arange(spec.first_q_tile(kv_tile), spec.q_tiles)
+
+    return build_schedule(
+        "fa3", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
+    )
+
+
+def descending(spec: ScheduleSpec) -> Schedule:
+    """Descending Q-tile iteration: the baseline with each chain walking its column top-down."""
+
+    def order(chain: int) -> np.ndarray:
+        kv_tile = chain % spec.kv_tiles
+        return np.arange(spec.q_tiles - 1, spec.first_q_tile(kv_tile) - 1, -1)
+
+    return build_schedule(
+        "descending", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
+    )
+
+
+def shift(spec: ScheduleSpec) -> Schedule:
+    """Shift scheduling (full mask): KV tile j visits Q tiles j, j+1, ..., wrapping at M."""
+    if spec.causal:
+        raise ValueError(
+            "schedule 'shift' is for the full mask; for causal=True use 'symmetric_shift' or "
+            "'descending'"
+        )
+
+    def order(chain: int) -> np.ndarray:
+        kv_tile = chain % spec.kv_tiles
+        return (kv_tile + np.arange(spec.q_tiles)) % spec.q_tiles
+
+    return build_schedule(
+        "shift", spec, Dispatch.STATIC, order, _one_chain_per_unit(spec), RANK_ARRIVAL
+    )
+
+
+def symmetric_shift(spec: ScheduleSpec) -> Schedule:
+    """Symmetric shift with two-phase folding (causal): KV tiles p and N-1-p share a worker."""
+    if not spec.causal:
+        raise ValueError(
+            "schedule 'symmetric_shift' is for causal=True; for the full mask use 'shift'"
+        )
+    n_pairs = (spec.kv_tiles + 1) // 2
+    units: list[list[int]] = []
+    unit_pair: list[tuple[int, int, int]] = []  # (batch, kv_head, pair) of each unit
+    for batch in range(spec.batch):
+        for kv_head in range(spec.kv_heads):
+            for pair in range(n_pairs):
+                long_chain = spec.chain_id(batch, kv_head, pair)
+                short_tile = spec.kv_tiles - 1 - pair
+                unit = [long_chain]
+                if short_tile != pair:
+                    unit.append(spec.chain_id(batch, kv_head, short_tile))
+                units.append(unit)
+                unit_pair.append((batch, kv_head, pair))
+
+    # Pairs of one (batch, kv head) that run in the same wave form a group; the long columns of a
+    # group all cover the rows from the last one's diagonal up, so they shift cyclically there.
+    group_of: dict[tuple[int, int, int], list[int]] = {}
+    for index, (batch, kv_head, pair) in enumerate(unit_pair):
+        group_of.setdefault((batch, kv_head, index // spec.workers), []).append(pair)
+    long_order: dict[tuple[int, int, int], np.ndarray] = {}
+    for (batch, kv_head, _), pairs in group_of.items():
+        first, last = pairs[0], pairs[-1]
+        rect_start = spec.first_q_tile(last)
+        rect_len = spec.q_tiles - rect_start
+        for pair in pairs:
+            local = pair - first
+            rect = rect_start + (local + np.arange(rect_len)) % rect_len
+            tri = np.arange(spec.first_q_tile(pair), rect_start)
+            long_order[(batch, kv_head, pair)] = np.concatenate([rect, tri])
+
+    def order(chain: int) -> np.ndarray:
+        batch, kv_head, kv_tile = _chain_coords(spec, chain)
+        if kv_tile < n_pairs:
+            return long_order[(batch, kv_head, kv_tile)]
+        return np.arange(spec.q_tiles - 1, spec.first_q_tile(kv_tile) - 1, -1)
+
+    return build_schedule("symmetric_shift", spec, Dispatch.STATIC, order, units, RANK_ARRIVAL)
+
+
+GENERATORS: dict[str, Callable[[ScheduleSpec], Schedule]] = {
+    "fa3": fa3,
+    "descending": descending,
+    "shift": shift,
+    "symmetric_shift": symmetric_shift,
+}
+
+
+def schedule_names() -> list[str]:
+    """Every registered schedule name."""
+    return list(GENERATORS)
+
+
+def applicable_schedules(spec: ScheduleSpec) -> list[str]:
+    """The schedules that can serve ``spec`` (the shift family is mask-specific)."""
+    names = ["fa3", "descending"]
+    names.append("symmetric_shift" if spec.causal else "shift")
+    return names
+
+
+def auto_schedule_name(spec: ScheduleSpec) -> str:
+    """The documented ``schedule="auto"`` rule: a pure function of the tile-level shape.
+
+    Full mask -> ``shift``; causal -> ``symmetric_shift``. Never a timing-based choice: schedules
+    differ in the low bits of dQ, so the choice itself must be reproducible.
+    """
+    return "symmetric_shift" if spec.causal else "shift"
+
+
+@lru_cache(maxsize=64)
+def make_schedule(name: str, spec: ScheduleSpec) -> Schedule:
+    """Build (and cache) schedule ``name`` for ``spec``; ``name="auto"`` applies the auto rule."""
+    if not isinstance(spec, ScheduleSpec):
+        raise TypeError(f"spec must be a ScheduleSpec, got {type(spec).__name__}")
+    if name == "auto":
+        name = auto_schedule_name(spec)
+    if name not in GENERATORS:
+        raise ValueError(f"schedule must be one of {['auto', *GENERATORS]}, got {name!r}")
+    return GENERATORS[name](spec)

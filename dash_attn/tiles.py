@@ -1,0 +1,50 @@
+"""Tile sizes of the backward kernel per head dimension (pure Python: the schedule CLI uses it).
+
+The schedule engine works in tiles; this table turns a (seqlen, headdim) shape into the tiles the
+Triton backward actually runs, so that the model and the kernel talk about the same DAG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_HEADDIMS = (64, 96, 128, 192, 256)
+
+
+@dataclass(frozen=True)
+class BackwardTiles:
+    """Launch configuration of the backward kernel for one head dimension.
+
+    Attributes:
+        block_m: Q rows per step (BLOCK_M).
+        block_n: KV rows per chain (BLOCK_N, a multiple of block_m).
+        num_warps: warps per program.
+        num_stages: software-pipelining depth.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def tile_ratio(self) -> int:
+        return self.block_n // self.block_m
+
+
+_BACKWARD_TILES: dict[int, BackwardTiles] = {
+    64: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    96: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    128: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
+    256: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
+}
+
+
+def backward_tiles(headdim: int) -> BackwardTiles:
+    """The backward tiles for ``headdim``; raises NotImplementedError for unsupported ones."""
+    if headdim not in _BACKWARD_TILES:
+        raise NotImplementedError(
+            f"headdim must be one of {list(SUPPORTED_HEADDIMS)}, got {headdim}"
+        )
+    return _BACKWARD_TILES[headdim]

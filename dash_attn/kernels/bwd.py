@@ -1,0 +1,312 @@
+"""Attention backward: one persistent kernel that executes any schedule's tables.
+
+Glossary
+--------
+worker        one program of the persistent grid (grid = number of workers P)
+chain         one KV tile (batch b, kv head, KV tile j): K_j, V_j are loaded once and dK_j, dV_j
+              stay in registers while the chain walks its steps (all q heads of its GQA group)
+step          (q head h, Q tile i, rank): recompute P for (i, j), add to dK_j / dV_j, and add the
+              dQ partial dS_ij K_j into the fp32 accumulator of dQ tile (b, h, i)
+rank          position of this contribution in the fixed summation order of that dQ tile
+SEM           one int32 semaphore per dQ tile: the number of contributions already added
+STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag (1 = a wait
+              timed out); zeroed before every launch together with SEM
+DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
+              worker w runs order[worker_start[w]:worker_start[w + 1]]
+DETERMINISTIC wait for SEM == rank, add, barrier, release SEM + 1; otherwise add with relaxed
+              atomics in arrival order (non-deterministic, same tables and work)
+TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
+              bounds the number of polls instead
+
+The dQ partial is added with fp32 atomics in both modes: they are performed at L2, so a later
+contributor on another SM never reads a stale L1 line, and inside the semaphore's critical section
+the order of the additions is fixed, so the result is bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tiles import BackwardTiles
+from .utils import next_power_of_2
+
+if hasattr(tl, "extra") and hasattr(tl.extra, "cuda"):
+    _globaltimer = tl.extra.cuda.globaltimer
+else:  # pragma: no cover - very old Triton
+    from triton.language.extra.cuda import globaltimer as _globaltimer
+
+
+@triton.jit
+def _now(TIMED_WAIT: tl.constexpr):
+    if TIMED_WAIT:
+        return _globaltimer()
+    else:
+        return tl.full([], 0, tl.int64)
+
+
+@triton.jit
+def _wait_for_turn(sem_ptr, status_ptr, rank, timeout, TIMED_WAIT: tl.constexpr):
+    """Spin until *sem_ptr == rank; returns 1 if the wait gave up (timeout or an earlier error)."""
+    seen = tl.atomic_add(sem_ptr, 0, sem="acquire")
+    failed = 0
+    if seen != rank:
+        start = _now(TIMED_WAIT)
+        polls = 0
+        while (seen != rank) & (failed == 0):
+            seen = tl.atomic_add(sem_ptr, 0, sem="acquire")
+            polls += 1
+            # Check the clock and the error flag only now and then: the poll is the hot path.
+            if (polls & 255) == 0:
+                if TIMED_WAIT:
+                    elapsed = _now(TIMED_WAIT) - start
+                else:
+                    elapsed = polls
+                if elapsed > timeout:
+                    tl.atomic_xchg(status_ptr + 1, 1)
+                    failed = 1
+                if tl.load(status_ptr + 1, volatile=True) != 0:
+                    failed = 1
+    return failed
+
+
+@triton.jit
+def attn_bwd_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV,
+    SEM, STATUS,
+    CHAIN_START, STEP_HEAD, STEP_TILE, STEP_RANK, ORDER, WORKER_START,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    q_heads, kv_heads, kv_tiles, q_tiles, num_chains,
+    seqlen_q, seqlen_k, causal_shift,
+    qk_scale, softmax_scale, timeout,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DETERMINISTIC: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+    TIMED_WAIT: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d[None, :] < HEAD_DIM
+
+    if DYNAMIC:
+        ticket = tl.atomic_add(STATUS, 1, sem="relaxed")
+        end = num_chains
+    else:
+        ticket = tl.load(WORKER_START + pid)
+        end = tl.load(WORKER_START + pid + 1)
+
+    while ticket < end:
+        chain = tl.load(ORDER + ticket)
+        kv_tile = chain % kv_tiles
+        rest = chain // kv_tiles
+        kvh = rest % kv_heads
+        b = rest // kv_heads
+
+        offs_n = kv_tile * BLOCK_N + offs_n0
+        n_valid = offs_n < seqlen_k
+        kv_mask = n_valid[:, None] & d_mask
+        k = tl.load(
+            K + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        v = tl.load(
+            V + b * stride_vb + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+        step_lo = tl.load(CHAIN_START + chain)
+        step_hi = tl.load(CHAIN_START + chain + 1)
+        for step in range(step_lo, step_hi):
+            h = tl.load(STEP_HEAD + step)
+            q_tile = tl.load(STEP_TILE + step)
+            offs_m = q_tile * BLOCK_M + offs_m0
+            m_valid = offs_m < seqlen_q
+            qo_mask = m_valid[:, None] & d_mask
+            q = tl.load(
+                Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=qo_mask,
+                other=0.0,
+            )
+            do = tl.load(
+                DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                + offs_d[None, :],
+                mask=qo_mask,
+                other=0.0,
+            )  # fmt: skip
+            row = (b * q_heads + h) * seqlen_q + offs_m
+            # Padded rows and rows that saw no key get +inf so that P = exp2(. - inf) = 0.
+            lse = tl.load(LSE + row, mask=m_valid, other=float("inf"))
+            lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+            delta = tl.load(DELTA + row, mask=m_valid, other=0.0)
+
+            # Transposed formulation: rows are keys, columns are queries.
+            qk_t = tl.dot(k, tl.trans(q))
+            p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
+            keep = n_valid[:, None]
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+            p_t = tl.where(keep, p_t, 0.0)
+            dv += tl.dot(p_t.to(do.dtype), do)
+            dp_t = tl.dot(v, tl.trans(do))
+            ds_t = p_t * (dp_t - delta[None, :])
+            ds_t = ds_t.to(q.dtype)
+            dk += tl.dot(ds_t, q)
+            dq_part = tl.dot(tl.trans(ds_t), k)
+
+            dq_ptrs = (
+                DQ_ACC + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm
+                + offs_d[None, :]
+            )  # fmt: skip
+            if DETERMINISTIC:
+                rank = tl.load(STEP_RANK + step)
+                sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
+                failed = _wait_for_turn(sem_ptr, STATUS, rank, timeout, TIMED_WAIT)
+                if failed != 0:
+                    # Never a silent wrong result: poison what this step would have added.
+                    dq_part = dq_part + float("nan")
+                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
+                # Every thread's adds must be performed before the release (a Triton 3.6 release
+                # atomic does not order the other threads' memory operations by itself).
+                tl.debug_barrier()
+                tl.atomic_add(sem_ptr, 1, sem="release")
+            else:
+                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
+
+        dk = dk * softmax_scale
+        tl.store(
+            DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn
+            + offs_d[None, :],
+            dk.to(DK.dtype.element_ty),
+            mask=kv_mask,
+        )  # fmt: skip
+        tl.store(
+            DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvn
+            + offs_d[None, :],
+            dv.to(DV.dtype.element_ty),
+            mask=kv_mask,
+        )  # fmt: skip
+        if DYNAMIC:
+            ticket = tl.atomic_add(STATUS, 1, sem="relaxed")
+        else:
+            ticket += 1
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel(
+    O, DO, DELTA,
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    heads, seqlen_q,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):  # fmt: skip
+    """delta = rowsum(dO * O) in fp32, one program per (row block, batch x head)."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(
+        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    tl.store(DELTA + bh * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+
+
+def attn_bwd_preprocess(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    batch, seqlen_q, heads, headdim = out.shape
+    delta = torch.empty((batch, heads, seqlen_q), device=out.device, dtype=torch.float32)
+    block_m = 64
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    attn_bwd_preprocess_kernel[grid](
+        out, dout, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        heads, seqlen_q,
+        BLOCK_M=block_m, HEAD_DIM=headdim, HEAD_DIM_PAD=next_power_of_2(headdim),
+    )  # fmt: skip
+    return delta
+
+
+def attn_bwd_main(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+    *,
+    tiles: BackwardTiles,
+    num_workers: int,
+    q_tiles: int,
+    kv_tiles: int,
+    num_chains: int,
+    causal: bool,
+    softmax_scale: float,
+    deterministic: bool,
+    dynamic: bool,
+    timed_wait: bool,
+    timeout: int,
+    cooperative: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status)."""
+    batch, seqlen_q, heads, headdim = q.shape
+    _, seqlen_k, kv_heads, _ = k.shape
+    dq_acc = torch.zeros((batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    # One zeroed buffer for the ticket, the error flag and every semaphore: a single memset.
+    flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
+    status, sem = flags[:2], flags[2:]
+    launch_options = {"launch_cooperative_grid": True} if cooperative else {}
+    attn_bwd_kernel[(num_workers,)](
+        q, k, v, dout, lse, delta, dq_acc, dk, dv,
+        sem, status,
+        tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
+        tables["order"], tables["worker_start"],
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        heads, kv_heads, kv_tiles, q_tiles, num_chains,
+        seqlen_q, seqlen_k, seqlen_k - seqlen_q,
+        softmax_scale * math.log2(math.e), softmax_scale, timeout,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
+        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
+        DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **launch_options,
+    )  # fmt: skip
+    return dq_acc, dk, dv, status

@@ -1,0 +1,212 @@
+"""Host side of the backward: pick the schedule, upload its tables, launch, and report failures.
+
+Everything here runs eagerly inside the ``dash_attn::bwd`` custom op, so torch.compile treats it
+as one opaque call.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .kernels.bwd import attn_bwd_main, attn_bwd_preprocess
+from .kernels.utils import is_interpreter, sm_count
+from .schedule import Dispatch, Schedule, ScheduleSpec, make_schedule
+from .tiles import BackwardTiles, backward_tiles
+
+# A correct schedule waits microseconds; this bound only exists to turn a deadlock (for instance
+# SMs taken by a concurrent kernel) into an error instead of a frozen GPU.
+DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
+# The interpreter has no clock: bound the number of polls (checked every 256 polls).
+INTERPRETER_MAX_POLLS = 4096
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What the last backward ran: for debugging and for benchmarks to record."""
+
+    schedule: str
+    dispatch: str
+    spec: ScheduleSpec
+    tiles: BackwardTiles
+    workers: int
+    deterministic: bool
+
+
+_last_launch: LaunchInfo | None = None
+_tables_cache: dict[tuple[str, ScheduleSpec, torch.device], dict[str, torch.Tensor]] = {}
+_pending_lock = threading.Lock()
+# launch number -> (pinned host copy of the error flag, event after the copy, error message)
+_pending: dict[int, tuple[torch.Tensor, torch.cuda.Event, str]] = {}
+_launches = 0
+
+
+def last_launch_info() -> LaunchInfo | None:
+    """The schedule, tiles and worker count of the most recent backward launch."""
+    return _last_launch
+
+
+def schedule_spec(
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    causal: bool,
+    workers: int,
+) -> ScheduleSpec:
+    """The tile-level problem the backward kernel runs for this shape."""
+    tiles = backward_tiles(headdim)
+    return ScheduleSpec.from_shape(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        q_heads=heads,
+        kv_heads=kv_heads,
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+        causal=causal,
+        workers=workers,
+    )
+
+
+def device_tables(schedule: Schedule, device: torch.device) -> dict[str, torch.Tensor]:
+    """The schedule's int32 tables on ``device``, uploaded once per (schedule, spec, device)."""
+    key = (schedule.name, schedule.spec, device)
+    tables = _tables_cache.get(key)
+    if tables is None:
+        names = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
+        tables = {
+            name: torch.from_numpy(getattr(schedule, name).copy()).to(device) for name in names
+        }
+        if len(_tables_cache) >= 64:
+            _tables_cache.pop(next(iter(_tables_cache)))
+        _tables_cache[key] = tables
+    return tables
+
+
+def check_errors(synchronize: bool = True) -> None:
+    """Raise RuntimeError if an earlier backward gave up waiting for its dQ order.
+
+    Backward launches do not synchronise with the host: their error flag is copied back
+    asynchronously and looked at by the next dash-attn backward. ``synchronize=True`` waits for
+    every launch so far, so the answer is final.
+    """
+    with _pending_lock:
+        pending = list(_pending.items())
+    failure = None
+    for launch, (flag, event, description) in pending:
+        if synchronize:
+            event.synchronize()
+        elif not event.query():
+            continue
+        with _pending_lock:
+            _pending.pop(launch, None)
+        if failure is None and int(flag.item()) != 0:
+            failure = description
+    if failure is not None:
+        raise RuntimeError(failure)
+
+
+def _record_status(status: torch.Tensor, description: str, sync: bool) -> None:
+    global _launches
+    if status.device.type != "cuda":
+        if int(status[1].item()) != 0:
+            raise RuntimeError(description)
+        return
+    if torch.cuda.is_current_stream_capturing():
+        return
+    host = torch.empty((), dtype=torch.int32, pin_memory=True)
+    host.copy_(status[1], non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    with _pending_lock:
+        _launches += 1
+        _pending[_launches] = (host, event, description)
+    check_errors(synchronize=sync)
+
+
+def attn_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: int,
+    schedule_override: Schedule | None = None,
+    sync_check: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward through the table-driven persistent kernel.
+
+    ``schedule_override`` runs a hand-made Schedule (tests use it to feed a broken table).
+    ``sync_check`` waits for the kernel and raises at once on a timed-out wait (default: only
+    under the interpreter or with DASH_ATTN_SYNC_CHECK=1).
+    """
+    global _last_launch
+    check_errors(synchronize=False)
+    batch, seqlen_q, heads, headdim = q.shape
+    _, seqlen_k, kv_heads, _ = k.shape
+    tiles = backward_tiles(headdim)
+    workers = sm_count(q.device) - sm_margin
+    if workers < 1:
+        raise ValueError(
+            f"sm_margin ({sm_margin}) leaves no multiprocessor of the {sm_count(q.device)} on "
+            f"{q.device} for the backward"
+        )
+    if schedule_override is not None:
+        sched = schedule_override
+    else:
+        spec = schedule_spec(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, workers)
+        sched = make_schedule(schedule, spec)
+    spec = sched.spec
+    dynamic = sched.dispatch is Dispatch.DYNAMIC
+    if dynamic:
+        grid = min(spec.workers, spec.num_chains)
+    else:
+        # Static lists are dealt round-robin, so the busy workers are the first ones.
+        grid = int((sched.worker_start[1:] > sched.worker_start[:-1]).sum())
+    interpret = is_interpreter()
+    timed = not interpret
+    timeout = INTERPRETER_MAX_POLLS if interpret else int(DEFAULT_TIMEOUT_S * 1e9)
+    tables = device_tables(sched, q.device)
+
+    delta = attn_bwd_preprocess(out, dout)
+    dq_acc, dk, dv, status = attn_bwd_main(
+        q, k, v, dout, lse, delta, tables,
+        tiles=tiles, num_workers=grid,
+        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
+        causal=causal, softmax_scale=softmax_scale,
+        deterministic=deterministic, dynamic=dynamic,
+        timed_wait=timed, timeout=timeout,
+        cooperative=(not dynamic) and q.device.type == "cuda",
+    )  # fmt: skip
+    dq = (dq_acc * softmax_scale).to(q.dtype)
+    _last_launch = LaunchInfo(
+        schedule=sched.name,
+        dispatch=sched.dispatch.value,
+        spec=spec,
+        tiles=tiles,
+        workers=grid,
+        deterministic=deterministic,
+    )
+    if deterministic:
+        description = (
+            f"dash-attn backward: a dQ wait timed out (schedule {sched.name!r}, "
+            f"{sched.dispatch.value} dispatch on {grid} workers, q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, causal={causal}); its gradients were poisoned with NaN. "
+            "Likely causes: SMs held by a concurrent kernel (raise sm_margin) or a broken schedule."
+        )
+        if sync_check is None:
+            sync_check = interpret or os.environ.get("DASH_ATTN_SYNC_CHECK", "0") == "1"
+        _record_status(status, description, sync_check)
+    return dq, dk, dv

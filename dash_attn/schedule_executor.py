@@ -1,0 +1,322 @@
+"""Run a ``Schedule`` tile by tile in PyTorch, with the semaphores the Triton kernel relies on.
+
+This is an executable model of the deterministic backward kernel. It does not call the per-tile
+math in bulk: it simulates ``spec.workers`` workers that each walk their chains step by step, and
+every dQ partial is added into the fp32 (fp64 for fp64 inputs) dQ accumulator only when that dQ
+tile's semaphore equals the step's rank, exactly as the kernel waits. A worker whose next step is
+not yet allowed is blocked while the others advance; if every unfinished worker is blocked the
+tables cannot run on the GPU either, and ``RuntimeError("deadlock ...")`` is raised.
+
+Time is modelled in rounds: in each round every worker that holds a chain checks its semaphore
+against the state left by the previous round (a step of one round cannot see another step of the
+same round), and the ready ones execute one step. ``timing_seed`` lets a random subset of the ready
+workers advance instead, to mimic uneven speeds: the result must not change, which is the point.
+
+Glossary:
+    chain c = (batch, kv_head, kv_tile): one KV tile's steps; dK/dV accumulate across them.
+    step = (q_head, q_tile, rank): one tile task; its dQ partial is the ``rank``-th addition into
+        dQ tile (batch, q_head, q_tile).
+    static dispatch: worker w runs ``order[worker_start[w]:worker_start[w + 1]]`` in that order.
+    dynamic dispatch: a free worker takes the next ticket t and runs chain ``order[t]``.
+
+Per step (rows R of Q tile i, rows C of KV tile j, one query head; padded to full tiles, with the
+mask ``r < seqlen_q and c < seqlen_k and (not causal or c <= r + seqlen_k - seqlen_q)``)::
+
+    P = exp(scale * Q_R K_C^T - lse_R)   (0 where masked)
+    dV_C += P^T dO_R
+    dS = P * (dO_R V_C^T - delta_R)
+    dK_C += dS^T Q_R                     (times scale once, when the chain ends)
+    dQ_R += dS K_C                       (ordered; times scale once, at the end)
+
+Deferring ``scale`` to the end of an accumulation is what flash-attn does (it multiplies dQaccum in
+its postprocess and dK at the epilogue). For 16-bit inputs the matmul operands are rounded to the
+input dtype, as ``tl.dot`` consumes them, and accumulated in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from .reference import compute_dtype
+from .schedule.types import Dispatch, Schedule, ScheduleSpec
+
+__all__ = ["ScheduleRun", "execute_schedule_backward", "run_schedule_backward"]
+
+
+@dataclass
+class ScheduleRun:
+    """Result of ``run_schedule_backward``.
+
+    Attributes:
+        dq, dk, dv: gradients, in the dtype of q, k, v.
+        dq_additions: dQ tile id (``spec.dq_tile_id``) -> ``(chain, rank)`` of each addition, in
+            the order the additions actually happened. Tiles that no step touches are absent.
+        rounds: simulated time, in steps of one worker.
+        stalls: worker-rounds spent holding a chain whose next step had to wait on a semaphore.
+        steps: number of steps executed (equals ``spec.num_tasks()``).
+    """
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dq_additions: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    rounds: int = 0
+    stalls: int = 0
+    steps: int = 0
+
+
+@dataclass
+class _Worker:
+    chain: int = -1  # -1: idle
+    step: int = 0  # index of the next step within the chain
+    queue: list[int] = field(default_factory=list)  # static dispatch: chains still to run
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """Zero-pad dim 1 (the sequence) to ``rows``: the kernel's masked loads return zeros there."""
+    extra = rows - x.shape[1]
+    if extra == 0:
+        return x
+    pad = x.new_zeros((x.shape[0], extra, *x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def _check_matches(
+    schedule: Schedule, q: torch.Tensor, k: torch.Tensor, spec: ScheduleSpec
+) -> None:
+    got = schedule.spec
+    if got != spec:
+        raise ValueError(
+            f"schedule {schedule.name!r} was built for {got}, but q {tuple(q.shape)} and "
+            f"k {tuple(k.shape)} with these block sizes need {spec}"
+        )
+
+
+def run_schedule_backward(
+    schedule: Schedule,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    softmax_scale: float | None,
+    block_m: int,
+    block_n: int,
+    timing_seed: int | None = None,
+) -> ScheduleRun:
+    """Execute ``schedule`` step by step and report gradients plus the observed dQ order.
+
+    Arguments:
+        schedule: tables for the tile-level shape of these tensors with these block sizes;
+            the mask (``schedule.spec.causal``) and the worker count are taken from it.
+        q: (batch_size, seqlen_q, nheads, headdim)
+        k, v: (batch_size, seqlen_k, nheads_k, headdim)
+        out: (batch_size, seqlen_q, nheads, headdim), the forward output.
+        lse: (batch_size, nheads, seqlen_q), the forward logsumexp (``-inf`` for empty rows).
+        dout: (batch_size, seqlen_q, nheads, headdim)
+        softmax_scale: float or None (1 / sqrt(headdim)).
+        block_m, block_n: rows per Q tile and per KV tile.
+        timing_seed: None for lockstep rounds; an int lets a random non-empty subset of the ready
+            workers advance in each round (uneven worker speeds).
+    Return:
+        ScheduleRun with dq, dk, dv, the addition order per dQ tile and round/stall counts.
+    Raises:
+        ValueError: the schedule was built for another shape or block size.
+        RuntimeError: the tables deadlock (every unfinished worker waits on a semaphore).
+    """
+    spec_in = schedule.spec
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    causal = spec_in.causal
+    spec = ScheduleSpec.from_shape(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        q_heads=heads,
+        kv_heads=kv_heads,
+        block_m=block_m,
+        block_n=block_n,
+        causal=causal,
+        workers=spec_in.workers,
+    )
+    _check_matches(schedule, q, k, spec)
+    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+
+    work = compute_dtype(q.dtype)
+    low_precision = q.dtype in (torch.float16, torch.bfloat16)
+
+    def operand(x: torch.Tensor) -> torch.Tensor:
+        # tl.dot takes 16-bit operands and accumulates in fp32: round, then compute in fp32.
+        return x.to(q.dtype).to(work) if low_precision else x
+
+    rows_q = spec.q_tiles * block_m
+    rows_k = spec.kv_tiles * block_n
+    qp = _pad_rows(q.detach().to(work), rows_q)
+    dop = _pad_rows(dout.detach().to(work), rows_q)
+    kp = _pad_rows(k.detach().to(work), rows_k)
+    vp = _pad_rows(v.detach().to(work), rows_k)
+    # The preprocess kernel: delta = rowsum(dO * O), (b, sq, h) padded with zeros.
+    delta = _pad_rows((dout.detach().to(work) * out.detach().to(work)).sum(-1), rows_q)
+    lse_w = lse.detach().to(work).transpose(1, 2)  # (b, sq, h)
+    # Empty rows carry lse = -inf; every entry of such a row is masked, so a finite stand-in
+    # keeps exp() from producing inf (and inf * 0 = NaN) before the mask zeroes it.
+    lse_w = _pad_rows(torch.where(torch.isneginf(lse_w), 0.0, lse_w), rows_q)
+
+    dq_accum = torch.zeros((batch, rows_q, heads, headdim), dtype=work, device=q.device)
+    dk_out = torch.zeros((batch, rows_k, kv_heads, headdim), dtype=work, device=q.device)
+    dv_out = torch.zeros_like(dk_out)
+
+    local_r = torch.arange(block_m, device=q.device).unsqueeze(1)
+    local_c = torch.arange(block_n, device=q.device).unsqueeze(0)
+
+    def tile_mask(q_tile: int, kv_tile: int) -> torch.Tensor:
+        r = q_tile * block_m + local_r
+        c = kv_tile * block_n + local_c
+        valid = (r < seqlen_q) & (c < seqlen_k)
+        if causal:
+            valid = valid & (c <= r + (seqlen_k - seqlen_q))
+        return valid
+
+    # Per-chain dK/dV accumulators, alive while a worker holds the chain (the kernel's registers).
+    acc_dk: dict[int, torch.Tensor] = {}
+    acc_dv: dict[int, torch.Tensor] = {}
+    semaphore = [0] * (spec.batch * spec.q_heads * spec.q_tiles)
+    run = ScheduleRun(dq=dq_accum, dk=dk_out, dv=dv_out)
+    chain_steps = [schedule.chain_steps(c) for c in range(schedule.num_chains)]
+
+    def execute(chain: int, index: int) -> None:
+        b, kv_head, kv_tile = schedule.chain_coords(chain)
+        q_head, q_tile, rank = chain_steps[chain][index]
+        rq = slice(q_tile * block_m, (q_tile + 1) * block_m)
+        rk = slice(kv_tile * block_n, (kv_tile + 1) * block_n)
+        q_t = operand(qp[b, rq, q_head])
+        do_t = operand(dop[b, rq, q_head])
+        k_t = operand(kp[b, rk, kv_head])
+        v_t = operand(vp[b, rk, kv_head])
+        s = (q_t @ k_t.T) * scale
+        p = torch.exp(s - lse_w[b, rq, q_head].unsqueeze(1))
+        p = torch.where(tile_mask(q_tile, kv_tile), p, 0.0)
+        dp = do_t @ v_t.T
+        ds = p * (dp - delta[b, rq, q_head].unsqueeze(1))
+        acc_dv[chain] += operand(p).T @ do_t
+        acc_dk[chain] += operand(ds).T @ q_t
+        # The ordered part: only here does the semaphore matter.
+        dq_id = spec.dq_tile_id(b, q_head, q_tile)
+        assert semaphore[dq_id] == rank, "executor bug: a step ran before its turn"
+        dq_accum[b, rq, q_head] += operand(ds) @ k_t
+        semaphore[dq_id] += 1
+        run.dq_additions.setdefault(dq_id, []).append((chain, rank))
+        run.steps += 1
+
+    def finish(chain: int) -> None:
+        b, kv_head, kv_tile = schedule.chain_coords(chain)
+        rk = slice(kv_tile * block_n, (kv_tile + 1) * block_n)
+        dk_out[b, rk, kv_head] = acc_dk.pop(chain) * scale
+        dv_out[b, rk, kv_head] = acc_dv.pop(chain)
+
+    def ready(chain: int, index: int) -> bool:
+        b, _, _ = schedule.chain_coords(chain)
+        q_head, q_tile, rank = chain_steps[chain][index]
+        return semaphore[spec.dq_tile_id(b, q_head, q_tile)] == rank
+
+    workers = [_Worker() for _ in range(spec.workers)]
+    if schedule.dispatch is Dispatch.STATIC:
+        for w, worker in enumerate(workers):
+            lo, hi = int(schedule.worker_start[w]), int(schedule.worker_start[w + 1])
+            worker.queue = schedule.order[lo:hi].tolist()[::-1]  # reversed: pop() takes the next
+    tickets = schedule.order.tolist()[::-1] if schedule.dispatch is Dispatch.DYNAMIC else []
+    rng = random.Random(timing_seed) if timing_seed is not None else None
+
+    def take_chain(worker: _Worker) -> None:
+        # Skip empty chains at once: they hold no semaphore and add nothing.
+        while worker.chain < 0:
+            source = worker.queue if schedule.dispatch is Dispatch.STATIC else tickets
+            if not source:
+                return
+            chain = source.pop()
+            if chain_steps[chain]:
+                worker.chain, worker.step = chain, 0
+                acc_dk[chain] = torch.zeros((block_n, headdim), dtype=work, device=q.device)
+                acc_dv[chain] = torch.zeros_like(acc_dk[chain])
+
+    while True:
+        for worker in workers:
+            take_chain(worker)
+        active = [w for w, worker in enumerate(workers) if worker.chain >= 0]
+        if not active:
+            break
+        # Decide from the state at the start of the round, then apply: a step cannot see a
+        # semaphore released in the same round (the model of equal-length steps).
+        go = [w for w in active if ready(workers[w].chain, workers[w].step)]
+        if not go:
+            waits = []
+            for w in active:
+                chain, index = workers[w].chain, workers[w].step
+                b, _, _ = schedule.chain_coords(chain)
+                q_head, q_tile, rank = chain_steps[chain][index]
+                dq_id = spec.dq_tile_id(b, q_head, q_tile)
+                waits.append(
+                    f"worker {w} chain {chain} step {index} waits for dQ tile {dq_id} "
+                    f"(b={b}, q_head={q_head}, q_tile={q_tile}) at rank {rank}, "
+                    f"semaphore is {semaphore[dq_id]}"
+                )
+            raise RuntimeError(
+                f"deadlock in schedule {schedule.name!r} after {run.steps} of "
+                f"{sum(len(s) for s in chain_steps)} steps: " + "; ".join(waits)
+            )
+        run.rounds += 1
+        run.stalls += len(active) - len(go)
+        if rng is not None:
+            chosen = [w for w in go if rng.random() < 0.5]
+            go = chosen or [rng.choice(go)]
+        for w in go:
+            worker = workers[w]
+            execute(worker.chain, worker.step)
+            worker.step += 1
+            if worker.step == len(chain_steps[worker.chain]):
+                finish(worker.chain)
+                worker.chain = -1
+
+    run.dq = (dq_accum[:, :seqlen_q] * scale).to(q.dtype)
+    run.dk = dk_out[:, :seqlen_k].to(k.dtype)
+    run.dv = dv_out[:, :seqlen_k].to(v.dtype)
+    return run
+
+
+def execute_schedule_backward(
+    schedule: Schedule,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    softmax_scale: float | None,
+    block_m: int,
+    block_n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward computed by executing ``schedule`` (see ``run_schedule_backward``).
+
+    Return:
+        dq, dk, dv, each with the shape and dtype of q, k, v.
+    """
+    run = run_schedule_backward(
+        schedule,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        softmax_scale=softmax_scale,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    return run.dq, run.dk, run.dv

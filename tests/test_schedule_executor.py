@@ -1,0 +1,269 @@
+"""Every schedule, executed with semaphores in PyTorch, gives autograd's gradients in fp64.
+
+The executor only lets a dQ partial in when its tile's semaphore equals the step's rank, so these
+tests prove three things per schedule and shape: the tables cover exactly the tiles the mask needs
+(gradients match), they run without deadlock under the worker model the kernel assumes, and every
+dQ tile is summed in rank order whatever the timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from dash_attn.reference import attention_ref
+from dash_attn.schedule import ScheduleSpec, applicable_schedules, make_schedule
+from dash_attn.schedule_executor import execute_schedule_backward, run_schedule_backward
+from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
+
+TOL = {"atol": 1e-10, "rtol": 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    block_m: int
+    block_n: int
+    workers: int
+    causal: bool
+    headdim: int = 8
+
+    @property
+    def id(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return (
+            f"b{self.batch}-sq{self.seqlen_q}-sk{self.seqlen_k}-h{self.heads}-kv{self.kv_heads}"
+            f"-bm{self.block_m}-bn{self.block_n}-w{self.workers}-{mask}"
+        )
+
+    def spec(self) -> ScheduleSpec:
+        return ScheduleSpec.from_shape(
+            batch=self.batch,
+            seqlen_q=self.seqlen_q,
+            seqlen_k=self.seqlen_k,
+            q_heads=self.heads,
+            kv_heads=self.kv_heads,
+            block_m=self.block_m,
+            block_n=self.block_n,
+            causal=self.causal,
+            workers=self.workers,
+        )
+
+
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, block_m, block_n, workers); each runs full and
+# causal. Comments: what the shape is there for.
+_SHAPES = [
+    (1, 50, 50, 2, 2, 8, 8, 3),  # ragged square, fewer workers (3) than chains (14)
+    (2, 37, 45, 4, 2, 8, 16, 64),  # GQA, tile ratio 2, sq < sk, more workers than chains
+    (1, 45, 29, 3, 1, 8, 8, 5),  # MQA, sq > sk: causal rows with no key
+    (2, 16, 40, 2, 1, 8, 16, 2),  # sq much shorter than sk, ratio 2
+    (1, 33, 7, 2, 2, 4, 8, 4),  # sk < block_n: one ragged KV tile, most causal rows empty
+    (1, 1, 19, 2, 1, 4, 4, 1),  # a single query row, a single worker
+    (1, 21, 1, 1, 1, 4, 4, 2),  # a single key
+    (2, 32, 32, 2, 2, 8, 16, 8),  # tile multiples, workers == chains
+    (1, 24, 48, 2, 2, 8, 8, 12),  # more KV tiles than Q tiles (shift wraps onto busy tiles)
+]
+CASES = [Case(*shape, causal=causal) for shape in _SHAPES for causal in (False, True)]
+CASE_SCHEDULES = [
+    pytest.param(case, name, id=f"{case.id}-{name}")
+    for case in CASES
+    for name in applicable_schedules(case.spec())
+]
+
+
+@functools.cache
+def _problem(case: Case) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """fp64 inputs (q, k, v, out, lse, dout) and autograd's (dq, dk, dv), computed once per case."""
+    q, k, v = make_qkv(
+        case.batch,
+        case.seqlen_q,
+        case.seqlen_k,
+        case.heads,
+        case.kv_heads,
+        case.headdim,
+        torch.float64,
+        "cpu",
+        seed=zlib.crc32(case.id.encode()),
+    )
+    out, lse = attention_ref(q, k, v, causal=case.causal)
+    dout = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(7))
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    inputs = tuple(t.detach() for t in (q, k, v, out, lse, dout))
+    return inputs, grads
+
+
+def _run(case: Case, name: str, timing_seed: int | None = None):
+    inputs, _ = _problem(case)
+    schedule = make_schedule(name, case.spec())
+    return run_schedule_backward(
+        schedule,
+        *inputs,
+        softmax_scale=None,
+        block_m=case.block_m,
+        block_n=case.block_n,
+        timing_seed=timing_seed,
+    )
+
+
+def _check_rank_order(case: Case, run) -> None:
+    spec = case.spec()
+    schedule = make_schedule("fa3", spec)  # only for chain_coords, identical for every schedule
+    for b in range(spec.batch):
+        for h in range(spec.q_heads):
+            for i in range(spec.q_tiles):
+                added = run.dq_additions.get(spec.dq_tile_id(b, h, i), [])
+                ranks = [rank for _, rank in added]
+                assert ranks == list(range(len(ranks))), f"dQ tile (b={b}, h={h}, i={i}): {ranks}"
+                kv_tiles = sorted(schedule.chain_coords(chain)[2] for chain, _ in added)
+                assert kv_tiles == list(range(spec.kv_tiles_of(i))), (b, h, i, kv_tiles)
+                kv_head = h // spec.group_size
+                assert all(schedule.chain_coords(c)[:2] == (b, kv_head) for c, _ in added)
+    assert run.steps == spec.num_tasks()
+
+
+@pytest.mark.parametrize("case, name", CASE_SCHEDULES)
+def test_matches_autograd_in_rank_order(case: Case, name: str):
+    _, grads = _problem(case)
+    run = _run(case, name)
+    got_all = (run.dq, run.dk, run.dv)
+    for label, got, expected in zip(("dq", "dk", "dv"), got_all, grads, strict=True):
+        assert got.shape == expected.shape and got.dtype == torch.float64, label
+        torch.testing.assert_close(got, expected, **TOL, msg=lambda m, label=label: f"{label}: {m}")
+    _check_rank_order(case, run)
+
+
+@pytest.mark.parametrize("case, name", CASE_SCHEDULES)
+def test_uneven_timing_gives_identical_bits(case: Case, name: str):
+    # Workers advance at random speeds; the semaphores must make the sums bit-for-bit the same.
+    lockstep = _run(case, name)
+    for seed in range(3):
+        run = _run(case, name, timing_seed=seed)
+        _check_rank_order(case, run)
+        pairs = zip((run.dq, run.dk, run.dv), (lockstep.dq, lockstep.dk, lockstep.dv), strict=True)
+        assert all(bitwise_equal(got, ref) for got, ref in pairs), f"timing seed {seed}"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, id=case.id)
+        for case in CASES
+        if not case.causal
+        and case.spec().kv_tiles <= case.spec().q_tiles
+        and case.workers >= case.spec().num_chains
+    ],
+)
+def test_shift_never_waits(case: Case):
+    # The paper's Lemma 1: with one worker per chain and N <= M, the KV tiles of each step touch
+    # distinct dQ tiles, so no semaphore ever blocks and the makespan is one chain's length.
+    run = _run(case, "shift")
+    spec = case.spec()
+    assert run.stalls == 0
+    assert run.rounds == spec.q_tiles * spec.group_size
+
+
+def test_execute_returns_the_run_gradients():
+    case = CASES[3]
+    inputs, _ = _problem(case)
+    got = execute_schedule_backward(
+        make_schedule("fa3", case.spec()),
+        *inputs,
+        softmax_scale=None,
+        block_m=case.block_m,
+        block_n=case.block_n,
+    )
+    run = _run(case, "fa3")
+    assert all(bitwise_equal(a, b) for a, b in zip(got, (run.dq, run.dk, run.dv), strict=True))
+
+
+def _with_ranks(schedule, ranks: np.ndarray):
+    return dataclasses.replace(schedule, step_rank=ranks)
+
+
+def _reversed_ranks(schedule) -> np.ndarray:
+    """Every dQ tile summed in the opposite order: rank r -> (count - 1 - r)."""
+    dq = schedule.step_dq_tile()
+    counts = np.bincount(dq)
+    return counts[dq] - 1 - schedule.step_rank
+
+
+def test_static_cycle_is_reported_as_deadlock():
+    # shift, M = N = 2: chain 0 visits q0 then q1, chain 1 visits q1 then q0. Reversing the ranks
+    # makes each chain's first step wait for the other chain's second step: a cycle.
+    case = Case(1, 4, 4, 1, 1, 2, 2, 2, causal=False)
+    inputs, _ = _problem(case)
+    schedule = make_schedule("shift", case.spec())
+    bad = _with_ranks(schedule, _reversed_ranks(schedule))
+    with pytest.raises(RuntimeError, match=r"deadlock in schedule 'shift' after 0 of 4 steps"):
+        execute_schedule_backward(bad, *inputs, softmax_scale=None, block_m=2, block_n=2)
+
+
+def test_dynamic_wait_on_a_later_ticket_deadlocks_with_one_worker():
+    # With reversed ranks chain 0 waits for chain 1, which is never dispatched while the only
+    # worker holds chain 0. With two workers the same tables run.
+    for workers, deadlocks in ((1, True), (2, False)):
+        case = Case(1, 4, 4, 1, 1, 2, 2, workers, causal=False)
+        inputs, grads = _problem(case)
+        schedule = make_schedule("fa3", case.spec())
+        bad = _with_ranks(schedule, _reversed_ranks(schedule))
+        if deadlocks:
+            with pytest.raises(RuntimeError, match="deadlock.*worker 0 chain 0 step 0"):
+                execute_schedule_backward(bad, *inputs, softmax_scale=None, block_m=2, block_n=2)
+        else:
+            got = execute_schedule_backward(bad, *inputs, softmax_scale=None, block_m=2, block_n=2)
+            for g, e in zip(got, grads, strict=True):
+                torch.testing.assert_close(g, e, **TOL)
+
+
+def test_schedule_for_another_shape_is_rejected():
+    case = CASES[0]
+    inputs, _ = _problem(case)
+    other = dataclasses.replace(case, block_m=4, block_n=4)
+    with pytest.raises(ValueError, match="schedule 'fa3' was built for"):
+        execute_schedule_backward(
+            make_schedule("fa3", other.spec()),
+            *inputs,
+            softmax_scale=None,
+            block_m=case.block_m,
+            block_n=case.block_n,
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_low_precision_meets_the_flash_attn_rule(dtype: torch.dtype, causal: bool):
+    # 16-bit inputs as the kernel sees them: operands rounded to 16 bits, fp32 accumulation.
+    case = Case(1, 40, 56, 4, 2, 8, 16, 6, causal=causal, headdim=16)
+    q, k, v = make_qkv(1, 40, 56, 4, 2, 16, dtype, "cpu", seed=21)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out32, lse32 = attention_ref(q32, k32, v32, causal=causal)
+    dout = torch.randn(out32.shape, generator=torch.Generator().manual_seed(22)).to(dtype)
+    ref = torch.autograd.grad(out32, (q32, k32, v32), dout.float())
+    out_same, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    same = torch.autograd.grad(out_same, (q, k, v), dout)
+
+    schedule = make_schedule("auto", case.spec())
+    got = execute_schedule_backward(
+        schedule,
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        out32.detach().to(dtype),
+        lse32.detach(),
+        dout,
+        softmax_scale=None,
+        block_m=case.block_m,
+        block_n=case.block_n,
+    )
+    for label, g, r, s in zip(("dq", "dk", "dv"), got, ref, same, strict=True):
+        assert g.dtype == dtype, label
+        assert_close_to_ref(label, g, r, s, atol=1e-3)

@@ -16,8 +16,10 @@ Generators (paper section 3):
 
 * ``fa3``: ascending Q tiles, ``kv_order`` ranks, dynamic dispatch (the FA3 deterministic baseline).
 * ``descending``: descending Q tiles, ``kv_order`` ranks, dynamic dispatch.
-* ``shift``: full mask only; KV tile ``j`` starts at Q tile ``j mod M`` and wraps around, so the
-  KV tiles running side by side touch different dQ tiles at every step; static dispatch.
+* ``shift``: full mask only; KV tile ``j`` starts at Q tile ``k mod M`` and wraps around, ``k`` its
+  index among the tiles of its (batch, kv head) in the same wave (``k = j`` when the head fits in
+  one wave), so the KV tiles running side by side touch different dQ tiles at every step; static
+  dispatch.
 * ``symmetric_shift``: causal only; KV tiles ``p`` and ``N - 1 - p`` run back to back on one worker
   (long column with short column: equal work per worker). KV tile ``p`` first walks the rectangle
   every concurrent long column covers, cyclically shifted, then the rest of its column ascending
@@ -51,7 +53,8 @@ def build_schedule(
         q_order: chain index -> the Q tiles it visits, in order (the same for each q head).
         units: groups of chains executed back to back by one worker, in dispatch order. Static
             dispatch deals units round-robin to the ``spec.workers`` workers (worker ``w`` runs
-            units ``w, w + P, ...``); dynamic dispatch hands out the chains as tickets in this order.
+            units ``w, w + P, ...``); dynamic dispatch hands out the chains as tickets in this
+            order.
         rank_rule: ``"kv_order"`` or ``"arrival"`` (see the module docstring).
     """
     dispatch = Dispatch(dispatch)
@@ -99,7 +102,9 @@ def build_schedule(
     elif rank_rule == RANK_ARRIVAL:
         ranks = _arrival_ranks(schedule)
     else:
-        raise ValueError(f"rank_rule must be {RANK_KV_ORDER!r} or {RANK_ARRIVAL!r}, got {rank_rule!r}")
+        raise ValueError(
+            f"rank_rule must be {RANK_KV_ORDER!r} or {RANK_ARRIVAL!r}, got {rank_rule!r}"
+        )
     object.__setattr__(schedule, "step_rank", np.ascontiguousarray(ranks, dtype=np.int32))
     schedule.step_rank.setflags(write=False)
     return schedule
@@ -181,7 +186,10 @@ def descending(spec: ScheduleSpec) -> Schedule:
 
 
 def shift(spec: ScheduleSpec) -> Schedule:
-    """Shift scheduling (full mask): KV tile j visits Q tiles j, j+1, ..., wrapping at M."""
+    """Shift scheduling (full mask): KV tile j visits Q tiles k, k+1, ..., wrapping at M.
+
+    ``k`` is j's index within its wave group (paper section 3.5; equal to j within the first wave).
+    """
     if spec.causal:
         raise ValueError(
             "schedule 'shift' is for the full mask; for causal=True use 'symmetric_shift' or "
@@ -190,7 +198,11 @@ def shift(spec: ScheduleSpec) -> Schedule:
 
     def order(chain: int) -> np.ndarray:
         kv_tile = chain % spec.kv_tiles
-        return (kv_tile + np.arange(spec.q_tiles)) % spec.q_tiles
+        # Shift inside the chain's wave group (the chains of its (batch, kv head) dealt in the same
+        # round of spec.workers), as the paper's code does: local index = kv_tile minus this head's
+        # chains in earlier waves = min(kv_tile, chain mod workers).
+        local = min(kv_tile, chain % spec.workers)
+        return (local + np.arange(spec.q_tiles)) % spec.q_tiles
 
     return build_schedule(
         "shift", spec, Dispatch.STATIC, order, _one_chain_per_unit(spec), RANK_ARRIVAL

@@ -1,0 +1,246 @@
+"""The paper's DAG timing model, simulated step by step.
+
+Model (paper section 2). Every step of a chain is a compute edge of cost ``c`` (recompute P, the
+dK/dV/dQ-partial matmuls) followed by a reduction edge of cost ``r`` (adding the dQ partial into
+global memory). A worker runs its steps back to back, ``C, R, C, R, ...``: a step's compute starts
+when the worker's previous reduction has ended. A reduction starts when its own compute has ended
+*and* the reduction holding the previous rank of the same dQ tile has ended (the semaphore wait).
+Nothing else is modelled (no memory contention, no launch cost), so the makespan isolates what a
+schedule and its summation order cost: the serialisation bubbles.
+
+Dispatch. Static: worker ``w`` runs the chains of its list in ``schedule.order``. Dynamic: a worker
+that becomes free draws the next ticket (earliest-free worker first, ties to the lowest index), as
+the hardware block scheduler does for a non-persistent grid. A dynamic schedule's rank
+predecessors all hold smaller tickets (``validate`` proves it), so one pass in ticket order knows
+every time it needs; a static schedule's ranks may point to any worker, so workers are advanced
+until blocked and resumed when the step they wait on has run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .types import Dispatch, Schedule
+from .validate import rank_predecessors, validate
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Timing of one schedule in the DAG model.
+
+    Attributes:
+        makespan: time at which the last reduction ends.
+        critical_path: length of the longest path of the DAG (equal to ``makespan`` in this model,
+            where every worker starts at 0 and never idles without a reason).
+        critical_steps: ``[K]`` the steps of one longest path, in execution order. Consecutive
+            steps are linked either by the worker (the next compute waited for the previous
+            reduction) or by the dQ summation order (the reduction waited for the previous rank).
+        lower_bound: total work ``S (c + r)`` over the workers: the makespan of a perfectly packed
+            schedule without any wait.
+        bubble_fraction: ``1 - busy / (workers * makespan)``: the share of worker time spent
+            waiting or idle at the end (0 for a perfect schedule).
+        worker: ``[S]`` the worker that ran each step.
+        compute_start, compute_end, reduce_start, reduce_end: ``[S]`` times of each step's edges.
+    """
+
+    makespan: float
+    critical_path: float
+    critical_steps: np.ndarray
+    lower_bound: float
+    bubble_fraction: float
+    worker: np.ndarray
+    compute_start: np.ndarray
+    compute_end: np.ndarray
+    reduce_start: np.ndarray
+    reduce_end: np.ndarray
+
+    @property
+    def wait_time(self) -> float:
+        """Total time reductions spent waiting on the summation order."""
+        return float(np.sum(self.reduce_start - self.compute_end))
+
+
+def simulate(schedule: Schedule, cost_compute: float = 1.0, cost_reduce: float = 1.0) -> SimResult:
+    """Run ``schedule`` through the DAG model with compute cost ``c`` and reduction cost ``r``.
+
+    Args:
+        schedule: a schedule; it is validated first (a deadlocking schedule has no makespan).
+        cost_compute: ``c``, the time of one tile task's compute edge (>= 0).
+        cost_reduce: ``r``, the time of one dQ reduction (>= 0).
+
+    Returns:
+        A ``SimResult``.
+
+    Raises:
+        ValueError: the schedule is invalid (see ``validate``) or a cost is negative or not finite.
+
+    Example:
+        >>> from dash_attn.schedule import ScheduleSpec, make_schedule, simulate
+        >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=4,
+        ...                     causal=False, workers=4)
+        >>> simulate(make_schedule("fa3", spec)).makespan  # n (c + r) + (n - 1) r
+        11.0
+        >>> simulate(make_schedule("shift", spec)).makespan  # n (c + r): no bubble
+        8.0
+    """
+    c, r = _cost("cost_compute", cost_compute), _cost("cost_reduce", cost_reduce)
+    validate(schedule)
+    pred = rank_predecessors(schedule)
+    if schedule.dispatch is Dispatch.STATIC:
+        times = _run_static(schedule, pred.tolist(), c, r)
+    else:
+        times = _run_dynamic(schedule, pred.tolist(), c, r)
+    worker, compute_start, reduce_start, prev, via_rank = times
+
+    compute_start_a = np.asarray(compute_start, dtype=np.float64)
+    reduce_start_a = np.asarray(reduce_start, dtype=np.float64)
+    reduce_end = reduce_start_a + r
+    num_steps = schedule.num_steps
+    workers = schedule.spec.workers
+    makespan = float(reduce_end.max()) if num_steps else 0.0
+
+    path: list[int] = []
+    length = 0.0
+    if num_steps:
+        step = int(np.argmax(reduce_end))
+        while step >= 0:
+            path.append(step)
+            if via_rank[step]:
+                length += r
+                step = pred[step]
+            else:
+                length += c + r
+                step = prev[step]
+        path.reverse()
+    busy = num_steps * (c + r)
+    return SimResult(
+        makespan=makespan,
+        critical_path=length,
+        critical_steps=np.asarray(path, dtype=np.int64),
+        lower_bound=busy / workers,
+        bubble_fraction=1.0 - busy / (workers * makespan) if makespan > 0 else 0.0,
+        worker=np.asarray(worker, dtype=np.int64),
+        compute_start=compute_start_a,
+        compute_end=compute_start_a + c,
+        reduce_start=reduce_start_a,
+        reduce_end=reduce_end,
+    )
+
+
+def _cost(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return value
+
+
+_Times = tuple[list[int], list[float], list[float], list[int], bytearray]
+
+
+def _run_static(schedule: Schedule, pred: list[int], c: float, r: float) -> _Times:
+    """Advance each worker until a reduction waits on a step not yet run; resume it after.
+
+    A step's times depend only on its two predecessors, so the order in which blocked workers are
+    resumed changes nothing: the result is the DAG's unique earliest-start schedule.
+    """
+    spec = schedule.spec
+    num_steps = schedule.num_steps
+    chain_start = schedule.chain_start.tolist()
+    order = schedule.order.tolist()
+    worker_start = schedule.worker_start.tolist()
+    sequences: list[list[int]] = []
+    worker = [0] * num_steps
+    for w in range(spec.workers):
+        steps: list[int] = []
+        for chain in order[worker_start[w] : worker_start[w + 1]]:
+            steps.extend(range(chain_start[chain], chain_start[chain + 1]))
+        for step in steps:
+            worker[step] = w
+        sequences.append(steps)
+
+    compute_start = [0.0] * num_steps
+    reduce_start = [0.0] * num_steps
+    reduce_end = [-1.0] * num_steps  # -1: not run yet (times are >= 0)
+    prev = [-1] * num_steps
+    via_rank = bytearray(num_steps)
+    waiter = [-1] * num_steps  # the worker blocked on this step, if any
+    position = [0] * spec.workers
+    free_at = [0.0] * spec.workers
+    last = [-1] * spec.workers
+    runnable = list(range(spec.workers - 1, -1, -1))
+    while runnable:
+        w = runnable.pop()
+        steps = sequences[w]
+        index, t, before = position[w], free_at[w], last[w]
+        end = len(steps)
+        while index < end:
+            step = steps[index]
+            ready = t + c
+            p = pred[step]
+            if p >= 0:
+                done = reduce_end[p]
+                if done < 0:
+                    waiter[p] = w
+                    break
+                if done > ready:
+                    ready = done
+                    via_rank[step] = 1
+            compute_start[step] = t
+            reduce_start[step] = ready
+            prev[step] = before
+            t = ready + r
+            reduce_end[step] = t
+            blocked = waiter[step]
+            if blocked >= 0:
+                runnable.append(blocked)
+            before = step
+            index += 1
+        position[w], free_at[w], last[w] = index, t, before
+    if any(position[w] < len(sequences[w]) for w in range(spec.workers)):
+        # validate() proves acyclicity first, so this is an internal error.
+        raise RuntimeError("static simulation stalled on a validated schedule")
+    return worker, compute_start, reduce_start, prev, via_rank
+
+
+def _run_dynamic(schedule: Schedule, pred: list[int], c: float, r: float) -> _Times:
+    """Deal chains in ticket order to the earliest-free worker and run each one to its end."""
+    spec = schedule.spec
+    num_steps = schedule.num_steps
+    chain_start = schedule.chain_start.tolist()
+    worker = [0] * num_steps
+    compute_start = [0.0] * num_steps
+    reduce_start = [0.0] * num_steps
+    reduce_end = [-1.0] * num_steps
+    prev = [-1] * num_steps
+    via_rank = bytearray(num_steps)
+    last = [-1] * spec.workers
+    free = [(0.0, w) for w in range(spec.workers)]  # a heap: (time free, worker)
+    for chain in schedule.order.tolist():
+        t, w = heapq.heappop(free)
+        before = last[w]
+        for step in range(chain_start[chain], chain_start[chain + 1]):
+            ready = t + c
+            p = pred[step]
+            if p >= 0:
+                done = reduce_end[p]
+                if done < 0:
+                    raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
+                if done > ready:
+                    ready = done
+                    via_rank[step] = 1
+            worker[step] = w
+            compute_start[step] = t
+            reduce_start[step] = ready
+            prev[step] = before
+            t = ready + r
+            reduce_end[step] = t
+            before = step
+        last[w] = before
+        heapq.heappush(free, (t, w))
+    return worker, compute_start, reduce_start, prev, via_rank

@@ -703,11 +703,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     the schedule engine can see, such as a causal offset that leaves a KV tile with no Q tile).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    # No subcommand (`dash-attn`, `dash-attn --json`) means `dash-attn schedule ...`.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["schedule", *argv]
     parser = build_parser()
     # parse_known_args so that everything after 'bench' reaches the bench parser untouched.
     args, extra = parser.parse_known_args(argv)
-    if args.command is None:
-        args, extra = parser.parse_known_args(["schedule", *argv])
     try:
         if args.command == "bench":
             return _run_bench(extra)

@@ -281,7 +281,8 @@ def test_bench_hands_arguments_to_the_module(
 def test_sweep_small(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The full sweep is exercised by test_default_sweep; two lengths keep this one quick.
     monkeypatch.setattr(cli, "SWEEP_SEQLENS", (512, 1024))
-    status, out, _ = run_cli(["--json"], capsys)  # bare dash-attn = dash-attn schedule
+    # No subcommand means `schedule`, options included.
+    status, out, _ = run_cli(["--workers", "64", "--json"], capsys)
     assert status == 0
     data = json.loads(out)
     configs = data["configs"]
@@ -289,7 +290,7 @@ def test_sweep_small(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     for config in configs:
         assert config["batch"] * config["seqlen_q"] == cli.SWEEP_TOKENS
         assert config["q_heads"] * config["headdim"] == cli.SWEEP_HIDDEN
-        assert config["workers"] == cli.DEFAULT_WORKERS
+        assert config["workers"] == 64
         best = "symmetric_shift" if config["causal"] else "shift"
         assert set(config["schedules"]) == {"fa3", "descending", best}
         assert config["schedules"][best]["speedup_vs_fa3"] >= 1.0

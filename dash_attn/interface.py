@@ -127,6 +127,8 @@ def dash_attn_func(
         out = dash_attn_func(q, k, v, causal=True)
         out.sum().backward()  # q.grad, k.grad, v.grad: bitwise reproducible
     """
+    # Copy only a tensor whose last dim is strided; validation then sees what the kernels get.
+    q, k, v = (_maybe_contiguous(x) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
     shape = check_inputs(
         q, k, v,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
@@ -140,7 +142,6 @@ def dash_attn_func(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(
-        _maybe_contiguous(q), _maybe_contiguous(k), _maybe_contiguous(v),
-        causal, float(softmax_scale), deterministic, schedule, sm_margin,
+        q, k, v, causal, float(softmax_scale), deterministic, schedule, sm_margin,
     )  # fmt: skip
     return (out, lse) if return_lse else out

@@ -21,7 +21,7 @@ from .tiles import BackwardTiles, backward_tiles
 # SMs taken by a concurrent kernel) into an error instead of a frozen GPU.
 DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
 # The interpreter has no clock: bound the number of polls (checked every 256 polls).
-INTERPRETER_MAX_POLLS = 4096
+INTERPRETER_MAX_POLLS = 512
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ Triton backward actually runs, so that the model and the kernel talk about the s
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 SUPPORTED_HEADDIMS = (64, 96, 128, 192, 256)
@@ -33,7 +35,7 @@ class BackwardTiles:
 
 
 _BACKWARD_TILES: dict[int, BackwardTiles] = {
-    64: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=2),
     96: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     128: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
@@ -41,10 +43,36 @@ _BACKWARD_TILES: dict[int, BackwardTiles] = {
 }
 
 
+_OVERRIDE = re.compile(r"^(\d+):(\d+)x(\d+)w(\d+)s(\d+)$")
+
+
+def _overrides(text: str) -> dict[int, BackwardTiles]:
+    """Parse DASH_ATTN_BWD_TILES, e.g. ``128:64x128w8s2,64:64x64w4s2`` (a tuning knob)."""
+    table = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _OVERRIDE.match(item)
+        if match is None:
+            raise ValueError(
+                f"DASH_ATTN_BWD_TILES entry {item!r} is not HEADDIM:BMxBNwWARPSsSTAGES"
+            )
+        headdim, block_m, block_n, warps, stages = map(int, match.groups())
+        if block_n % block_m:
+            raise ValueError(f"DASH_ATTN_BWD_TILES entry {item!r}: BN must be a multiple of BM")
+        table[headdim] = BackwardTiles(block_m, block_n, warps, stages)
+    return table
+
+
 def backward_tiles(headdim: int) -> BackwardTiles:
-    """The backward tiles for ``headdim``; raises NotImplementedError for unsupported ones."""
+    """The backward tiles for ``headdim``; raises NotImplementedError for unsupported ones.
+
+    The environment variable DASH_ATTN_BWD_TILES overrides entries (for tuning runs only: the
+    tiles are part of what makes results bitwise reproducible, so keep it fixed in training).
+    """
     if headdim not in _BACKWARD_TILES:
         raise NotImplementedError(
             f"headdim must be one of {list(SUPPORTED_HEADDIMS)}, got {headdim}"
         )
+    override = os.environ.get("DASH_ATTN_BWD_TILES")
+    if override:
+        return _overrides(override).get(headdim, _BACKWARD_TILES[headdim])
     return _BACKWARD_TILES[headdim]

@@ -1,1 +1,1 @@
-"""Triton kernels. Import only after deciding on TRITON_INTERPRET (it is read at decoration time)."""
+"""Triton kernels. Set TRITON_INTERPRET before importing them: it is read at decoration time."""

@@ -10,11 +10,14 @@ step          (q head h, Q tile i, rank): recompute P for (i, j), add to dK_j / 
 rank          position of this contribution in the fixed summation order of that dQ tile
 SEM           one int32 semaphore per dQ tile: the number of contributions already added
 STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag (1 = a wait
-              timed out); zeroed before every launch together with SEM
+              timed out); zeroed before every launch together with SEM. A timed-out step goes on
+              (adding NaN and releasing), so its successors are never stuck behind it.
 DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
               worker w runs order[worker_start[w]:worker_start[w + 1]]
-DETERMINISTIC wait for SEM == rank, add, barrier, release SEM + 1; otherwise add with relaxed
-              atomics in arrival order (non-deterministic, same tables and work)
+DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) one matmul into the
+              next step, or at the end of the chain; a step never waits while it still holds an
+              unreleased turn, so deferring adds no cycle. Otherwise add with relaxed atomics in
+              arrival order (non-deterministic, same tables and work)
 TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
               bounds the number of polls instead
 
@@ -49,28 +52,39 @@ def _now(TIMED_WAIT: tl.constexpr):
 
 
 @triton.jit
-def _wait_for_turn(sem_ptr, status_ptr, rank, timeout, TIMED_WAIT: tl.constexpr):
-    """Spin until *sem_ptr == rank; returns 1 if the wait gave up (timeout or an earlier error)."""
-    seen = tl.atomic_add(sem_ptr, 0, sem="acquire")
-    failed = 0
-    if seen != rank:
-        start = _now(TIMED_WAIT)
-        polls = 0
-        while (seen != rank) & (failed == 0):
-            seen = tl.atomic_add(sem_ptr, 0, sem="acquire")
-            polls += 1
-            # Check the clock and the error flag only now and then: the poll is the hot path.
-            if (polls & 255) == 0:
-                if TIMED_WAIT:
-                    elapsed = _now(TIMED_WAIT) - start
-                else:
-                    elapsed = polls
-                if elapsed > timeout:
-                    tl.atomic_xchg(status_ptr + 1, 1)
-                    failed = 1
-                if tl.load(status_ptr + 1, volatile=True) != 0:
-                    failed = 1
-    return failed
+def _acquire_fence(TIMED_WAIT: tl.constexpr):
+    # A relaxed read of the semaphore followed by fence.acq_rel is an acquire: the dQ adds that
+    # follow are ordered after the predecessor's release. The interpreter runs programs one at a
+    # time and has no inline asm, so it needs (and gets) no fence.
+    if TIMED_WAIT:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
+def _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT: tl.constexpr):
+    """Spin until the semaphore equals ``rank``; returns True if the wait gave up.
+
+    ``seen`` is a value read early (before the step's matmuls), so an uncontended turn costs no
+    round trip here. Each thread polls on its own with plain volatile loads: no barrier in the
+    loop, so threads that see the turn at slightly different times never meet a barrier apart.
+    """
+    polls = 0
+    start = _now(TIMED_WAIT)
+    while (seen != rank) & (polls >= 0):
+        seen = tl.load(sem_ptr, volatile=True)
+        polls += 1
+        # Read the clock only now and then: the poll is the hot path.
+        if (polls & 255) == 0:
+            if TIMED_WAIT:
+                elapsed = _now(TIMED_WAIT) - start
+            else:
+                elapsed = polls
+            if elapsed > timeout:
+                polls = -1
+    _acquire_fence(TIMED_WAIT)
+    return polls < 0
 
 
 @triton.jit
@@ -135,6 +149,10 @@ def attn_bwd_kernel(
 
         step_lo = tl.load(CHAIN_START + chain)
         step_hi = tl.load(CHAIN_START + chain + 1)
+        # The release of a step's semaphore is deferred into the next step (see below); this
+        # remembers which semaphore is still to be released.
+        pending_sem = SEM
+        has_pending = 0
         for step in range(step_lo, step_hi):
             h = tl.load(STEP_HEAD + step)
             q_tile = tl.load(STEP_TILE + step)
@@ -157,6 +175,11 @@ def attn_bwd_kernel(
             lse = tl.load(LSE + row, mask=m_valid, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
             delta = tl.load(DELTA + row, mask=m_valid, other=0.0)
+            if DETERMINISTIC:
+                rank = tl.load(STEP_RANK + step)
+                sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
+                # Read the semaphore now; its latency hides behind the five matmuls below.
+                seen = tl.load(sem_ptr, volatile=True)
 
             # Transposed formulation: rows are keys, columns are queries.
             qk_t = tl.dot(k, tl.trans(q))
@@ -165,6 +188,15 @@ def attn_bwd_kernel(
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
             p_t = tl.where(keep, p_t, 0.0)
+            if DETERMINISTIC:
+                if has_pending != 0:
+                    # Release the previous step's dQ tile one matmul into this step: its adds have
+                    # long been performed, so the release no longer stalls on them, and the
+                    # successor, one step behind in an ideal schedule, is not yet waiting. The
+                    # barrier makes every thread's adds precede the release (a Triton 3.6 release
+                    # atomic does not order the other threads' memory operations by itself).
+                    tl.debug_barrier()
+                    tl.atomic_add(pending_sem, 1, sem="release")
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])
@@ -177,20 +209,21 @@ def attn_bwd_kernel(
                 + offs_d[None, :]
             )  # fmt: skip
             if DETERMINISTIC:
-                rank = tl.load(STEP_RANK + step)
-                sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
-                failed = _wait_for_turn(sem_ptr, STATUS, rank, timeout, TIMED_WAIT)
-                if failed != 0:
-                    # Never a silent wrong result: poison what this step would have added.
-                    dq_part = dq_part + float("nan")
+                failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)
+                # Never a silent wrong result: a step that gave up poisons what it adds and
+                # raises the error flag (a plain store: every writer writes 1).
+                dq_part = tl.where(failed, float("nan"), dq_part)
+                tl.store(STATUS + 1, 1, mask=failed)
                 tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
-                # Every thread's adds must be performed before the release (a Triton 3.6 release
-                # atomic does not order the other threads' memory operations by itself).
-                tl.debug_barrier()
-                tl.atomic_add(sem_ptr, 1, sem="release")
+                pending_sem = sem_ptr
+                has_pending = 1
             else:
                 tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
 
+        if DETERMINISTIC:
+            if has_pending != 0:
+                tl.debug_barrier()
+                tl.atomic_add(pending_sem, 1, sem="release")
         dk = dk * softmax_scale
         tl.store(
             DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn

@@ -1,0 +1,143 @@
+"""Tuning probe: backward TFLOPS of each schedule, det vs non-det, vs FA4, on a few configs.
+
+A developer tool for one device call (``dash-attn bench`` is the full sweep). Prints one line per
+(config, provider) and the register/spill report of every compiled backward variant.
+
+    PYTHONPATH=$PWD python3 benchmarks/probe_bwd.py [--configs 128:c:16384,64:f:2048] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+from dash_attn import dash_attn_func
+from dash_attn.kernels.bwd import attn_bwd_kernel
+from dash_attn.runtime import schedule_spec
+from dash_attn.schedule import applicable_schedules
+
+DEFAULT_CONFIGS = "128:c:16384,128:c:2048,128:f:16384,128:f:2048,64:c:8192,64:f:4096"
+
+
+def bwd_flops(batch: int, seqlen: int, heads: int, headdim: int, causal: bool) -> float:
+    fwd = 4 * batch * seqlen * seqlen * heads * headdim / (2 if causal else 1)
+    return 2.5 * fwd
+
+
+def time_backward(fn, q, k, v, dout) -> float:
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+
+    def run() -> None:
+        out.backward(dout, retain_graph=True)
+
+    return triton.testing.do_bench(run, warmup=50, rep=300, grad_to_none=[q, k, v])
+
+
+def _with_tiles(tiles: str, fn):
+    """Run ``fn`` (forward now, backward later) under a DASH_ATTN_BWD_TILES override."""
+    os.environ["DASH_ATTN_BWD_TILES"] = tiles
+    return fn()
+
+
+def _run_providers(providers, item, q, k, v, dout, causal, flops, rows) -> None:
+    for name, fn in providers.items():
+        try:
+            tiles = name.split("/")[0] if "/" in name else ""
+            os.environ["DASH_ATTN_BWD_TILES"] = "" if tiles == "default" else tiles
+            ms = time_backward(lambda a, b, c, f=fn, m=causal: f(a, b, c, m), q, k, v, dout)
+            tflops = flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001 - report and go on with the next provider
+            print(f"{item:>14} {name:>30} FAILED {type(exc).__name__}: {exc}")
+            continue
+        rows.append(dict(config=item, provider=name, ms=ms, tflops=tflops))
+        print(f"{item:>14} {name:>30} {ms:8.3f} ms {tflops:7.1f} TFLOPS", flush=True)
+
+
+def fa4_providers():
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+    except Exception as exc:  # noqa: BLE001 - any import failure means "peer not available"
+        print(f"# FA4 not available: {type(exc).__name__}: {exc}")
+        return {}
+
+    def make(det: bool):
+        def call(q, k, v, causal):
+            out = fa4(q, k, v, causal=causal, deterministic=det)
+            return out[0] if isinstance(out, tuple) else out
+
+        return call
+
+    return {"fa4_det": make(True), "fa4_nondet": make(False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="headdim:c|f:seqlen,...")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--no-fa4", action="store_true")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="';'-separated DASH_ATTN_BWD_TILES values to compare (auto det + non-det only)",
+    )
+    args = parser.parse_args()
+    peers = {} if args.no_fa4 else fa4_providers()
+    rows = []
+    for item in args.configs.split(","):
+        hd, mask, seqlen = item.split(":")
+        headdim, seqlen, causal = int(hd), int(seqlen), mask == "c"
+        heads, batch = 2048 // headdim, 16384 // seqlen
+        torch.manual_seed(0)
+        shape = (batch, seqlen, heads, headdim)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        dout = torch.randn_like(q)
+        flops = bwd_flops(batch, seqlen, heads, headdim, causal)
+        spec = schedule_spec(batch, seqlen, seqlen, heads, heads, headdim, causal, 132)
+        providers = {}
+        if args.variants is not None:
+            for variant in args.variants.split(";"):
+                for det in (True, False):
+                    label = f"{variant or 'default'}/{'det' if det else 'nondet'}"
+                    providers[label] = lambda q, k, v, c, t=variant, d=det: _with_tiles(
+                        t, lambda: dash_attn_func(q, k, v, causal=c, deterministic=d)
+                    )
+            providers.update(peers)
+            _run_providers(providers, item, q, k, v, dout, causal, flops, rows)
+            continue
+        for name in applicable_schedules(spec):
+            providers[f"dash_{name}"] = lambda q, k, v, c, s=name: dash_attn_func(
+                q, k, v, causal=c, schedule=s
+            )
+        providers["dash_nondet"] = lambda q, k, v, c: dash_attn_func(
+            q, k, v, causal=c, deterministic=False
+        )
+        providers.update(peers)
+        for name, fn in providers.items():
+            try:
+                ms = time_backward(lambda a, b, c, f=fn, m=causal: f(a, b, c, m), q, k, v, dout)
+                tflops = flops / ms / 1e9
+            except Exception as exc:  # noqa: BLE001 - report and go on with the next provider
+                print(f"{item:>14} {name:>22} FAILED {type(exc).__name__}: {exc}")
+                continue
+            rows.append(dict(config=item, provider=name, ms=ms, tflops=tflops))
+            print(f"{item:>14} {name:>22} {ms:8.3f} ms {tflops:7.1f} TFLOPS", flush=True)
+    for device_cache in getattr(attn_bwd_kernel, "device_caches", {}).values():
+        for key, kernel in device_cache[0].items():
+            meta = kernel.metadata
+            print(
+                f"# bwd variant regs={kernel.n_regs} spills={kernel.n_spills} "
+                f"smem={meta.shared} warps={meta.num_warps} stages={meta.num_stages} "
+                f"key={key!s:.120}"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""FLOP counts, timers, and the measurement of one provider on one case.
+
+FLOPs follow the flash-attention benchmarks so that TFLOPS compare across papers: the forward does
+two matmuls of ``2 * b * h * s_q * s_k * d`` FLOPs each (``4 b h s_q s_k d``), halved by a causal
+mask on square attention; the backward does five such matmuls (2.5x the forward) and forward plus
+backward 3.5x. Recomputation inside the backward is not counted, as in those benchmarks.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .providers import BHSD, Case, Provider
+
+MODES = ("bwd", "fwd", "fwd_bwd")
+MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+Timer = Callable[..., float]
+
+
+def attention_flops(
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads: int,
+    headdim: int,
+    causal: bool,
+    mode: str = "bwd",
+) -> float:
+    """FLOPs of one attention call in ``mode`` (``fwd``, ``bwd`` or ``fwd_bwd``).
+
+    ``4 * b * s_q * s_k * h * d`` for the forward, halved if causal (exact for square attention,
+    the only shape the benchmarks use), times 1, 2.5 or 3.5.
+    """
+    if mode not in MODE_FLOP_FACTOR:
+        raise ValueError(f"mode must be one of {list(MODE_FLOP_FACTOR)}, got {mode!r}")
+    fwd = 4.0 * batch * seqlen_q * seqlen_k * heads * headdim
+    if causal:
+        fwd /= 2.0
+    return MODE_FLOP_FACTOR[mode] * fwd
+
+
+def tflops(flops: float, ms: float) -> float:
+    """TFLOP/s of ``flops`` done in ``ms`` milliseconds."""
+    if ms <= 0:
+        raise ValueError(f"ms must be > 0, got {ms}")
+    return flops / (ms * 1e-3) / 1e12
+
+
+def do_bench_ms(
+    fn: Callable[[], Any],
+    warmup: float,
+    rep: float,
+    grad_to_none: Sequence[Any] | None = None,
+) -> float:
+    """Median time of ``fn`` in ms with ``triton.testing.do_bench`` (L2 flushed before each call).
+
+    The median, not Triton's default mean: one slow outlier (a clock change, another process)
+    should not move a number that is compared to others at the percent level.
+    """
+    import triton.testing
+
+    return float(
+        triton.testing.do_bench(
+            fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median"
+        )
+    )
+
+
+def wall_clock_ms(
+    fn: Callable[[], Any],
+    warmup: float,
+    rep: float,
+    grad_to_none: Sequence[Any] | None = None,
+) -> float:
+    """A host-clock stand-in for ``do_bench_ms`` with the same signature (tests run it on the CPU).
+
+    Runs ``fn`` for about ``warmup`` ms, then about ``rep`` ms (at least 3 calls), clearing the
+    gradients of ``grad_to_none`` before each timed call, and returns the median.
+    """
+
+    def call() -> float:
+        for x in grad_to_none or ():
+            x.grad = None
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    deadline = time.perf_counter() + warmup * 1e-3
+    call()
+    while time.perf_counter() < deadline:
+        call()
+    times = [call() for _ in range(3)]
+    deadline = time.perf_counter() + rep * 1e-3
+    while time.perf_counter() < deadline:
+        times.append(call())
+    return float(statistics.median(times))
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring one provider on one case
+
+
+def short_reason(exc: BaseException) -> str:
+    """``Type: first line`` of an exception: compiler errors run to pages, a skip line must not."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class Inputs:
+    """q, k, v, dout of one case, made once and shared by every provider (in each layout)."""
+
+    def __init__(self, case: Case, device: Any, seed: int) -> None:
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def draw(heads: int) -> Any:
+            shape = (case.batch, case.seqlen, heads, case.headdim)
+            return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+        self.layouts = {
+            "bshd": (draw(case.heads), draw(case.kv_heads), draw(case.kv_heads), draw(case.heads))
+        }
+
+    def get(self, layout: str) -> tuple[Any, Any, Any, Any]:
+        if layout not in self.layouts:
+            if layout != BHSD:
+                raise ValueError(f"unknown layout {layout!r}")
+            self.layouts[layout] = tuple(
+                x.transpose(1, 2).contiguous() for x in self.layouts["bshd"]
+            )
+        return self.layouts[layout]
+
+
+def bench_step(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any, mode: str) -> Callable:
+    """The callable ``do_bench`` times: the backward alone, the forward alone, or both."""
+    import torch
+
+    if mode == "bwd":
+        out = fn(*leaves)
+
+        def step() -> None:
+            out.backward(dout, retain_graph=True)
+
+    elif mode == "fwd":
+
+        def step() -> None:
+            with torch.no_grad():
+                fn(*leaves)
+
+    elif mode == "fwd_bwd":
+
+        def step() -> None:
+            fn(*leaves).backward(dout)
+
+    else:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return step
+
+
+def repeat_diffs(
+    fn: Callable[..., Any], leaves: Sequence[Any], dout: Any, repeats: int, mode: str = "bwd"
+) -> tuple[tuple[float, ...], bool]:
+    """Run the backward ``repeats`` times (one forward); compare each run with the first.
+
+    Returns the largest |difference| of each gradient (dq, dk, dv) over the runs and whether every
+    run was bitwise equal to the first. In ``fwd`` mode the forward output is compared instead.
+    """
+    import torch
+
+    from dash_attn.testing import bitwise_equal, max_abs_diff
+
+    if mode == "fwd":
+
+        def once() -> tuple[Any, ...]:
+            with torch.no_grad():
+                return (fn(*leaves),)
+
+    else:
+        out = fn(*leaves)
+
+        def once() -> tuple[Any, ...]:
+            for x in leaves:
+                x.grad = None
+            out.backward(dout, retain_graph=True)
+            return tuple(x.grad for x in leaves)
+
+    first = once()
+    worst = [0.0] * len(first)
+    equal = True
+    for _ in range(repeats - 1):
+        for i, (a, b) in enumerate(zip(first, once(), strict=True)):
+            if not bitwise_equal(a, b):
+                equal = False
+                worst[i] = max(worst[i], max_abs_diff(a, b))
+    for x in leaves:
+        x.grad = None
+    return tuple(worst), equal
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timing: median ms, the schedule that ran, and the repeat check (None if not run)."""
+
+    ms: float
+    schedule: str | None
+    bitwise_repeatable: bool | None
+
+
+def launched_schedule(provider: Provider, mode: str) -> str | None:
+    """The schedule a dash backward really ran (``auto`` resolved), from ``last_launch_info``."""
+    if provider.family != "dash":
+        return provider.schedule
+    if mode == "fwd":
+        return provider.schedule
+    from dash_attn import last_launch_info
+
+    info = last_launch_info()
+    return info.schedule if info is not None else provider.schedule
+
+
+def measure(
+    provider: Provider,
+    case: Case,
+    inputs: Inputs,
+    *,
+    mode: str,
+    warmup: float,
+    rep: float,
+    repeats: int,
+    timer: Timer,
+    device: Any,
+) -> Measurement:
+    """Time one provider on one case (and check its repeatability with ``repeats`` calls)."""
+    with provider.context():
+        fn = provider.make(case, device)
+        q, k, v, dout = inputs.get(provider.layout)
+        grad = mode != "fwd"
+        leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
+        step = bench_step(fn, leaves, dout, mode)
+        ms = timer(step, warmup, rep, leaves if grad else None)
+        schedule = launched_schedule(provider, mode)
+        del step  # frees the timed graph before the check builds its own
+        repeatable = None
+        if repeats >= 2:
+            _, repeatable = repeat_diffs(fn, leaves, dout, repeats, mode)
+    return Measurement(ms=ms, schedule=schedule, bitwise_repeatable=repeatable)
+
+
+def cleanup(device: Any) -> None:
+    """Drop the last provider's graphs and cached blocks, so the next one starts from the same
+    free memory (and a failure does not leave an out-of-memory state behind)."""
+    gc.collect()
+    if getattr(device, "type", device) == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def gpu_alive(device: Any) -> bool:
+    """False when the CUDA context is broken (an illegal address poisons every later call)."""
+    if getattr(device, "type", device) != "cuda":
+        return True
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+        torch.empty(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001
+        return False
+    return True

@@ -1,0 +1,397 @@
+"""The Triton kernels on the CPU, in Triton's interpreter: numerics, determinism, the bounded wait,
+the custom ops and the launch report.
+
+Run with ``TRITON_INTERPRET=1 python -m pytest -m interpreter`` (CI's second session). The variable
+is read when the kernels are decorated, i.e. when dash_attn's kernel modules are imported, so this
+module skips as a whole in a session that runs without it.
+
+Interpreter limits these tests are shaped around:
+
+* bf16 matmuls are wrong in the Triton 3.6 interpreter: float16 only.
+* Programs run one after another, in program-id order. A ``dynamic`` schedule (``fa3``,
+  ``descending``) always completes: a chain only waits on chains with a smaller ticket, which ran
+  earlier. A ``static`` schedule (``shift``, ``symmetric_shift``) completes only if its worker
+  lists, run back to back, happen to meet every dQ rank in order; otherwise a wait can never be
+  satisfied, gives up after ``runtime.INTERPRETER_MAX_POLLS`` polls, raises the error flag and the
+  backward raises RuntimeError. Which case a shape is in follows from the tables alone
+  (``_static_completes_in_program_order``); the static tests assert it before relying on it.
+* Tiles are 64/128 rows, so shapes stay small (seqlens 1..300) and deliberately not tile multiples.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip(
+        "interpreter tests need TRITON_INTERPRET=1 set before dash_attn's kernels are imported "
+        "(run: TRITON_INTERPRET=1 python -m pytest -m interpreter)",
+        allow_module_level=True,
+    )
+
+import dataclasses
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import dash_attn
+from dash_attn import dash_attn_func
+from dash_attn.kernels.utils import sm_count
+from dash_attn.reference import attention_ref, causal_mask
+from dash_attn.runtime import attn_bwd, schedule_spec
+from dash_attn.schedule import Dispatch, make_schedule
+from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
+
+pytestmark = [
+    pytest.mark.interpreter,
+    # Triton 3.6's interpreter turns 1-element arrays into scalars (NumPy < 2.4 only warns).
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+DTYPE = torch.float16  # bf16 matmuls are wrong in the Triton 3.6 interpreter
+ATOL = 1e-3  # as the GPU tests
+DYNAMIC_SCHEDULES = ["fa3", "descending"]
+# Far above what a timed-out static backward takes here (about a second); only a hang reaches it.
+DEADLINE_S = 120.0
+
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal)
+CASES = [
+    pytest.param((2, 100, 100, 2, 2, 64, False), id="b2-s100-h2-d64-full"),
+    pytest.param((2, 150, 150, 4, 2, 64, True), id="b2-s150-gqa4:2-d64-causal"),
+    pytest.param((2, 150, 70, 4, 1, 64, True), id="b2-sq150-sk70-mqa4:1-d64-causal"),
+    pytest.param((2, 70, 150, 4, 2, 128, True), id="b2-sq70-sk150-gqa4:2-d128-causal"),
+    pytest.param((2, 33, 1, 4, 2, 64, True), id="b2-sq33-sk1-gqa4:2-d64-causal"),
+    pytest.param((2, 1, 150, 4, 1, 128, False), id="b2-sq1-sk150-mqa4:1-d128-full"),
+]
+DETERMINISTIC = [
+    pytest.param(True, id="det"),
+    pytest.param(False, id="nondet"),
+]
+
+
+def _seed(shape: tuple) -> int:
+    return sum(int(x) * 31**i for i, x in enumerate(shape)) % 10_000
+
+
+def _inputs(shape: tuple) -> tuple[torch.Tensor, ...]:
+    """q, k, v (leaves, no grad) and dout for ``shape``, the same on every call."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, _ = shape
+    seed = _seed(shape)
+    q, k, v = make_qkv(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, DTYPE, "cpu", seed, requires_grad=False
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    dout = torch.randn(q.shape, generator=gen).to(DTYPE)
+    return q, k, v, dout
+
+
+def _run(fn: Callable, q, k, v, dout) -> dict[str, torch.Tensor]:
+    """out, lse, dq, dk, dv of ``fn(q, k, v) -> (out, lse)`` through autograd."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out, lse = fn(q, k, v)
+    out.backward(dout)
+    return {
+        "out": out.detach(),
+        "lse": lse.detach(),
+        "dq": q.grad,
+        "dk": k.grad,
+        "dv": v.grad,
+    }
+
+
+def _run_dash(shape: tuple, **kwargs: Any) -> dict[str, torch.Tensor]:
+    causal = shape[-1]
+    return _run(
+        lambda q, k, v: dash_attn_func(q, k, v, causal=causal, return_lse=True, **kwargs),
+        *_inputs(shape),
+    )
+
+
+_REFS: dict[tuple, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
+
+
+def _references(shape: tuple) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(fp32 reference, same-dtype reference) for ``shape``, computed once."""
+    if shape not in _REFS:
+        causal = shape[-1]
+        _REFS[shape] = tuple(
+            _run(
+                lambda q, k, v, up=upcast: attention_ref(q, k, v, causal=causal, upcast=up),
+                *_inputs(shape),
+            )
+            for upcast in (True, False)
+        )
+    return _REFS[shape]
+
+
+def _assert_matches_reference(got: dict[str, torch.Tensor], shape: tuple, label: str) -> None:
+    ref, same = _references(shape)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        assert got[name].dtype == ref[name].dtype, f"{name} [{label}]: dtype"
+        assert_close_to_ref(f"{name} [{label}]", got[name], ref[name], same[name], atol=ATOL)
+
+
+def _static_completes_in_program_order(name: str, shape: tuple) -> bool:
+    """Whether static schedule ``name`` finishes when its workers run one after another.
+
+    Replays what the interpreter does: worker 0 runs all its chains, then worker 1, ...; a step
+    whose dQ tile has not yet received ``rank`` contributions waits for one that never comes.
+    """
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
+    spec = schedule_spec(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, sm_count(torch.device("cpu"))
+    )
+    sched = make_schedule(name, spec)
+    assert sched.dispatch is Dispatch.STATIC
+    added: dict[tuple[int, int, int], int] = defaultdict(int)
+    completes = True
+    for worker in range(len(sched.worker_start) - 1):
+        for chain in sched.worker_chains(worker):
+            b = sched.chain_coords(chain)[0]
+            for q_head, q_tile, rank in sched.chain_steps(chain):
+                completes &= added[b, q_head, q_tile] == rank
+                added[b, q_head, q_tile] += 1
+    return completes
+
+
+def _within_deadline(fn: Callable[[], Any], seconds: float = DEADLINE_S) -> Any:
+    """``fn()``, failing (instead of hanging the session) if it runs longer than ``seconds``.
+
+    A hung call is left behind in a daemon thread; the test fails either way.
+    """
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # re-raised in the test's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds:.0f} s: the bounded wait hangs"
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. numerics against the fp32 reference
+
+
+@pytest.mark.parametrize("deterministic", DETERMINISTIC)
+@pytest.mark.parametrize("schedule", DYNAMIC_SCHEDULES)
+@pytest.mark.parametrize("shape", CASES)
+def test_matches_fp32_reference(shape, schedule, deterministic):
+    got = _run_dash(shape, schedule=schedule, deterministic=deterministic)
+    _assert_matches_reference(got, shape, f"{schedule}, deterministic={deterministic}")
+
+    info = dash_attn.last_launch_info()
+    assert (info.schedule, info.dispatch) == (schedule, "dynamic")
+
+    _, seqlen_q, seqlen_k, _, _, _, causal = shape
+    for name, x in got.items():
+        if name != "lse":
+            assert torch.isfinite(x).all(), f"{name} has non-finite values"
+    if causal and seqlen_q > seqlen_k:
+        # Rows that see no key: output 0, LSE -inf, no gradient.
+        empty = ~causal_mask(seqlen_q, seqlen_k).any(dim=1)
+        assert empty.any()
+        assert (got["out"][:, empty] == 0).all()
+        assert torch.isneginf(got["lse"][:, :, empty]).all()
+        assert (got["dq"][:, empty] == 0).all()
+        assert torch.isfinite(got["lse"][:, :, ~empty]).all()
+    else:
+        assert torch.isfinite(got["lse"]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. determinism
+
+
+@pytest.mark.parametrize("schedule", DYNAMIC_SCHEDULES)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param((2, 150, 150, 4, 2, 64, True), id="b2-s150-gqa4:2-d64-causal"),
+        pytest.param((2, 70, 150, 4, 1, 128, False), id="b2-sq70-sk150-mqa4:1-d128-full"),
+    ],
+)
+def test_two_runs_bitwise_equal(shape, schedule):
+    first = _run_dash(shape, schedule=schedule, deterministic=True)
+    again = _run_dash(shape, schedule=schedule, deterministic=True)
+    for name in first:
+        assert torch.equal(first[name], again[name]), f"{name} differs between two runs"
+        assert bitwise_equal(first[name], again[name]), f"{name}: bits differ (signed zero?)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. static schedules: a wait that can never be satisfied ends in an error, never a hang
+
+
+@pytest.mark.parametrize(
+    "schedule, shape",
+    [
+        pytest.param("shift", (1, 150, 150, 2, 2, 64, False), id="shift-b1-s150-h2-d64-full"),
+        pytest.param(
+            "symmetric_shift",
+            (1, 100, 257, 2, 1, 64, True),
+            id="symshift-b1-sq100-sk257-d64-causal",
+        ),
+    ],
+)
+def test_static_schedule_times_out_instead_of_hanging(schedule, shape):
+    assert not _static_completes_in_program_order(schedule, shape), (
+        "precondition: the schedule's worker lists, run one after another, must block"
+    )
+    with pytest.raises(RuntimeError, match="timed out"):
+        _within_deadline(lambda: _run_dash(shape, schedule=schedule, deterministic=True))
+
+    info = dash_attn.last_launch_info()
+    assert (info.schedule, info.dispatch, info.deterministic) == (schedule, "static", True)
+    # The failure is reported once, not again by the next call, and the next backward works.
+    dash_attn.check_errors()
+    dyn_shape = shape[:1] + (40, 40) + shape[3:]
+    got = _run_dash(dyn_shape, schedule="descending", deterministic=True)
+    _assert_matches_reference(got, dyn_shape, "descending after a timed-out static backward")
+
+
+@pytest.mark.parametrize(
+    "schedule, shape",
+    [
+        pytest.param("shift", (2, 40, 150, 4, 2, 64, False), id="shift-b2-sq40-sk150-d64-full"),
+        pytest.param(
+            "symmetric_shift", (2, 150, 150, 4, 2, 64, True), id="symshift-b2-s150-gqa4:2-causal"
+        ),
+    ],
+)
+def test_static_schedule_that_never_blocks_completes_correctly(schedule, shape):
+    # Not every static schedule blocks here: when the worker lists, run back to back, already
+    # meet every rank in order, the static path completes and must be right.
+    assert _static_completes_in_program_order(schedule, shape), "precondition"
+    got = _within_deadline(lambda: _run_dash(shape, schedule=schedule, deterministic=True))
+    _assert_matches_reference(got, shape, schedule)
+    info = dash_attn.last_launch_info()
+    assert (info.schedule, info.dispatch) == (schedule, "static")
+
+
+def test_non_deterministic_static_schedule_does_not_wait():
+    # deterministic=False adds dQ with plain atomics: no semaphore, so no wait to time out.
+    shape = (1, 150, 150, 2, 2, 64, False)
+    assert not _static_completes_in_program_order("shift", shape)
+    got = _within_deadline(lambda: _run_dash(shape, schedule="shift", deterministic=False))
+    _assert_matches_reference(got, shape, "shift, deterministic=False")
+
+
+def test_broken_dynamic_table_times_out_instead_of_hanging():
+    # Every rank + 1: the first contributor of each dQ tile waits for a turn that never comes,
+    # even with dynamic dispatch (as the GPU test of the same name).
+    shape = (1, 150, 150, 2, 2, 64, False)
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
+    q, k, v, dout = _inputs(shape)
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, headdim**-0.5)
+    spec = schedule_spec(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, sm_count(q.device)
+    )
+    good = make_schedule("fa3", spec)
+    broken = dataclasses.replace(good, name="broken", step_rank=good.step_rank + 1)
+    options = {
+        "causal": causal,
+        "softmax_scale": headdim**-0.5,
+        "deterministic": True,
+        "schedule": "fa3",
+        "sm_margin": 0,
+        "schedule_override": broken,
+        "sync_check": True,
+    }
+    with pytest.raises(RuntimeError, match="timed out"):
+        _within_deadline(lambda: attn_bwd(dout, q, k, v, out, lse, **options))
+    info = dash_attn.last_launch_info()
+    assert (info.schedule, info.dispatch) == ("broken", "dynamic")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the custom ops
+
+
+def _op_inputs(causal: bool) -> tuple[torch.Tensor, ...]:
+    return _inputs((2, 70, 100, 4, 2, 64, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_opcheck_fwd(causal):
+    # Every default test_util (schema, autograd registration, fake tensor, AOT dispatch with
+    # dynamic shapes) runs here in a few seconds, so no subset is needed.
+    q, k, v, _ = _op_inputs(causal)
+    torch.library.opcheck(torch.ops.dash_attn.fwd.default, (q, k, v, causal, 0.125))
+
+
+@pytest.mark.parametrize("deterministic", DETERMINISTIC)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_opcheck_bwd(causal, deterministic):
+    # Dynamic schedule only: a static one may time out in the interpreter (see the module doc).
+    q, k, v, dout = _op_inputs(causal)
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, 0.125)
+    torch.library.opcheck(
+        torch.ops.dash_attn.bwd.default,
+        (dout, q, k, v, out, lse, causal, 0.125, deterministic, "fa3", 0),
+    )
+
+
+def _check_fake_shapes(q, k, v, dout, expect_type: type | None) -> None:
+    batch, seqlen_q, heads, _ = q.shape
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, True, 0.125)
+    assert (out.shape, out.dtype, out.device) == (q.shape, q.dtype, q.device)
+    assert (lse.shape, lse.dtype, lse.device) == ((batch, heads, seqlen_q), torch.float32, q.device)
+    grads = torch.ops.dash_attn.bwd(dout, q, k, v, out, lse, True, 0.125, True, "fa3", 0)
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
+        assert (g.shape, g.dtype, g.device) == (x.shape, x.dtype, x.device), name
+    if expect_type is not None:
+        assert all(isinstance(t, expect_type) for t in (out, lse, *grads))
+
+
+def test_fake_implementations_under_fake_tensor_mode():
+    real = _inputs((2, 70, 150, 4, 2, 128, True))
+    with FakeTensorMode() as mode:
+        fake = tuple(mode.from_tensor(x) for x in real)
+        _check_fake_shapes(*fake, expect_type=torch._subclasses.fake_tensor.FakeTensor)
+
+
+def test_fake_implementations_on_meta_tensors():
+    real = _inputs((2, 150, 70, 4, 1, 64, True))
+    _check_fake_shapes(*(x.to("meta") for x in real), expect_type=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the launch report
+
+
+@pytest.mark.parametrize(
+    "schedule, deterministic, causal, expected",
+    [
+        pytest.param("fa3", True, False, ("fa3", "dynamic"), id="fa3-det-full"),
+        pytest.param("descending", False, True, ("descending", "dynamic"), id="desc-nondet-causal"),
+        # One Q tile and one KV tile: a single chain per (batch, kv head), every rank 0, so even
+        # a static schedule completes in the interpreter.
+        pytest.param("auto", True, False, ("shift", "static"), id="auto-det-full"),
+        pytest.param("auto", False, True, ("symmetric_shift", "static"), id="auto-nondet-causal"),
+    ],
+)
+def test_last_launch_info(schedule, deterministic, causal, expected, monkeypatch):
+    monkeypatch.setattr(dash_attn.runtime, "_last_launch", None)  # nothing left from other tests
+    shape = (2, 50, 60, 4, 2, 64, causal)
+    _run_dash(shape, schedule=schedule, deterministic=deterministic)
+    info = dash_attn.last_launch_info()
+    assert info is not None
+    assert (info.schedule, info.dispatch) == expected
+    assert info.deterministic is deterministic
+    assert info.spec.causal is causal
+    assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 2)
+    assert 1 <= info.workers <= sm_count(torch.device("cpu"))

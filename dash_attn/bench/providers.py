@@ -215,6 +215,10 @@ def _compiled_flex(dynamic: bool) -> Callable[..., Any]:
         for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
+        # The timing loop re-runs backward with retain_graph=True, which AOTAutograd refuses for a
+        # graph whose saved buffers it donated (seen on torch 2.11): keep them.
+        if hasattr(torch._functorch.config, "donated_buffer"):
+            torch._functorch.config.donated_buffer = False
         compiled = torch.compile(flex_attention, dynamic=dynamic)
         _flex_state["compiled"][dynamic] = compiled
     return compiled

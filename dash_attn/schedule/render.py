@@ -86,7 +86,9 @@ def render_ascii(schedule: Schedule, max_workers: int = 16, max_steps: int = 40)
         chains = step_chain[steps]
         visible = steps[:shown_steps].tolist()
         boundary = [i > 0 and chains[i] != chains[i - 1] for i in range(len(visible))]
-        labels = [chain_label(int(c)) for c in chains[np.r_[True, chains[1:] != chains[:-1]]]]
+        # A worker with no steps (more workers than chains) has no chain to label.
+        first_of_chain = np.r_[True, chains[1:] != chains[:-1]] if len(chains) else []
+        labels = [chain_label(int(c)) for c in chains[first_of_chain]]
         if len(labels) > 8:
             labels = [*labels[:8], f"... {len(labels)} chains"]
         more = " ..." if len(steps) > shown_steps else ""

@@ -11,8 +11,8 @@ and dV_j, and produce a partial dQ_i that must be added into the fp32 dQ accumul
 A *chain* is everything one KV tile ``(b, kv_head, j)`` does: its tasks for every query head of its
 GQA group, executed back to back by one worker, so that dK_j and dV_j stay in registers. A chain is
 an ordered list of *steps* ``(q_head, q_tile, rank)``. ``rank`` is the position of that contribution
-in the fixed summation order of dQ tile ``(b, q_head, q_tile)``: the kernel waits until the dQ tile's
-semaphore equals ``rank``, adds, then increments the semaphore.
+in the fixed summation order of dQ tile ``(b, q_head, q_tile)``: the kernel waits until the dQ
+tile's semaphore equals ``rank``, adds, then increments the semaphore.
 
 Masks. Full: every KV tile meets every Q tile. Causal (bottom-right aligned, as flash-attn): KV tile
 ``j`` meets Q tiles ``max(0, j * tile_ratio - causal_offset) .. M - 1``, where ``causal_offset`` is
@@ -31,8 +31,8 @@ order its contributions arrive (dQ0: kv0, kv3, kv2, kv1), so nobody ever waits.
 
 Dispatch. ``static``: worker ``w`` runs the chains ``order[worker_start[w]:worker_start[w + 1]]``
 (a persistent kernel; needs every worker co-resident). ``dynamic``: workers pull tickets from an
-atomic counter and ticket ``t`` runs chain ``order[t]`` (what the hardware block scheduler does for a
-non-persistent grid); ranks then only ever wait on chains with a smaller ticket.
+atomic counter and ticket ``t`` runs chain ``order[t]`` (what the hardware block scheduler does for
+a non-persistent grid); ranks then only ever wait on chains with a smaller ticket.
 """
 
 from __future__ import annotations
@@ -84,14 +84,24 @@ class ScheduleSpec:
     causal_offset: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("batch", "q_heads", "kv_heads", "q_tiles", "kv_tiles", "tile_ratio", "workers"):
+        for name in (
+            "batch",
+            "q_heads",
+            "kv_heads",
+            "q_tiles",
+            "kv_tiles",
+            "tile_ratio",
+            "workers",
+        ):
             _check_int(name, getattr(self, name), 1)
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         if isinstance(self.causal_offset, bool) or not isinstance(
             self.causal_offset, (int, np.integer)
         ):
-            raise TypeError(f"causal_offset must be an int, got {type(self.causal_offset).__name__}")
+            raise TypeError(
+                f"causal_offset must be an int, got {type(self.causal_offset).__name__}"
+            )
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
@@ -101,8 +111,8 @@ class ScheduleSpec:
             last = self.first_q_tile(self.kv_tiles - 1)
             if last >= self.q_tiles:
                 raise ValueError(
-                    f"causal_offset={self.causal_offset} leaves KV tile {self.kv_tiles - 1} with no "
-                    f"Q tile (first Q tile {last} >= q_tiles {self.q_tiles})"
+                    f"causal_offset={self.causal_offset} leaves KV tile {self.kv_tiles - 1} "
+                    f"with no Q tile (first Q tile {last} >= q_tiles {self.q_tiles})"
                 )
 
     @classmethod

@@ -29,7 +29,7 @@ from .schedule.generators import GENERATORS, auto_schedule_name
 from .schedule.render import render_ascii
 from .schedule.simulate import SimResult, simulate
 from .schedule.validate import ValidationReport, validate
-from .tiles import SUPPORTED_HEADDIMS, backward_tiles
+from .tiles import SUPPORTED_HEADDIMS, backward_tiles, kernel_schedule_spec
 
 PROG = "dash-attn"
 BASELINE = "fa3"
@@ -565,16 +565,8 @@ def sweep_specs(workers: int) -> list[tuple[ScheduleSpec, Shape]]:
         heads = SWEEP_HIDDEN // headdim
         for seqlen in SWEEP_SEQLENS:
             for causal in (False, True):
-                spec = ScheduleSpec.from_shape(
-                    batch=SWEEP_TOKENS // seqlen,
-                    seqlen_q=seqlen,
-                    seqlen_k=seqlen,
-                    q_heads=heads,
-                    kv_heads=heads,
-                    block_m=tiles.block_m,
-                    block_n=tiles.block_n,
-                    causal=causal,
-                    workers=workers,
+                spec = kernel_schedule_spec(
+                    SWEEP_TOKENS // seqlen, seqlen, seqlen, heads, heads, headdim, causal, workers
                 )
                 configs.append((spec, Shape(seqlen, seqlen, headdim, tiles.block_m, tiles.block_n)))
     return configs

@@ -16,6 +16,7 @@ from .kernels.bwd import attn_bwd_main, attn_bwd_preprocess
 from .kernels.utils import is_interpreter, sm_count
 from .schedule import Dispatch, Schedule, ScheduleSpec, make_schedule
 from .tiles import BackwardTiles, backward_tiles
+from .tiles import kernel_schedule_spec as schedule_spec
 
 # A correct schedule waits microseconds; this bound only exists to turn a deadlock (for instance
 # SMs taken by a concurrent kernel) into an error instead of a frozen GPU.
@@ -47,31 +48,6 @@ _launches = 0
 def last_launch_info() -> LaunchInfo | None:
     """The schedule, tiles and worker count of the most recent backward launch."""
     return _last_launch
-
-
-def schedule_spec(
-    batch: int,
-    seqlen_q: int,
-    seqlen_k: int,
-    heads: int,
-    kv_heads: int,
-    headdim: int,
-    causal: bool,
-    workers: int,
-) -> ScheduleSpec:
-    """The tile-level problem the backward kernel runs for this shape."""
-    tiles = backward_tiles(headdim)
-    return ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=seqlen_k,
-        q_heads=heads,
-        kv_heads=kv_heads,
-        block_m=tiles.block_m,
-        block_n=tiles.block_n,
-        causal=causal,
-        workers=workers,
-    )
 
 
 def device_tables(schedule: Schedule, device: torch.device) -> dict[str, torch.Tensor]:

@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from .schedule.types import ScheduleSpec
+
 SUPPORTED_HEADDIMS = (64, 96, 128, 192, 256)
 
 
@@ -76,3 +78,28 @@ def backward_tiles(headdim: int) -> BackwardTiles:
     if override:
         return _overrides(override).get(headdim, _BACKWARD_TILES[headdim])
     return _BACKWARD_TILES[headdim]
+
+
+def kernel_schedule_spec(
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    causal: bool,
+    workers: int,
+) -> ScheduleSpec:
+    """The tile-level problem the backward kernel runs for this shape (its tiles, this table)."""
+    tiles = backward_tiles(headdim)
+    return ScheduleSpec.from_shape(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        q_heads=heads,
+        kv_heads=kv_heads,
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+        causal=causal,
+        workers=workers,
+    )

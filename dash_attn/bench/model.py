@@ -33,7 +33,7 @@ from typing import Any
 
 from ..schedule import ScheduleSpec, applicable_schedules, simulate
 from ..schedule.generators import GENERATORS
-from ..tiles import backward_tiles
+from ..tiles import kernel_schedule_spec
 from .report import by_config, read_csv, text_table, write_csv
 
 MODEL_FIELDS = (
@@ -65,19 +65,8 @@ BASELINE = "fa3"
 def spec_for(
     headdim: int, seqlen: int, batch: int, heads: int, causal: bool, workers: int
 ) -> ScheduleSpec:
-    """The tile-level problem the backward kernel runs (as ``runtime.schedule_spec``, no torch)."""
-    tiles = backward_tiles(headdim)
-    return ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen,
-        seqlen_k=seqlen,
-        q_heads=heads,
-        kv_heads=heads,
-        block_m=tiles.block_m,
-        block_n=tiles.block_n,
-        causal=causal,
-        workers=workers,
-    )
+    """The tile-level problem the backward kernel runs for a square MHA shape."""
+    return kernel_schedule_spec(batch, seqlen, seqlen, heads, heads, headdim, causal, workers)
 
 
 def estimate_costs(spec: ScheduleSpec, nondet_ms: float, fa3_ms: float) -> tuple[float, float]:

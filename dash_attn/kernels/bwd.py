@@ -37,54 +37,88 @@ import triton.language as tl
 from ..tiles import BackwardTiles
 from .utils import next_power_of_2
 
-if hasattr(tl, "extra") and hasattr(tl.extra, "cuda"):
-    _globaltimer = tl.extra.cuda.globaltimer
-else:  # pragma: no cover - very old Triton
-    from triton.language.extra.cuda import globaltimer as _globaltimer
+# Spin in PTX until *sem == rank or the deadline passes; $0 = 1 if it gave up. $4 is a value read
+# earlier with acquire semantics: if it already is the turn, there is no poll at all. Every poll is
+# an acquire load, which orders this thread's dQ adds after the predecessor's release without a
+# fence (fence.acq_rel cost ~10% at hd128: benchmarks/NOTES.md). A loop written in Triton would be
+# an scf.while inside the step loop, and Triton's software pipeliner leaves loops with nested
+# loops alone. Labels inside { } are local to the block, so the asm may be inlined twice.
+_SPIN_PTX = tl.constexpr("""
+{
+.reg .pred %p_done, %p_wait;
+.reg .b32 %seen;
+.reg .u64 %t_start, %t_now;
+mov.u32 $0, 0;
+mov.b32 %seen, $4;
+setp.eq.s32 %p_done, %seen, $2;
+@%p_done bra DONE;
+mov.u64 %t_start, %globaltimer;
+SPIN:
+ld.acquire.gpu.global.b32 %seen, [$1];
+setp.eq.s32 %p_done, %seen, $2;
+@%p_done bra DONE;
+mov.u64 %t_now, %globaltimer;
+sub.u64 %t_now, %t_now, %t_start;
+setp.le.u64 %p_wait, %t_now, $3;
+@%p_wait bra SPIN;
+mov.u32 $0, 1;
+DONE:
+}
+""")
 
 
 @triton.jit
-def _now(TIMED_WAIT: tl.constexpr):
+def _load_acquire(ptr, TIMED_WAIT: tl.constexpr):
+    """An acquire load of one int32 (GPU scope); a volatile load in the interpreter."""
     if TIMED_WAIT:
-        return _globaltimer()
+        return tl.inline_asm_elementwise(
+            "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False,
+            pack=1,
+        )  # fmt: skip
     else:
-        return tl.full([], 0, tl.int64)
+        return tl.load(ptr, volatile=True)
 
 
 @triton.jit
-def _acquire_fence(TIMED_WAIT: tl.constexpr):
-    # A relaxed read of the semaphore followed by fence.acq_rel is an acquire: the dQ adds that
-    # follow are ordered after the predecessor's release. The interpreter runs programs one at a
-    # time and has no inline asm, so it needs (and gets) no fence.
+def _cta_barrier(TIMED_WAIT: tl.constexpr):
+    """A CTA-wide barrier that Triton's software pipeliner does not see.
+
+    ``tl.debug_barrier()`` inside the step loop makes the pipeliner skip the loop (no cp.async
+    prefetch of Q and dO: -1 stage), so on the GPU the barrier is a bar.sync in inline asm. It is
+    reached by every thread (no divergent control flow around it).
+    """
     if TIMED_WAIT:
         tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+            "bar.sync 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
         )
+    else:
+        tl.debug_barrier()
 
 
 @triton.jit
 def _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT: tl.constexpr):
-    """Spin until the semaphore equals ``rank``; returns True if the wait gave up.
+    """Wait until the semaphore equals ``rank``; returns True if the wait gave up.
 
-    ``seen`` is a value read early (before the step's matmuls), so an uncontended turn costs no
-    round trip here. Each thread polls on its own with plain volatile loads: no barrier in the
-    loop, so threads that see the turn at slightly different times never meet a barrier apart.
+    ``seen`` is the semaphore as read (acquire) before the step's last matmuls, so an
+    uncontended turn costs no round trip here. Every thread polls on its own (no barrier in the
+    loop). On the GPU the loop is one inline-asm block (see _SPIN_PTX); the interpreter has no
+    inline asm and runs programs one after another, so it polls in Python and bounds the number
+    of polls instead.
     """
-    polls = 0
-    start = _now(TIMED_WAIT)
-    while (seen != rank) & (polls >= 0):
-        seen = tl.load(sem_ptr, volatile=True)
-        polls += 1
-        # Read the clock only now and then: the poll is the hot path.
-        if (polls & 255) == 0:
-            if TIMED_WAIT:
-                elapsed = _now(TIMED_WAIT) - start
-            else:
-                elapsed = polls
-            if elapsed > timeout:
+    if TIMED_WAIT:
+        failed = tl.inline_asm_elementwise(
+            _SPIN_PTX, "=r,l,r,l,r", [sem_ptr, rank, timeout, seen], dtype=tl.int32,
+            is_pure=False, pack=1,
+        )  # fmt: skip
+        return failed != 0
+    else:
+        polls = 0
+        while (seen != rank) & (polls >= 0):
+            seen = tl.load(sem_ptr, volatile=True)
+            polls += 1
+            if polls > timeout:
                 polls = -1
-    _acquire_fence(TIMED_WAIT)
-    return polls < 0
+        return polls < 0
 
 
 @triton.jit
@@ -178,8 +212,6 @@ def attn_bwd_kernel(
             if DETERMINISTIC:
                 rank = tl.load(STEP_RANK + step)
                 sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
-                # Read the semaphore now; its latency hides behind the five matmuls below.
-                seen = tl.load(sem_ptr, volatile=True)
 
             # Transposed formulation: rows are keys, columns are queries.
             qk_t = tl.dot(k, tl.trans(q))
@@ -189,18 +221,22 @@ def attn_bwd_kernel(
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
             p_t = tl.where(keep, p_t, 0.0)
             if DETERMINISTIC:
-                if has_pending != 0:
-                    # Release the previous step's dQ tile one matmul into this step: its adds have
-                    # long been performed, so the release no longer stalls on them, and the
-                    # successor, one step behind in an ideal schedule, is not yet waiting. The
-                    # barrier makes every thread's adds precede the release (a Triton 3.6 release
-                    # atomic does not order the other threads' memory operations by itself).
-                    tl.debug_barrier()
-                    tl.atomic_add(pending_sem, 1, sem="release")
+                # Release the previous step's dQ tile one matmul into this step: its adds have
+                # long been performed, so the release no longer stalls on them, and the
+                # successor, one step behind in an ideal schedule, is not yet waiting. The
+                # barrier makes every thread's adds precede the release (a Triton 3.6 release
+                # atomic does not order the other threads' memory operations by itself). A mask,
+                # not an `if`, keeps the step loop free of regions the pipeliner gives up on.
+                _cta_barrier(TIMED_WAIT)
+                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])
             ds_t = ds_t.to(q.dtype)
+            if DETERMINISTIC:
+                # Read the semaphore two matmuls before it is needed: the predecessor is
+                # usually done by then, and the read's L2 round trip hides behind the matmuls.
+                seen = _load_acquire(sem_ptr, TIMED_WAIT)
             dk += tl.dot(ds_t, q)
             dq_part = tl.dot(tl.trans(ds_t), k)
 

@@ -1,0 +1,113 @@
+"""Tuning probe: where the deterministic backward's time goes.
+
+Builds diagnostic variants of the backward kernel by editing its source (some of them are NOT
+correct: they drop the wait or weaken the memory ordering) and times each against the shipped
+det and non-det kernels on a few configs, in one process. A developer tool for one device call;
+nothing here is used by the library.
+
+    PYTHONPATH=$PWD python3 benchmarks/probe_protocol.py [--configs 128:c:16384,128:f:4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+import tempfile
+
+import torch
+import triton
+
+import dash_attn.kernels.bwd as bwd_module
+from dash_attn import dash_attn_func
+
+KERNEL_SOURCE = pathlib.Path(bwd_module.__file__)
+WAIT_CALL = "failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)"
+EARLY_READ = "seen = _load_acquire(sem_ptr, TIMED_WAIT)"
+SEM_PTR = "sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile\n"
+LOOP_RELEASE = (
+    "_cta_barrier(TIMED_WAIT)\n"
+    '                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)'
+)
+
+# name -> list of (old, new) source edits; every `old` must occur in the kernel source.
+VARIANTS: dict[str, list[tuple[str, str]]] = {
+    # The protocol of tuning calls 2-4: relaxed polls, then fence.acq_rel; no early read.
+    "fence_poll": [
+        (EARLY_READ, "seen = rank - 1"),
+        ("ld.acquire.gpu.global.b32 %seen, [$1];", "ld.relaxed.gpu.global.b32 %seen, [$1];"),
+        ("DONE:\n}", "DONE:\nfence.acq_rel.gpu;\n}"),
+    ],
+    "late_read": [(EARLY_READ, "seen = rank - 1")],
+    "read_at_step_start": [
+        (EARLY_READ, "pass"),
+        (SEM_PTR, SEM_PTR + "                " + EARLY_READ + "\n"),
+    ],
+    # Diagnostics, not correct: no wait for the turn (and no release).
+    "no_wait": [(WAIT_CALL, "failed = rank < 0")],
+    "no_wait_no_release": [(WAIT_CALL, "failed = rank < 0"), (LOOP_RELEASE, "pass")],
+}
+
+
+def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path):
+    source = KERNEL_SOURCE.read_text()
+    for old, new in edits:
+        if old not in source:
+            raise SystemExit(f"variant {name}: edit anchor not found: {old!r}")
+        source = source.replace(old, new)
+    # Relative imports need the module to live inside the package.
+    path = workdir / f"_probe_{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"dash_attn.kernels._probe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.attn_bwd_kernel
+
+
+def time_backward(q, k, v, dout, causal: bool, deterministic: bool) -> float:
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = dash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    return triton.testing.do_bench(
+        lambda: out.backward(dout, retain_graph=True), warmup=50, rep=300, grad_to_none=[q, k, v]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", default="128:c:16384,128:f:4096,64:c:8192")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    shipped = bwd_module.attn_bwd_kernel
+    with tempfile.TemporaryDirectory(dir=KERNEL_SOURCE.parent) as tmp:
+        kernels = {"det": shipped, "nondet": shipped}
+        for name in args.variants.split(","):
+            kernels[name] = load_variant(name, VARIANTS[name], pathlib.Path(tmp))
+        rows = []
+        for item in args.configs.split(","):
+            hd, mask, seqlen = item.split(":")
+            headdim, seqlen, causal = int(hd), int(seqlen), mask == "c"
+            heads, batch = 2048 // headdim, 16384 // seqlen
+            torch.manual_seed(0)
+            shape = (batch, seqlen, heads, headdim)
+            q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            dout = torch.randn_like(q)
+            flops = 2.5 * 4 * batch * seqlen * seqlen * heads * headdim / (2 if causal else 1)
+            for name, kernel in kernels.items():
+                bwd_module.attn_bwd_kernel = kernel
+                try:
+                    ms = time_backward(q, k, v, dout, causal, deterministic=name != "nondet")
+                finally:
+                    bwd_module.attn_bwd_kernel = shipped
+                tflops = flops / ms / 1e9
+                rows.append(dict(config=item, variant=name, ms=ms, tflops=tflops))
+                print(f"{item:>12} {name:>20} {ms:8.3f} ms {tflops:7.1f} TFLOPS", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

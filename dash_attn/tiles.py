@@ -37,7 +37,7 @@ class BackwardTiles:
 
 
 _BACKWARD_TILES: dict[int, BackwardTiles] = {
-    64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=2),
+    64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=1),
     96: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     128: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),

@@ -240,6 +240,18 @@ def test_json_writer(tmp_path: Path) -> None:
     assert payload["header"]["gpu"] == "Test GPU" and len(payload["rows"]) == 2
 
 
+def test_readme_command_names_the_subcommand_once(
+    bench_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `python -m dash_attn bench ...` records argv with the subcommand first.
+    report.write_json(
+        bench_csv.with_name("bench.json"),
+        {"header": META, "argv": ["bench", "--e2e", "--out-dir", "$OUT/h200", "--commit", "abc"]},
+    )
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    assert "Command: `dash-attn bench --e2e --commit abc`" in capsys.readouterr().out
+
+
 def test_readme_table_from_csv(bench_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report.write_json(
         bench_csv.with_name("bench.json"),

@@ -363,6 +363,9 @@ def _readme_provenance(csv_path: Path, rows: Sequence[Mapping[str, Any]]) -> lis
                     continue
                 if not arg.startswith("--out-dir="):
                     shown.append(arg)
+            # argv is the CLI's own: it starts with the subcommand ("bench") when there is one.
+            if shown[:1] == ["bench"]:
+                shown = shown[1:]
             lines.append(f"Command: `{' '.join(['dash-attn', 'bench', *shown])}`")
     elif rows:
         first = rows[0]

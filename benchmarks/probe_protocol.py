@@ -51,7 +51,10 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path):
+def load_variant_source(
+    name: str, edits: list[tuple[str, str]], workdir: pathlib.Path, extra_source: str = ""
+):
+    """Import a copy of the kernel module with ``edits`` applied (and ``extra_source`` appended)."""
     source = KERNEL_SOURCE.read_text()
     for old, new in edits:
         if old not in source:
@@ -59,12 +62,16 @@ def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path)
         source = source.replace(old, new)
     # Relative imports need the module to live inside the package.
     path = workdir / f"_probe_{name}.py"
-    path.write_text(source)
+    path.write_text(source + extra_source)
     spec = importlib.util.spec_from_file_location(f"dash_attn.kernels._probe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.attn_bwd_kernel
+    return module
+
+
+def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path):
+    return load_variant_source(name, edits, workdir).attn_bwd_kernel
 
 
 def time_backward(q, k, v, dout, causal: bool, deterministic: bool) -> float:

@@ -64,13 +64,22 @@ class SimResult:
         return float(np.sum(self.reduce_start - self.compute_end))
 
 
-def simulate(schedule: Schedule, cost_compute: float = 1.0, cost_reduce: float = 1.0) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    cost_compute: float | np.ndarray = 1.0,
+    cost_reduce: float = 1.0,
+    *,
+    ordered: bool = True,
+) -> SimResult:
     """Run ``schedule`` through the DAG model with compute cost ``c`` and reduction cost ``r``.
 
     Args:
         schedule: a schedule; it is validated first (a deadlocking schedule has no makespan).
-        cost_compute: ``c``, the time of one tile task's compute edge (>= 0).
+        cost_compute: ``c``, the time of one tile task's compute edge (>= 0): one number for every
+            step, or an ``[S]`` array with one cost per step (to model noisy or uneven steps).
         cost_reduce: ``r``, the time of one dQ reduction (>= 0).
+        ordered: False drops the summation-order edges: the same tables executed the way the
+            non-deterministic kernel runs them (each reduction right after its compute).
 
     Returns:
         A ``SimResult``.
@@ -87,13 +96,17 @@ def simulate(schedule: Schedule, cost_compute: float = 1.0, cost_reduce: float =
         >>> simulate(make_schedule("shift", spec)).makespan  # n (c + r): no bubble
         8.0
     """
-    c, r = _cost("cost_compute", cost_compute), _cost("cost_reduce", cost_reduce)
+    costs = _step_costs(cost_compute, schedule.num_steps)
+    r = _cost("cost_reduce", cost_reduce)
     validate(schedule)
     pred = rank_predecessors(schedule)
+    if not ordered:
+        pred = np.full_like(pred, -1)
+    cost_list = costs.tolist()
     if schedule.dispatch is Dispatch.STATIC:
-        times = _run_static(schedule, pred.tolist(), c, r)
+        times = _run_static(schedule, pred.tolist(), cost_list, r)
     else:
-        times = _run_dynamic(schedule, pred.tolist(), c, r)
+        times = _run_dynamic(schedule, pred.tolist(), cost_list, r)
     worker, compute_start, reduce_start, prev, via_rank = times
 
     compute_start_a = np.asarray(compute_start, dtype=np.float64)
@@ -113,10 +126,10 @@ def simulate(schedule: Schedule, cost_compute: float = 1.0, cost_reduce: float =
                 length += r
                 step = pred[step]
             else:
-                length += c + r
+                length += cost_list[step] + r
                 step = prev[step]
         path.reverse()
-    busy = num_steps * (c + r)
+    busy = float(costs.sum()) + num_steps * r
     return SimResult(
         makespan=makespan,
         critical_path=length,
@@ -125,7 +138,7 @@ def simulate(schedule: Schedule, cost_compute: float = 1.0, cost_reduce: float =
         bubble_fraction=1.0 - busy / (workers * makespan) if makespan > 0 else 0.0,
         worker=np.asarray(worker, dtype=np.int64),
         compute_start=compute_start_a,
-        compute_end=compute_start_a + c,
+        compute_end=compute_start_a + costs,
         reduce_start=reduce_start_a,
         reduce_end=reduce_end,
     )
@@ -140,10 +153,25 @@ def _cost(name: str, value: float) -> float:
     return value
 
 
+def _step_costs(value: float | np.ndarray, num_steps: int) -> np.ndarray:
+    """``cost_compute`` as an ``[S]`` float64 array (a scalar is broadcast)."""
+    if isinstance(value, np.ndarray):
+        costs = value.astype(np.float64, copy=False)
+        if costs.shape != (num_steps,):
+            raise ValueError(
+                f"cost_compute must be a number or an array of shape ({num_steps},) (one cost "
+                f"per step), got shape {costs.shape}"
+            )
+        if not np.all(np.isfinite(costs)) or np.any(costs < 0):
+            raise ValueError("cost_compute must be finite and >= 0 for every step")
+        return costs
+    return np.full(num_steps, _cost("cost_compute", value))
+
+
 _Times = tuple[list[int], list[float], list[float], list[int], bytearray]
 
 
-def _run_static(schedule: Schedule, pred: list[int], c: float, r: float) -> _Times:
+def _run_static(schedule: Schedule, pred: list[int], cost: list[float], r: float) -> _Times:
     """Advance each worker until a reduction waits on a step not yet run; resume it after.
 
     A step's times depend only on its two predecessors, so the order in which blocked workers are
@@ -181,7 +209,7 @@ def _run_static(schedule: Schedule, pred: list[int], c: float, r: float) -> _Tim
         end = len(steps)
         while index < end:
             step = steps[index]
-            ready = t + c
+            ready = t + cost[step]
             p = pred[step]
             if p >= 0:
                 done = reduce_end[p]
@@ -208,7 +236,7 @@ def _run_static(schedule: Schedule, pred: list[int], c: float, r: float) -> _Tim
     return worker, compute_start, reduce_start, prev, via_rank
 
 
-def _run_dynamic(schedule: Schedule, pred: list[int], c: float, r: float) -> _Times:
+def _run_dynamic(schedule: Schedule, pred: list[int], cost: list[float], r: float) -> _Times:
     """Deal chains in ticket order to the earliest-free worker and run each one to its end."""
     spec = schedule.spec
     num_steps = schedule.num_steps
@@ -225,7 +253,7 @@ def _run_dynamic(schedule: Schedule, pred: list[int], c: float, r: float) -> _Ti
         t, w = heapq.heappop(free)
         before = last[w]
         for step in range(chain_start[chain], chain_start[chain + 1]):
-            ready = t + c
+            ready = t + cost[step]
             p = pred[step]
             if p >= 0:
                 done = reduce_end[p]

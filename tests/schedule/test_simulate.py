@@ -227,3 +227,55 @@ def test_closed_forms_at_device_scale(causal: bool) -> None:
     expected = 8 * 133 * 3.0 / 2 if causal else 8 * 132 * 3.0
     assert sim.makespan == expected == sim.lower_bound
     assert sim.bubble_fraction == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-step costs and the unordered (non-deterministic) execution
+
+
+@pytest.mark.parametrize("name", ["fa3", "shift"])
+def test_per_step_costs_equal_to_the_scalar_give_the_same_timeline(name: str) -> None:
+    schedule = make_schedule(name, _paper_spec(8, 2, False))
+    scalar = simulate(schedule, 2.0, 0.5)
+    array = simulate(schedule, np.full(schedule.num_steps, 2.0), 0.5)
+    assert array.makespan == scalar.makespan
+    np.testing.assert_array_equal(array.reduce_end, scalar.reduce_end)
+    np.testing.assert_array_equal(array.compute_end, scalar.compute_end)
+
+
+@pytest.mark.parametrize("name", ["fa3", "descending", "symmetric_shift"])
+def test_per_step_costs_respect_both_dependencies(name: str) -> None:
+    spec = _paper_spec(8, 2, True)
+    schedule = make_schedule(name, spec)
+    costs = np.random.default_rng(1).uniform(0.5, 1.5, schedule.num_steps)
+    sim = simulate(schedule, costs, 0.25)
+    np.testing.assert_allclose(sim.compute_end - sim.compute_start, costs)
+    pred = rank_predecessors(schedule)
+    has = pred >= 0
+    assert np.all(sim.reduce_start >= sim.compute_end - 1e-12)
+    assert np.all(sim.reduce_start[has] >= sim.reduce_end[pred[has]] - 1e-12)
+    assert sim.lower_bound == pytest.approx((costs.sum() + 0.25 * schedule.num_steps) / 8)
+    assert sim.critical_path == pytest.approx(sim.makespan)
+
+
+@pytest.mark.parametrize("name", ["fa3", "descending", "shift"])
+def test_unordered_execution_has_no_rank_wait(name: str) -> None:
+    schedule = make_schedule(name, _paper_spec(8, 2, False))
+    ordered = simulate(schedule, 1.0, 1.0)
+    unordered = simulate(schedule, 1.0, 1.0, ordered=False)
+    assert unordered.wait_time == 0.0
+    assert unordered.makespan <= ordered.makespan
+    if name == "shift":  # no bubble to remove: the paper's n (c + r)
+        assert unordered.makespan == ordered.makespan
+    if name == "fa3":  # the (n - 1) r of serialised reductions disappears
+        assert unordered.makespan < ordered.makespan
+
+
+def test_per_step_costs_are_checked() -> None:
+    schedule = make_schedule("shift", _paper_spec(4, 1, False))
+    with pytest.raises(ValueError, match=r"cost_compute must be a number or an array of shape"):
+        simulate(schedule, np.ones(schedule.num_steps + 1))
+    bad = np.ones(schedule.num_steps)
+    bad[3] = -1.0
+    with pytest.raises(ValueError, match="cost_compute must be finite and >= 0"):
+        simulate(schedule, bad)

@@ -675,3 +675,19 @@ def _fa4_installed() -> bool:
     from dash_attn.bench.providers import fa4_status
 
     return fa4_status() is None
+
+
+def test_readme_results_are_generated_from_the_committed_files(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's result tables are exactly what the report makes of benchmarks/results/."""
+    repo = Path(__file__).resolve().parents[1]
+    results, readme = repo / "benchmarks" / "results" / "h200", repo / "README.md"
+    if not (results.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    args = ["--csv", str(results / "bench.csv"), "--readme-table"]
+    args += ["--determinism", str(results / "determinism.csv"), "--e2e", str(results / "e2e.csv")]
+    assert report.main(args) == 0
+    generated = capsys.readouterr().out.strip()
+    assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
+    assert generated in readme.read_text()

@@ -1,9 +1,10 @@
-"""Tuning probe: where the deterministic backward's time goes.
+"""Tuning probe: where the deterministic backward's time goes, and candidate replacements.
 
-Builds diagnostic variants of the backward kernel by editing its source (some of them are NOT
-correct: they drop the wait or weaken the memory ordering) and times each against the shipped
-det and non-det kernels on a few configs, in one process. A developer tool for one device call;
-nothing here is used by the library.
+Builds variants of the backward kernel by editing its source and times each against the shipped
+det and non-det kernels on a few configs, in one process. Some variants are diagnostics and NOT
+correct (they drop the wait); candidates (e.g. ``tma_reduce``: the dQ add as one TMA bulk
+reduction) must give gradients bitwise equal to the shipped deterministic kernel, which every
+line checks. A developer tool for one device call; nothing here is used by the library.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_protocol.py [--configs 128:c:16384,128:f:4096]
 """
@@ -32,6 +33,36 @@ LOOP_RELEASE = (
     '                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)'
 )
 
+TMA_REDUCE = [
+    (
+        "    pid = tl.program_id(0)\n",
+        "    pid = tl.program_id(0)\n"
+        "    dq_desc = tl.make_tensor_descriptor(\n"
+        "        DQ_ACC,\n"
+        "        shape=[num_chains // (kv_heads * kv_tiles), seqlen_q, q_heads, HEAD_DIM],\n"
+        "        strides=[stride_dqb, stride_dqm, stride_dqh, 1],\n"
+        "        block_shape=[1, BLOCK_M, 1, HEAD_DIM_PAD],\n"
+        "    )\n",
+    ),
+    (
+        "                tl.store(STATUS + 1, 1, mask=failed)\n"
+        '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n',
+        "                tl.store(STATUS + 1, 1, mask=failed)\n"
+        "                dq_desc.atomic_add(\n"
+        "                    [b, q_tile * BLOCK_M, h, 0],\n"
+        "                    dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD]),\n"
+        "                )\n",
+    ),
+    (
+        '"bar.sync 0; mov.u32 $0, 0;"',
+        '"cp.async.bulk.wait_group 0; fence.proxy.async.global; bar.sync 0; mov.u32 $0, 0;"',
+    ),
+    (
+        "            if has_pending != 0:\n                tl.debug_barrier()\n",
+        "            if has_pending != 0:\n                _cta_barrier(TIMED_WAIT)\n",
+    ),
+]
+
 # name -> list of (old, new) source edits; every `old` must occur in the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     # The protocol of tuning calls 2-4: relaxed polls, then fence.acq_rel; no early read.
@@ -44,6 +75,23 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "read_at_step_start": [
         (EARLY_READ, "pass"),
         (SEM_PTR, SEM_PTR + "                " + EARLY_READ + "\n"),
+    ],
+    # dQ add as one TMA bulk reduction (cp.reduce.async.bulk) from shared memory instead of
+    # 8 red.global.add.v4.f32 per thread; the release waits for the bulk group to complete.
+    "tma_reduce": TMA_REDUCE,
+    # The same for the non-deterministic kernel (variants named *_nondet run with
+    # deterministic=False).
+    "tma_reduce_nondet": [
+        *TMA_REDUCE,
+        (
+            "            else:\n"
+            '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n',
+            "            else:\n"
+            "                dq_desc.atomic_add(\n"
+            "                    [b, q_tile * BLOCK_M, h, 0],\n"
+            "                    dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD]),\n"
+            "                )\n",
+        ),
     ],
     # Diagnostics, not correct: no wait for the turn (and no release).
     "no_wait": [(WAIT_CALL, "failed = rank < 0")],
@@ -74,6 +122,12 @@ def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path)
     return load_variant_source(name, edits, workdir).attn_bwd_kernel
 
 
+def gradients(q, k, v, dout, causal: bool, deterministic: bool) -> list[torch.Tensor]:
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    dash_attn_func(q, k, v, causal=causal, deterministic=deterministic).backward(dout)
+    return [q.grad, k.grad, v.grad]
+
+
 def time_backward(q, k, v, dout, causal: bool, deterministic: bool) -> float:
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
     out = dash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
@@ -89,6 +143,10 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     shipped = bwd_module.attn_bwd_kernel
+    # Device-side tensor descriptors (the tma_* variants) need scratch memory for the tensormap.
+    triton.set_allocator(
+        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+    )
     with tempfile.TemporaryDirectory(dir=KERNEL_SOURCE.parent) as tmp:
         kernels = {"det": shipped, "nondet": shipped}
         for name in args.variants.split(","):
@@ -103,15 +161,30 @@ def main() -> None:
             q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             dout = torch.randn_like(q)
             flops = 2.5 * 4 * batch * seqlen * seqlen * heads * headdim / (2 if causal else 1)
+            reference = gradients(q, k, v, dout, causal, deterministic=True)
             for name, kernel in kernels.items():
+                deterministic = not name.endswith("nondet")
                 bwd_module.attn_bwd_kernel = kernel
                 try:
-                    ms = time_backward(q, k, v, dout, causal, deterministic=name != "nondet")
+                    ms = time_backward(q, k, v, dout, causal, deterministic)
+                    grads = gradients(q, k, v, dout, causal, deterministic)
                 finally:
                     bwd_module.attn_bwd_kernel = shipped
+                # A correct deterministic variant adds the same partials in the same order as
+                # the shipped kernel: its gradients must be bitwise equal to the reference.
+                pairs = list(zip(grads, reference, strict=True))
+                equal = all(torch.equal(a, b) for a, b in pairs)
+                diff = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
                 tflops = flops / ms / 1e9
-                rows.append(dict(config=item, variant=name, ms=ms, tflops=tflops))
-                print(f"{item:>12} {name:>20} {ms:8.3f} ms {tflops:7.1f} TFLOPS", flush=True)
+                rows.append(
+                    dict(config=item, variant=name, ms=ms, tflops=tflops, bitwise_equal=equal,
+                         max_diff=diff)
+                )  # fmt: skip
+                print(
+                    f"{item:>12} {name:>20} {ms:8.3f} ms {tflops:7.1f} TFLOPS  "
+                    f"{'== shipped det' if equal else f'max |diff| {diff:.1e}'}",
+                    flush=True,
+                )
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -38,17 +38,24 @@ def time_backward(fn, q, k, v, dout) -> float:
     return triton.testing.do_bench(run, warmup=50, rep=300, grad_to_none=[q, k, v])
 
 
-def _with_tiles(tiles: str, fn):
-    """Run ``fn`` (forward now, backward later) under a DASH_ATTN_BWD_TILES override."""
+def _apply_variant(variant: str) -> None:
+    """A variant is ``TILES`` or ``TILES@MODE``: DASH_ATTN_BWD_TILES and DASH_ATTN_DQ_REDUCE."""
+    tiles, _, mode = variant.partition("@")
     os.environ["DASH_ATTN_BWD_TILES"] = tiles
+    os.environ["DASH_ATTN_DQ_REDUCE"] = mode or "atomic"
+
+
+def _with_tiles(variant: str, fn):
+    """Run ``fn`` (forward now, backward later) under a variant's environment overrides."""
+    _apply_variant(variant)
     return fn()
 
 
 def _run_providers(providers, item, q, k, v, dout, causal, flops, rows) -> None:
     for name, fn in providers.items():
         try:
-            tiles = name.split("/")[0] if "/" in name else ""
-            os.environ["DASH_ATTN_BWD_TILES"] = "" if tiles == "default" else tiles
+            variant = name.split("/")[0] if "/" in name else ""
+            _apply_variant("" if variant == "default" else variant)
             ms = time_backward(lambda a, b, c, f=fn, m=causal: f(a, b, c, m), q, k, v, dout)
             tflops = flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001 - report and go on with the next provider
@@ -83,7 +90,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default=None,
-        help="';'-separated DASH_ATTN_BWD_TILES values to compare (auto det + non-det only)",
+        help="';'-separated variants to compare (auto det + non-det only): a DASH_ATTN_BWD_TILES "
+        "value, optionally with @tma (DASH_ATTN_DQ_REDUCE=tma), e.g. ';@tma;128:64x128w8s1@tma'",
     )
     args = parser.parse_args()
     peers = {} if args.no_fa4 else fa4_providers()

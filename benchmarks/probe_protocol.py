@@ -2,9 +2,9 @@
 
 Builds variants of the backward kernel by editing its source and times each against the shipped
 det and non-det kernels on a few configs, in one process. Some variants are diagnostics and NOT
-correct (they drop the wait); candidates (e.g. ``tma_reduce``: the dQ add as one TMA bulk
-reduction) must give gradients bitwise equal to the shipped deterministic kernel, which every
-line checks. A developer tool for one device call; nothing here is used by the library.
+correct (they drop the wait); candidates must give gradients bitwise equal to the shipped
+deterministic kernel, which every line checks (variants named ``*_nondet`` run
+non-deterministic). A developer tool for one device call; nothing here is used by the library.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_protocol.py [--configs 128:c:16384,128:f:4096]
 """
@@ -29,39 +29,9 @@ WAIT_CALL = "failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)"
 EARLY_READ = "seen = _load_acquire(sem_ptr, TIMED_WAIT)"
 SEM_PTR = "sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile\n"
 LOOP_RELEASE = (
-    "_cta_barrier(TIMED_WAIT)\n"
+    "_cta_barrier(TIMED_WAIT, DQ_TMA)\n"
     '                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)'
 )
-
-TMA_REDUCE = [
-    (
-        "    pid = tl.program_id(0)\n",
-        "    pid = tl.program_id(0)\n"
-        "    dq_desc = tl.make_tensor_descriptor(\n"
-        "        DQ_ACC,\n"
-        "        shape=[num_chains // (kv_heads * kv_tiles), seqlen_q, q_heads, HEAD_DIM],\n"
-        "        strides=[stride_dqb, stride_dqm, stride_dqh, 1],\n"
-        "        block_shape=[1, BLOCK_M, 1, HEAD_DIM_PAD],\n"
-        "    )\n",
-    ),
-    (
-        "                tl.store(STATUS + 1, 1, mask=failed)\n"
-        '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n',
-        "                tl.store(STATUS + 1, 1, mask=failed)\n"
-        "                dq_desc.atomic_add(\n"
-        "                    [b, q_tile * BLOCK_M, h, 0],\n"
-        "                    dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD]),\n"
-        "                )\n",
-    ),
-    (
-        '"bar.sync 0; mov.u32 $0, 0;"',
-        '"cp.async.bulk.wait_group 0; fence.proxy.async.global; bar.sync 0; mov.u32 $0, 0;"',
-    ),
-    (
-        "            if has_pending != 0:\n                tl.debug_barrier()\n",
-        "            if has_pending != 0:\n                _cta_barrier(TIMED_WAIT)\n",
-    ),
-]
 
 # name -> list of (old, new) source edits; every `old` must occur in the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
@@ -75,23 +45,6 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "read_at_step_start": [
         (EARLY_READ, "pass"),
         (SEM_PTR, SEM_PTR + "                " + EARLY_READ + "\n"),
-    ],
-    # dQ add as one TMA bulk reduction (cp.reduce.async.bulk) from shared memory instead of
-    # 8 red.global.add.v4.f32 per thread; the release waits for the bulk group to complete.
-    "tma_reduce": TMA_REDUCE,
-    # The same for the non-deterministic kernel (variants named *_nondet run with
-    # deterministic=False).
-    "tma_reduce_nondet": [
-        *TMA_REDUCE,
-        (
-            "            else:\n"
-            '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n',
-            "            else:\n"
-            "                dq_desc.atomic_add(\n"
-            "                    [b, q_tile * BLOCK_M, h, 0],\n"
-            "                    dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD]),\n"
-            "                )\n",
-        ),
     ],
     # Diagnostics, not correct: no wait for the turn (and no release).
     "no_wait": [(WAIT_CALL, "failed = rank < 0")],
@@ -143,10 +96,6 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     shipped = bwd_module.attn_bwd_kernel
-    # Device-side tensor descriptors (the tma_* variants) need scratch memory for the tensormap.
-    triton.set_allocator(
-        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
-    )
     with tempfile.TemporaryDirectory(dir=KERNEL_SOURCE.parent) as tmp:
         kernels = {"det": shipped, "nondet": shipped}
         for name in args.variants.split(","):

@@ -61,6 +61,15 @@ def _trace_smid(TIMED_WAIT: tl.constexpr):
         return tl.program_id(0).to(tl.int64)
 """
 
+# The non-deterministic branch's dQ add, the last statement of a step.
+ELSE_ADD = (
+    "            else:\n"
+    "                _add_dq(\n"
+    "                    DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, "
+    "DQ_TMA\n"
+    "                )\n"
+)
+
 EDITS = [
     ("    SEM, STATUS,\n    CHAIN_START,", "    SEM, STATUS, TRACE,\n    CHAIN_START,"),
     (
@@ -78,11 +87,8 @@ EDITS = [
         "                trace_t2 = _trace_clock(step, 2, TIMED_WAIT)\n",
     ),
     (
-        "            else:\n"
-        '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n',
-        "            else:\n"
-        '                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")\n'
-        "            trace_t3 = _trace_clock(step, 3, TIMED_WAIT)\n"
+        ELSE_ADD,
+        ELSE_ADD + "            trace_t3 = _trace_clock(step, 3, TIMED_WAIT)\n"
         f"            trace_at = TRACE + step * {FIELDS}\n"
         "            tl.store(trace_at, trace_t0)\n"
         "            tl.store(trace_at + 1, trace_t1)\n"

@@ -23,6 +23,33 @@ from .tiles import kernel_schedule_spec as schedule_spec
 DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
 # The interpreter has no clock: bound the number of polls (checked every 256 polls).
 INTERPRETER_MAX_POLLS = 512
+DQ_REDUCE_MODES = ("atomic", "tma")
+
+
+def dq_reduce_mode(device: torch.device) -> str:
+    """How the backward adds dQ partials: ``DASH_ATTN_DQ_REDUCE`` (a tuning knob), else "atomic".
+
+    "atomic": vector fp32 atomics from every thread. "tma": one TMA bulk tensor reduction per
+    step (Hopper or newer GPUs only). Both add the same partials in the same order.
+    """
+    mode = os.environ.get("DASH_ATTN_DQ_REDUCE", "atomic") or "atomic"
+    if mode not in DQ_REDUCE_MODES:
+        raise ValueError(
+            f"DASH_ATTN_DQ_REDUCE must be one of {list(DQ_REDUCE_MODES)}, got {mode!r}"
+        )
+    if mode == "tma":
+        if device.type != "cuda":
+            raise ValueError(
+                "DASH_ATTN_DQ_REDUCE=tma needs a CUDA GPU (Triton's interpreter has no bulk "
+                "reductions); unset it or use 'atomic'"
+            )
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 9:
+            raise ValueError(
+                f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is "
+                f"sm_{major}x"
+            )
+    return mode
 
 
 @dataclass(frozen=True)
@@ -35,6 +62,7 @@ class LaunchInfo:
     tiles: BackwardTiles
     workers: int
     deterministic: bool
+    dq_reduce: str = "atomic"
 
 
 _last_launch: LaunchInfo | None = None
@@ -155,6 +183,7 @@ def attn_bwd(
     timed = not interpret
     timeout = INTERPRETER_MAX_POLLS if interpret else int(DEFAULT_TIMEOUT_S * 1e9)
     tables = device_tables(sched, q.device)
+    dq_reduce = dq_reduce_mode(q.device)
 
     delta = attn_bwd_preprocess(out, dout)
     dq_acc, dk, dv, status = attn_bwd_main(
@@ -165,6 +194,7 @@ def attn_bwd(
         deterministic=deterministic, dynamic=dynamic,
         timed_wait=timed, timeout=timeout,
         cooperative=(not dynamic) and q.device.type == "cuda",
+        dq_tma=dq_reduce == "tma",
     )  # fmt: skip
     dq = (dq_acc * softmax_scale).to(q.dtype)
     _last_launch = LaunchInfo(
@@ -174,6 +204,7 @@ def attn_bwd(
         tiles=tiles,
         workers=grid,
         deterministic=deterministic,
+        dq_reduce=dq_reduce,
     )
     if deterministic:
         description = (

@@ -73,6 +73,25 @@ def test_one_stage_tiles_do_not_prefetch(reports: dict) -> None:
     assert report.sass_counts["LDGSTS"] == 0
 
 
+@pytest.mark.parametrize("headdim", [96, 128])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_tma_dq_reduction_compiles(reports: dict, headdim: int, deterministic: bool) -> None:
+    # DASH_ATTN_DQ_REDUCE=tma: one bulk tensor reduction per step instead of per-thread atomics.
+    report = _report(reports, headdim, deterministic, dq_tma=True)
+    assert report.registers <= REGISTER_LIMIT
+    assert report.shared_bytes <= HOPPER_SHARED_BYTES
+    assert "cp.reduce.async.bulk.tensor" in report.ptx and ".add" in report.ptx
+    # The adds are no longer per-thread vector atomics (REDG left: the releases, if any) ...
+    assert report.sass_counts["REDG"] <= 2
+    # ... and they are complete (not only read from shared memory) before the program releases a
+    # turn or ends: a full wait on the bulk group, then a proxy fence.
+    assert "cp.async.bulk.wait_group 0; fence.proxy.async.global;" in report.ptx
+    if deterministic:
+        # Without 8 vector atomics' 64-bit addresses, head dim 128 no longer spills much.
+        atomic = _report(reports, headdim, deterministic)
+        assert report.stack_bytes < atomic.stack_bytes
+
+
 def test_cli_prints_the_report(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     assert compile_report.main(["--headdim", "64", "--nondet", "--dump", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -33,6 +33,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..tiles import BackwardTiles
 from .utils import next_power_of_2
@@ -80,19 +81,46 @@ def _load_acquire(ptr, TIMED_WAIT: tl.constexpr):
 
 
 @triton.jit
-def _cta_barrier(TIMED_WAIT: tl.constexpr):
+def _cta_barrier(TIMED_WAIT: tl.constexpr, BULK_WAIT: tl.constexpr = False):
     """A CTA-wide barrier that Triton's software pipeliner does not see.
 
     ``tl.debug_barrier()`` inside the step loop makes the pipeliner skip the loop (no cp.async
     prefetch of Q and dO: -1 stage), so on the GPU the barrier is a bar.sync in inline asm. It is
-    reached by every thread (no divergent control flow around it).
+    reached by every thread (no divergent control flow around it). ``BULK_WAIT`` first waits until
+    this thread's TMA reductions have been performed (and orders them, issued by the async proxy,
+    before the release that follows the barrier).
     """
     if TIMED_WAIT:
-        tl.inline_asm_elementwise(
-            "bar.sync 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-        )
+        if BULK_WAIT:
+            tl.inline_asm_elementwise(
+                "cp.async.bulk.wait_group 0; fence.proxy.async.global; bar.sync 0; mov.u32 $0, 0;",
+                "=r", [], dtype=tl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+        else:
+            tl.inline_asm_elementwise(
+                "bar.sync 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+            )
     else:
         tl.debug_barrier()
+
+
+@triton.jit
+def _add_dq(
+    DQ_DESC, dq_ptrs, dq_part, mask, b, h, q_tile,
+    BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, DQ_TMA: tl.constexpr,
+):  # fmt: skip
+    """Add a dQ partial into the fp32 accumulator, at L2 either way.
+
+    ``DQ_TMA``: one bulk tensor reduction (cp.reduce.async.bulk) from shared memory, issued by one
+    thread, rows and columns past the tensor's end clipped by the TMA unit. Otherwise vector fp32
+    reductions from every thread (red.global.add.v4.f32), masked.
+    """
+    if DQ_TMA:
+        DQ_DESC.atomic_add(
+            [b, q_tile * BLOCK_M, h, 0], dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD])
+        )
+    else:
+        tl.atomic_add(dq_ptrs, dq_part, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -123,7 +151,7 @@ def _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT: tl.constexpr):
 
 @triton.jit
 def attn_bwd_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DQ_ACC, DQ_DESC, DK, DV,
     SEM, STATUS,
     CHAIN_START, STEP_HEAD, STEP_TILE, STEP_RANK, ORDER, WORKER_START,
     stride_qb, stride_qm, stride_qh,
@@ -144,6 +172,7 @@ def attn_bwd_kernel(
     DETERMINISTIC: tl.constexpr,
     DYNAMIC: tl.constexpr,
     TIMED_WAIT: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -227,7 +256,7 @@ def attn_bwd_kernel(
                 # barrier makes every thread's adds precede the release (a Triton 3.6 release
                 # atomic does not order the other threads' memory operations by itself). A mask,
                 # not an `if`, keeps the step loop free of regions the pipeliner gives up on.
-                _cta_barrier(TIMED_WAIT)
+                _cta_barrier(TIMED_WAIT, DQ_TMA)
                 tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
@@ -250,15 +279,19 @@ def attn_bwd_kernel(
                 # raises the error flag (a plain store: every writer writes 1).
                 dq_part = tl.where(failed, float("nan"), dq_part)
                 tl.store(STATUS + 1, 1, mask=failed)
-                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
+                _add_dq(
+                    DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, DQ_TMA
+                )
                 pending_sem = sem_ptr
                 has_pending = 1
             else:
-                tl.atomic_add(dq_ptrs, dq_part, mask=qo_mask, sem="relaxed")
+                _add_dq(
+                    DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, DQ_TMA
+                )
 
         if DETERMINISTIC:
             if has_pending != 0:
-                tl.debug_barrier()
+                _cta_barrier(TIMED_WAIT, DQ_TMA)
                 tl.atomic_add(pending_sem, 1, sem="release")
         dk = dk * softmax_scale
         tl.store(
@@ -277,6 +310,10 @@ def attn_bwd_kernel(
             ticket = tl.atomic_add(STATUS, 1, sem="relaxed")
         else:
             ticket += 1
+    if DQ_TMA:
+        # Bulk reductions still in flight are waited for before the program ends (the
+        # non-deterministic mode has no release that would wait for them).
+        _cta_barrier(TIMED_WAIT, True)
 
 
 @triton.jit
@@ -346,8 +383,13 @@ def attn_bwd_main(
     timed_wait: bool,
     timeout: int,
     cooperative: bool,
+    dq_tma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status)."""
+    """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status).
+
+    ``dq_tma`` adds the dQ partials with TMA bulk reductions through a tensor descriptor of the
+    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics.
+    """
     batch, seqlen_q, heads, headdim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
     dq_acc = torch.zeros((batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
@@ -357,8 +399,17 @@ def attn_bwd_main(
     flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
     status, sem = flags[:2], flags[2:]
     launch_options = {"launch_cooperative_grid": True} if cooperative else {}
+    if dq_tma:
+        # (batch, seqlen_q, heads, headdim) with one (BLOCK_M x headdim) block per dQ tile; rows
+        # past seqlen_q and padded columns are clipped by the TMA unit.
+        dq_desc = TensorDescriptor(
+            dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
+            [1, tiles.block_m, 1, next_power_of_2(headdim)],
+        )  # fmt: skip
+    else:
+        dq_desc = dq_acc  # unused by the kernel
     attn_bwd_kernel[(num_workers,)](
-        q, k, v, dout, lse, delta, dq_acc, dk, dv,
+        q, k, v, dout, lse, delta, dq_acc, dq_desc, dk, dv,
         sem, status,
         tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
         tables["order"], tables["worker_start"],
@@ -374,7 +425,7 @@ def attn_bwd_main(
         softmax_scale * math.log2(math.e), softmax_scale, timeout,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
         HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
-        DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait,
+        DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait, DQ_TMA=dq_tma,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **launch_options,
     )  # fmt: skip

@@ -76,7 +76,13 @@ def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        if name in _POINTERS_INPUT:
+        if name == "DQ_DESC":
+            if constexprs.get("DQ_TMA"):
+                block = [1, constexprs["BLOCK_M"], 1, constexprs["HEAD_DIM_PAD"]]
+                signature[name] = f"tensordesc<fp32{block}>"
+                continue
+            kind = "*fp32"  # unused: the accumulator itself
+        elif name in _POINTERS_INPUT:
             kind = f"*{dtype}"
         elif name in _POINTERS_FP32:
             kind = "*fp32"
@@ -113,6 +119,7 @@ def compile_backward(
     causal: bool = True,
     tiles: BackwardTiles | None = None,
     dtype: str = "bf16",
+    dq_tma: bool = False,
     kernel=None,
 ) -> KernelReport:
     """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it."""
@@ -130,6 +137,10 @@ def compile_backward(
         DYNAMIC=dynamic,
         TIMED_WAIT=True,
     )
+    if "DQ_TMA" in kernel.arg_names:
+        constexprs["DQ_TMA"] = dq_tma
+    elif dq_tma:
+        raise ValueError("this kernel has no DQ_TMA option")
     signature, attrs = _signature(kernel, constexprs, dtype)
     compiled = triton.compile(
         ASTSource(kernel, signature, constexprs, attrs),
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="full mask instead of causal")
     parser.add_argument("--tiles", type=_parse_tiles, default=None, help="e.g. 64x128w8s2")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--tma", action="store_true", help="dQ added by TMA bulk reductions")
     parser.add_argument("--dump", type=Path, default=None, help="write kernel.ptx / kernel.sass")
     args = parser.parse_args(argv)
     report = compile_backward(
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         causal=not args.full,
         tiles=args.tiles,
         dtype=args.dtype,
+        dq_tma=args.tma,
     )
     print(report.summary())
     if args.dump is not None:

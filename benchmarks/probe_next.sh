@@ -15,9 +15,9 @@ if [ -f .peers/fa4/install.sh ]; then source .peers/fa4/install.sh >/dev/null 2>
 } 2>&1 | tee "$OUT/env.txt"
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA -k tma 2>&1 \
   | tail -15 | tee "$OUT/gpu_tests_tma.log"
-timeout "${PROBE_TIMEOUT:-180}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
-  --configs "${PROBE_CONFIGS:-128:c:16384,128:f:4096,128:c:2048,64:c:8192,64:f:2048}" \
-  --variants "${PROBE_VARIANTS:-;@tma}" 2>&1 | grep -v Warning \
+timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
+  --configs "${PROBE_CONFIGS:-128:c:16384,128:f:4096,64:c:8192,64:f:2048}" \
+  --variants "${PROBE_VARIANTS:-;@tma;64:128x128w8s2@tma;64:64x128w8s2@tma}" 2>&1 | grep -v Warning \
   | tee "$OUT/probe.log"
 timeout "${TRACE_TIMEOUT:-150}" python3 benchmarks/probe_trace.py \
   --configs "${TRACE_CONFIGS:-128:f:4096,128:c:4096}" --out-dir "$OUT" 2>&1 | tee "$OUT/trace.log"

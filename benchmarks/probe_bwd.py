@@ -12,8 +12,7 @@ import argparse
 import json
 import os
 
-import torch
-import triton
+from probe_common import probe_configs, time_backward
 
 from dash_attn import dash_attn_func
 from dash_attn.kernels.bwd import attn_bwd_kernel
@@ -21,21 +20,6 @@ from dash_attn.runtime import schedule_spec
 from dash_attn.schedule import applicable_schedules
 
 DEFAULT_CONFIGS = "128:c:16384,128:c:2048,128:f:16384,128:f:2048,64:c:8192,64:f:4096"
-
-
-def bwd_flops(batch: int, seqlen: int, heads: int, headdim: int, causal: bool) -> float:
-    fwd = 4 * batch * seqlen * seqlen * heads * headdim / (2 if causal else 1)
-    return 2.5 * fwd
-
-
-def time_backward(fn, q, k, v, dout) -> float:
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    out = fn(q, k, v)
-
-    def run() -> None:
-        out.backward(dout, retain_graph=True)
-
-    return triton.testing.do_bench(run, warmup=50, rep=300, grad_to_none=[q, k, v])
 
 
 def _apply_variant(variant: str) -> None:
@@ -96,15 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     peers = {} if args.no_fa4 else fa4_providers()
     rows = []
-    for item in args.configs.split(","):
-        hd, mask, seqlen = item.split(":")
-        headdim, seqlen, causal = int(hd), int(seqlen), mask == "c"
-        heads, batch = 2048 // headdim, 16384 // seqlen
-        torch.manual_seed(0)
-        shape = (batch, seqlen, heads, headdim)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        dout = torch.randn_like(q)
-        flops = bwd_flops(batch, seqlen, heads, headdim, causal)
+    for config in probe_configs(args.configs):
+        item, causal, flops = config.label, config.causal, config.bwd_flops
+        batch, seqlen, heads, headdim = config.batch, config.seqlen, config.heads, config.headdim
+        q, k, v, dout = config.inputs()
         spec = schedule_spec(batch, seqlen, seqlen, heads, heads, headdim, causal, 132)
         providers = {}
         if args.variants is not None:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 import torch
-import triton
+from probe_common import probe_configs, time_backward
 
 import dash_attn.kernels.bwd as bwd_module
 from dash_attn import dash_attn_func
@@ -81,14 +81,6 @@ def gradients(q, k, v, dout, causal: bool, deterministic: bool) -> list[torch.Te
     return [q.grad, k.grad, v.grad]
 
 
-def time_backward(q, k, v, dout, causal: bool, deterministic: bool) -> float:
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    out = dash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
-    return triton.testing.do_bench(
-        lambda: out.backward(dout, retain_graph=True), warmup=50, rep=300, grad_to_none=[q, k, v]
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", default="128:c:16384,128:f:4096,64:c:8192")
@@ -101,21 +93,20 @@ def main() -> None:
         for name in args.variants.split(","):
             kernels[name] = load_variant(name, VARIANTS[name], pathlib.Path(tmp))
         rows = []
-        for item in args.configs.split(","):
-            hd, mask, seqlen = item.split(":")
-            headdim, seqlen, causal = int(hd), int(seqlen), mask == "c"
-            heads, batch = 2048 // headdim, 16384 // seqlen
-            torch.manual_seed(0)
-            shape = (batch, seqlen, heads, headdim)
-            q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            dout = torch.randn_like(q)
-            flops = 2.5 * 4 * batch * seqlen * seqlen * heads * headdim / (2 if causal else 1)
+        for config in probe_configs(args.configs):
+            item, causal, flops = config.label, config.causal, config.bwd_flops
+            q, k, v, dout = config.inputs()
             reference = gradients(q, k, v, dout, causal, deterministic=True)
             for name, kernel in kernels.items():
                 deterministic = not name.endswith("nondet")
                 bwd_module.attn_bwd_kernel = kernel
                 try:
-                    ms = time_backward(q, k, v, dout, causal, deterministic)
+                    ms = time_backward(
+                        lambda a, b, c, m=causal, d=deterministic: dash_attn_func(
+                            a, b, c, causal=m, deterministic=d
+                        ),
+                        q, k, v, dout,
+                    )  # fmt: skip
                     grads = gradients(q, k, v, dout, causal, deterministic)
                 finally:
                     bwd_module.attn_bwd_kernel = shipped

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 # probe_protocol sits beside this file (python3 benchmarks/probe_trace.py puts it on sys.path).
+from probe_common import probe_configs  # noqa: E402
 from probe_protocol import KERNEL_SOURCE, load_variant_source  # noqa: E402
 
 import dash_attn.runtime as runtime
 from dash_attn import dash_attn_func
-from dash_attn.schedule import Dispatch, SimResult, make_schedule, simulate
+from dash_attn.schedule import SimResult, make_schedule, simulate
 from dash_attn.schedule.plot import plot_gantt
 from dash_attn.tiles import kernel_schedule_spec
 
@@ -186,14 +187,10 @@ def main() -> None:
     report = []
     with tempfile.TemporaryDirectory(dir=KERNEL_SOURCE.parent) as tmp:
         module = load_variant_source("trace", EDITS, pathlib.Path(tmp), extra_source=TRACE_HELPERS)
-        for item in args.configs.split(","):
-            hd, mask, seqlen = item.split(":")
-            headdim, seqlen, causal = int(hd), int(seqlen), mask == "c"
-            heads, batch = (2, 1) if args.smoke else (2048 // headdim, 16384 // seqlen)
-            torch.manual_seed(0)
-            shape = (batch, seqlen, heads, headdim)
-            q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-            dout = torch.randn_like(q)
+        for config in probe_configs(args.configs):
+            item, causal = config.label, config.causal
+            q, k, v, dout = config.inputs(device, dtype, small=args.smoke)
+            batch, seqlen, heads, headdim = q.shape
             spec = kernel_schedule_spec(
                 batch, seqlen, seqlen, heads, heads, headdim, causal, runtime.sm_count(q.device)
             )
@@ -220,7 +217,7 @@ def main() -> None:
                         )
                         print(report[-1], flush=True)
                         panels += [(sched, model), (sched, measured)]
-            if panels and sched.dispatch in (Dispatch.STATIC, Dispatch.DYNAMIC):
+            if panels:
                 path = args.out_dir / f"trace_{item.replace(':', '_')}.png"
                 plot_gantt(
                     panels, path, title=f"{item}: model (c, r from the trace) vs measured",

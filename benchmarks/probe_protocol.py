@@ -32,6 +32,18 @@ LOOP_RELEASE = (
     "_cta_barrier(TIMED_WAIT, DQ_TMA)\n"
     '                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)'
 )
+DK_DOT = "            dk += tl.dot(ds_t, q)\n"
+
+
+def _release_moved(anchor: str, before: bool) -> list[tuple[str, str]]:
+    """Edits that move the deferred release of the previous step next to ``anchor`` (a statement
+    inside an ``if DETERMINISTIC:`` block, indented 16)."""
+    moved = LOOP_RELEASE + "\n                "
+    return [
+        (LOOP_RELEASE, "pass"),
+        (anchor, moved + anchor if before else anchor + "\n                " + LOOP_RELEASE),
+    ]
+
 
 # name -> list of (old, new) source edits; every `old` must occur in the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
@@ -46,6 +58,19 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (EARLY_READ, "pass"),
         (SEM_PTR, SEM_PTR + "                " + EARLY_READ + "\n"),
     ],
+    # Where the previous step's release goes (shipped: after the first matmul). A later release
+    # gives the bulk reduction / atomics longer to complete before the wait for them, at the cost
+    # of a later hand-off to the successor.
+    "release_at_step_start": [
+        (LOOP_RELEASE, "pass"),
+        (SEM_PTR, SEM_PTR + "                " + LOOP_RELEASE + "\n"),
+    ],
+    "release_after_dp": _release_moved(EARLY_READ, before=True),
+    "release_after_dk": [
+        (LOOP_RELEASE, "pass"),
+        (DK_DOT, DK_DOT + "            if DETERMINISTIC:\n                " + LOOP_RELEASE + "\n"),
+    ],
+    "release_at_wait": _release_moved(WAIT_CALL, before=True),
     # Diagnostics, not correct: no wait for the turn (and no release).
     "no_wait": [(WAIT_CALL, "failed = rank < 0")],
     "no_wait_no_release": [(WAIT_CALL, "failed = rank < 0"), (LOOP_RELEASE, "pass")],

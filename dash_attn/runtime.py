@@ -23,32 +23,43 @@ from .tiles import kernel_schedule_spec as schedule_spec
 DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
 # The interpreter has no clock: bound the number of polls (checked every 256 polls).
 INTERPRETER_MAX_POLLS = 512
-DQ_REDUCE_MODES = ("atomic", "tma")
+DQ_REDUCE_MODES = ("auto", "atomic", "tma")
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Whether the backward can add dQ with TMA bulk reductions on ``device`` (Hopper or newer)."""
+    if device.type != "cuda" or is_interpreter():
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 9
 
 
 def dq_reduce_mode(device: torch.device) -> str:
-    """How the backward adds dQ partials: ``DASH_ATTN_DQ_REDUCE`` (a tuning knob), else "atomic".
+    """How the backward adds dQ partials on ``device``: "tma" or "atomic".
 
-    "atomic": vector fp32 atomics from every thread. "tma": one TMA bulk tensor reduction per
-    step (Hopper or newer GPUs only). Both add the same partials in the same order.
+    ``DASH_ATTN_DQ_REDUCE`` (a tuning knob) picks: "auto" (the default) is "tma" on Hopper and
+    newer GPUs, where it measured 4-9% faster at head dim 128 (benchmarks/NOTES.md), else
+    "atomic". "atomic": vector fp32 atomics from every thread. "tma": one TMA bulk tensor
+    reduction per step. Both add the same partials in the same order, so they give the same bits.
     """
-    mode = os.environ.get("DASH_ATTN_DQ_REDUCE", "atomic") or "atomic"
+    mode = os.environ.get("DASH_ATTN_DQ_REDUCE", "auto") or "auto"
     if mode not in DQ_REDUCE_MODES:
         raise ValueError(
             f"DASH_ATTN_DQ_REDUCE must be one of {list(DQ_REDUCE_MODES)}, got {mode!r}"
         )
-    if mode == "tma":
-        if device.type != "cuda":
+    if mode == "auto":
+        return "tma" if _has_tma(device) else "atomic"
+    if mode == "tma" and not _has_tma(device):
+        if device.type != "cuda" or is_interpreter():
             raise ValueError(
                 "DASH_ATTN_DQ_REDUCE=tma needs a CUDA GPU (Triton's interpreter has no bulk "
                 "reductions); unset it or use 'atomic'"
             )
         major, _ = torch.cuda.get_device_capability(device)
-        if major < 9:
-            raise ValueError(
-                f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is "
-                f"sm_{major}x"
-            )
+        raise ValueError(
+            f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is "
+            f"sm_{major}x"
+        )
     return mode
 
 
@@ -160,7 +171,8 @@ def attn_bwd(
     check_errors(synchronize=False)
     batch, seqlen_q, heads, headdim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
-    tiles = backward_tiles(headdim)
+    dq_reduce = dq_reduce_mode(q.device)
+    tiles = backward_tiles(headdim, dq_reduce)
     workers = sm_count(q.device) - sm_margin
     if workers < 1:
         raise ValueError(
@@ -183,7 +195,6 @@ def attn_bwd(
     timed = not interpret
     timeout = INTERPRETER_MAX_POLLS if interpret else int(DEFAULT_TIMEOUT_S * 1e9)
     tables = device_tables(sched, q.device)
-    dq_reduce = dq_reduce_mode(q.device)
 
     delta = attn_bwd_preprocess(out, dout)
     dq_acc, dk, dv, status = attn_bwd_main(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .schedule.types import ScheduleSpec
 
@@ -24,20 +24,31 @@ class BackwardTiles:
         block_n: KV rows per chain (BLOCK_N, a multiple of block_m).
         num_warps: warps per program.
         num_stages: software-pipelining depth.
+        atomic_num_stages: the depth when dQ is added with per-thread atomics instead of TMA
+            bulk reductions, where that differs (the atomics' addresses take registers).
     """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    atomic_num_stages: int | None = None
 
     @property
     def tile_ratio(self) -> int:
         return self.block_n // self.block_m
 
+    def for_dq_reduce(self, dq_reduce: str) -> BackwardTiles:
+        """These tiles as launched with dQ reduction ``dq_reduce`` ("tma" or "atomic")."""
+        if dq_reduce == "atomic" and self.atomic_num_stages is not None:
+            return replace(self, num_stages=self.atomic_num_stages, atomic_num_stages=None)
+        return replace(self, atomic_num_stages=None)
 
+
+# Measured on the H200 (benchmarks/NOTES.md): at head dim 64 the two-stage pipeline spills with
+# atomics (one stage is 11% faster there) but not with TMA, where it is 4-6% faster non-det.
 _BACKWARD_TILES: dict[int, BackwardTiles] = {
-    64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=1),
+    64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=2, atomic_num_stages=1),
     96: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     128: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
     192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
@@ -64,8 +75,10 @@ def _overrides(text: str) -> dict[int, BackwardTiles]:
     return table
 
 
-def backward_tiles(headdim: int) -> BackwardTiles:
-    """The backward tiles for ``headdim``; raises NotImplementedError for unsupported ones.
+def backward_tiles(headdim: int, dq_reduce: str = "tma") -> BackwardTiles:
+    """The backward tiles for ``headdim`` with dQ reduction ``dq_reduce`` ("tma" or "atomic");
+    raises NotImplementedError for unsupported head dims. Block sizes do not depend on
+    ``dq_reduce`` (the schedule's tiles are the same either way), only the pipeline depth may.
 
     The environment variable DASH_ATTN_BWD_TILES overrides entries (for tuning runs only: the
     tiles are part of what makes results bitwise reproducible, so keep it fixed in training).
@@ -75,9 +88,10 @@ def backward_tiles(headdim: int) -> BackwardTiles:
             f"headdim must be one of {list(SUPPORTED_HEADDIMS)}, got {headdim}"
         )
     override = os.environ.get("DASH_ATTN_BWD_TILES")
+    tiles = _BACKWARD_TILES[headdim]
     if override:
-        return _overrides(override).get(headdim, _BACKWARD_TILES[headdim])
-    return _BACKWARD_TILES[headdim]
+        tiles = _overrides(override).get(headdim, tiles)
+    return tiles.for_dq_reduce(dq_reduce)
 
 
 def kernel_schedule_spec(

@@ -6,14 +6,36 @@ import pytest
 import torch
 
 from dash_attn.runtime import DQ_REDUCE_MODES, dq_reduce_mode
+from dash_attn.tiles import BackwardTiles, backward_tiles
 
 
-def test_dq_reduce_defaults_to_atomics(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DASH_ATTN_DQ_REDUCE", raising=False)
+def test_dq_reduce_auto_is_atomics_without_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" (the default) picks TMA on Hopper GPUs only; CPU tensors (the interpreter) use atomics.
+    for value in (None, "", "auto"):
+        if value is None:
+            monkeypatch.delenv("DASH_ATTN_DQ_REDUCE", raising=False)
+        else:
+            monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", value)
+        assert dq_reduce_mode(torch.device("cpu")) == "atomic"
+    monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", "atomic")
     assert dq_reduce_mode(torch.device("cpu")) == "atomic"
-    monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", "")
-    assert dq_reduce_mode(torch.device("cpu")) == "atomic"
-    assert DQ_REDUCE_MODES == ("atomic", "tma")
+    assert DQ_REDUCE_MODES == ("auto", "atomic", "tma")
+
+
+def test_pipeline_depth_follows_the_dq_reduction() -> None:
+    # Head dim 64 pipelines two stages with TMA but one with atomics (which spill at two); the
+    # block sizes, and with them the schedule, do not depend on the reduction.
+    tma, atomic = backward_tiles(64, "tma"), backward_tiles(64, "atomic")
+    assert (tma.num_stages, atomic.num_stages) == (2, 1)
+    assert (tma.block_m, tma.block_n) == (atomic.block_m, atomic.block_n)
+    assert backward_tiles(128, "tma") == backward_tiles(128, "atomic")
+    assert tma.atomic_num_stages is None  # resolved tiles carry one depth only
+
+
+def test_tile_override_applies_to_both_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DASH_ATTN_BWD_TILES", "64:64x128w4s3")
+    for mode in ("tma", "atomic"):
+        assert backward_tiles(64, mode) == BackwardTiles(64, 128, 4, 3)
 
 
 def test_unknown_dq_reduce_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ and spill stack per thread, shared memory, whether the step loop is software-pip
 costs. The tests use it to keep the GPU-only code paths (inline PTX) compiling in CPU CI.
 
     python -m dash_attn.kernels.compile_report --headdim 128 [--nondet] [--tiles 64x128w8s2]
+        [--dq-reduce atomic]
 
 Arguments are specialised the way a real launch specialises them (16-byte aligned pointers,
 strides and sequence lengths divisible by 16), so the report matches the kernel that runs.
@@ -126,7 +127,7 @@ def compile_backward(
     from .bwd import attn_bwd_kernel
 
     kernel = kernel or attn_bwd_kernel
-    tiles = tiles or backward_tiles(headdim)
+    tiles = tiles or backward_tiles(headdim, "tma" if dq_tma else "atomic")
     constexprs = dict(
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
@@ -188,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="full mask instead of causal")
     parser.add_argument("--tiles", type=_parse_tiles, default=None, help="e.g. 64x128w8s2")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    parser.add_argument("--tma", action="store_true", help="dQ added by TMA bulk reductions")
+    parser.add_argument(
+        "--dq-reduce",
+        choices=("tma", "atomic"),
+        default="tma",
+        help="how dQ partials are added: TMA bulk reductions (the default on Hopper) or atomics",
+    )
     parser.add_argument("--dump", type=Path, default=None, help="write kernel.ptx / kernel.sass")
     args = parser.parse_args(argv)
     report = compile_backward(
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         causal=not args.full,
         tiles=args.tiles,
         dtype=args.dtype,
-        dq_tma=args.tma,
+        dq_tma=args.dq_reduce == "tma",
     )
     print(report.summary())
     if args.dump is not None:

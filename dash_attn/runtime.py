@@ -57,8 +57,7 @@ def dq_reduce_mode(device: torch.device) -> str:
             )
         major, _ = torch.cuda.get_device_capability(device)
         raise ValueError(
-            f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is "
-            f"sm_{major}x"
+            f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is sm_{major}x"
         )
     return mode
 

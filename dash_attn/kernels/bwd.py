@@ -239,6 +239,16 @@ def attn_bwd_kernel(
             lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
             delta = tl.load(DELTA + row, mask=m_valid, other=0.0)
             if DETERMINISTIC:
+                # Release the previous step's dQ tile at the start of this step, once this
+                # step's loads have been issued: its adds have had the loop's tail to complete,
+                # and the successor gets its turn as early as that allows (releasing after the
+                # first matmul measured 1-9% slower, after later ones 5-10% slower:
+                # benchmarks/NOTES.md). The barrier makes every thread's adds precede the release
+                # (a Triton 3.6 release atomic does not order the other threads' memory
+                # operations by itself). A mask, not an `if`, keeps the step loop free of
+                # regions the pipeliner gives up on.
+                _cta_barrier(TIMED_WAIT, DQ_TMA)
+                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
                 rank = tl.load(STEP_RANK + step)
                 sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
 
@@ -249,15 +259,6 @@ def attn_bwd_kernel(
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
             p_t = tl.where(keep, p_t, 0.0)
-            if DETERMINISTIC:
-                # Release the previous step's dQ tile one matmul into this step: its adds have
-                # long been performed, so the release no longer stalls on them, and the
-                # successor, one step behind in an ideal schedule, is not yet waiting. The
-                # barrier makes every thread's adds precede the release (a Triton 3.6 release
-                # atomic does not order the other threads' memory operations by itself). A mask,
-                # not an `if`, keeps the step loop free of regions the pipeliner gives up on.
-                _cta_barrier(TIMED_WAIT, DQ_TMA)
-                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])

@@ -71,6 +71,15 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
             P_MASKED + "            if DETERMINISTIC:\n                " + LOOP_RELEASE + "\n",
         ),
     ],
+    "release_at_step_end": [
+        (LOOP_RELEASE, "pass"),
+        (
+            "                pending_sem = sem_ptr\n                has_pending = 1\n",
+            "                _cta_barrier(TIMED_WAIT, DQ_TMA)\n"
+            '                tl.atomic_add(sem_ptr, 1, sem="release")\n'
+            "                has_pending = 0\n",
+        ),
+    ],
     "release_after_dp": _release_moved(EARLY_READ, before=True),
     "release_after_dk": [
         (LOOP_RELEASE, "pass"),

@@ -14,16 +14,18 @@ STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag
               (adding NaN and releasing), so its successors are never stuck behind it.
 DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
               worker w runs order[worker_start[w]:worker_start[w + 1]]
-DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) one matmul into the
+DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) at the start of the
               next step, or at the end of the chain; a step never waits while it still holds an
-              unreleased turn, so deferring adds no cycle. Otherwise add with relaxed atomics in
-              arrival order (non-deterministic, same tables and work)
+              unreleased turn, so deferring adds no cycle. Otherwise add in arrival order
+              (non-deterministic, same tables and work)
 TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
               bounds the number of polls instead
 
-The dQ partial is added with fp32 atomics in both modes: they are performed at L2, so a later
-contributor on another SM never reads a stale L1 line, and inside the semaphore's critical section
-the order of the additions is fixed, so the result is bitwise reproducible.
+The dQ partial is added with fp32 reductions performed at L2 in both modes (DQ_TMA: one TMA bulk
+tensor reduction per step, the default on Hopper; otherwise vector atomics from every thread), so
+a later contributor on another SM never reads a stale L1 line; inside the semaphore's critical
+section the order of the additions is fixed, so the result is bitwise reproducible. Both forms add
+the same fp32 values in the same order per element and give the same bits.
 """
 
 from __future__ import annotations

@@ -23,10 +23,12 @@ DEFAULT_CONFIGS = "128:c:16384,128:c:2048,128:f:16384,128:f:2048,64:c:8192,64:f:
 
 
 def _apply_variant(variant: str) -> None:
-    """A variant is ``TILES`` or ``TILES@MODE``: DASH_ATTN_BWD_TILES and DASH_ATTN_DQ_REDUCE."""
-    tiles, _, mode = variant.partition("@")
+    """A variant is ``TILES[@REDUCE[@LOAD]]``: DASH_ATTN_BWD_TILES, DASH_ATTN_DQ_REDUCE and
+    DASH_ATTN_QO_LOAD; an empty field keeps the library's default (``@@tma``: TMA loads)."""
+    tiles, reduce, load = (variant.split("@") + ["", ""])[:3]
     os.environ["DASH_ATTN_BWD_TILES"] = tiles
-    os.environ["DASH_ATTN_DQ_REDUCE"] = mode or "atomic"
+    os.environ["DASH_ATTN_DQ_REDUCE"] = reduce or "auto"
+    os.environ["DASH_ATTN_QO_LOAD"] = load or "pointer"
 
 
 def _with_tiles(variant: str, fn):
@@ -74,8 +76,9 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default=None,
-        help="';'-separated variants to compare (auto det + non-det only): a DASH_ATTN_BWD_TILES "
-        "value, optionally with @tma (DASH_ATTN_DQ_REDUCE=tma), e.g. ';@tma;128:64x128w8s1@tma'",
+        help="';'-separated variants to compare (auto det + non-det only): TILES[@REDUCE[@LOAD]] "
+        "with TILES a DASH_ATTN_BWD_TILES value, REDUCE a DASH_ATTN_DQ_REDUCE value and LOAD a "
+        "DASH_ATTN_QO_LOAD value, empty for the default, e.g. ';@@tma;128:64x128w8s3@atomic@tma'",
     )
     args = parser.parse_args()
     peers = {} if args.no_fa4 else fa4_providers()

@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# One device call for the open questions of benchmarks/NOTES.md (session 2): GPU tests of the TMA
-# dQ reduction, its speed against the atomics (det and non-det, FA4 beside them), and
-# per-step traces of the shipped kernel. 8 files under $OUT (all the device tool returns).
+# One device call for the open questions of benchmarks/NOTES.md (session 3): does prefetching the
+# next steps' Q/dO (TMA loads, a third pipeline stage, the step tables read ahead) remove the
+# ~25% of each step spent waiting for loads? GPU tests of the TMA loads, then each variant's
+# speed beside the shipped kernel and FA4, then a per-step trace of the TMA-load kernel.
+# 8 files at most under $OUT (all the device tool returns).
 # Usage on the GPU machine: bash benchmarks/probe_next.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ -f .peers/fa4/install.sh ]; then source .peers/fa4/install.sh >/dev/null 2>&1; fi
+CONFIGS=${PROBE_CONFIGS:-128:c:16384,128:f:4096,64:c:8192}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git rev-parse --short HEAD 2>/dev/null || true
 } 2>&1 | tee "$OUT/env.txt"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA -k tma 2>&1 \
-  | tail -15 | tee "$OUT/gpu_tests_tma.log"
-timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
-  --configs "${PROBE_CONFIGS:-128:c:16384,128:f:4096,64:c:8192,64:f:2048}" \
-  --variants "${PROBE_VARIANTS:-;@tma;64:128x128w8s2@tma;64:64x128w8s2@tma}" 2>&1 | grep -v Warning \
-  | tee "$OUT/probe.log"
-timeout "${TRACE_TIMEOUT:-150}" python3 benchmarks/probe_trace.py \
-  --configs "${TRACE_CONFIGS:-128:f:4096,128:c:4096}" --out-dir "$OUT" 2>&1 | tee "$OUT/trace.log"
+# Variants: TILES@REDUCE@LOAD (empty = default). s3 = a third stage: the next step's loads are
+# in flight during a whole step instead of being issued at its end and waited for at the next
+# step's start (SASS of the shipped s2 loop: benchmarks/NOTES.md, attempt 13).
+S3=128:64x128w8s3,64:128x128w8s3
+timeout "${PROBE_TIMEOUT:-210}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
+  --configs "$CONFIGS" \
+  --variants "${PROBE_VARIANTS:-;@@tma;$S3@@tma;$S3@atomic@tma;$S3;$S3@atomic}" \
+  2>&1 | grep -v Warning | tee "$OUT/probe.log"
+# The step tables read ahead with pointer loads, at the shipped depth and with a third stage.
+for tiles in "" "$S3"; do
+  echo "== DASH_ATTN_BWD_TILES=$tiles" | tee -a "$OUT/table_prefetch.log"
+  DASH_ATTN_BWD_TILES=$tiles timeout "${PROTOCOL_TIMEOUT:-80}" python3 benchmarks/probe_protocol.py \
+    --configs "$CONFIGS" --variants table_prefetch 2>&1 | grep -v Warning \
+    | tee -a "$OUT/table_prefetch.log"
+done
+DASH_ATTN_QO_LOAD=tma DASH_ATTN_BWD_TILES=$S3 timeout "${TRACE_TIMEOUT:-60}" \
+  python3 benchmarks/probe_trace.py --configs 128:f:4096 --out-dir "$OUT" 2>&1 | tee "$OUT/trace.log"
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA -k tma_loads \
+  2>&1 | tail -15 | tee "$OUT/gpu_tests_tma_loads.log"

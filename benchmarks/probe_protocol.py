@@ -64,6 +64,18 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     # release waits for them, at the cost of a later hand-off to the successor. Tuning call 10
     # (before the move): step start +1% (hd128) / +9% (hd64) over after the first matmul, later
     # positions -5 to -10%.
+    # The step tables read one step ahead with pointer loads (DASH_ATTN_QO_LOAD=tma does this
+    # together with TMA loads): tells the two effects apart.
+    "table_prefetch": [
+        (
+            "        if QO_TMA:\n            # The TMA loads",
+            "        if True:\n            # The TMA loads",
+        ),
+        (
+            "            if QO_TMA:\n                h = h_next",
+            "            if True:\n                h = h_next",
+        ),
+    ],
     "release_after_qk": [
         (LOOP_RELEASE, "pass"),
         (

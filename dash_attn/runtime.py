@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels.bwd import attn_bwd_main, attn_bwd_preprocess
+from .kernels.bwd import attn_bwd_main, attn_bwd_preprocess, tma_loadable
 from .kernels.utils import is_interpreter, sm_count
 from .schedule import Dispatch, Schedule, ScheduleSpec, make_schedule
 from .tiles import BackwardTiles, backward_tiles
@@ -62,6 +62,32 @@ def dq_reduce_mode(device: torch.device) -> str:
     return mode
 
 
+QO_LOAD_MODES = ("pointer", "tma")
+
+
+def qo_load_mode(device: torch.device) -> str:
+    """How the backward loads Q, dO, LSE and delta on ``device``: "pointer" or "tma".
+
+    ``DASH_ATTN_QO_LOAD`` (a tuning knob, default "pointer"): "tma" loads them with TMA through
+    tensor descriptors (Hopper or newer GPUs, and Triton's interpreter, which emulates them) and
+    reads the step tables one step ahead. Both load the same values: same results, bit for bit.
+    Not yet measured on a GPU (benchmarks/NOTES.md), hence not the default.
+    """
+    mode = os.environ.get("DASH_ATTN_QO_LOAD", "pointer") or "pointer"
+    if mode not in QO_LOAD_MODES:
+        raise ValueError(f"DASH_ATTN_QO_LOAD must be one of {list(QO_LOAD_MODES)}, got {mode!r}")
+    if mode == "tma" and device.type == "cuda" and not is_interpreter():
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 9:
+            raise ValueError(
+                f"DASH_ATTN_QO_LOAD=tma needs a Hopper (sm_90) or newer GPU; {device} is "
+                f"sm_{major}x"
+            )
+    elif mode == "tma" and not is_interpreter():
+        raise ValueError("DASH_ATTN_QO_LOAD=tma needs a CUDA GPU or Triton's interpreter")
+    return mode
+
+
 @dataclass(frozen=True)
 class LaunchInfo:
     """What the last backward ran: for debugging and for benchmarks to record."""
@@ -73,6 +99,7 @@ class LaunchInfo:
     workers: int
     deterministic: bool
     dq_reduce: str = "atomic"
+    qo_load: str = "pointer"
 
 
 _last_launch: LaunchInfo | None = None
@@ -194,10 +221,12 @@ def attn_bwd(
     timed = not interpret
     timeout = INTERPRETER_MAX_POLLS if interpret else int(DEFAULT_TIMEOUT_S * 1e9)
     tables = device_tables(sched, q.device)
+    # TMA needs 16-byte aligned tensors; odd views fall back to pointer loads (same values).
+    qo_tma = qo_load_mode(q.device) == "tma" and tma_loadable(q) and tma_loadable(dout)
 
-    delta = attn_bwd_preprocess(out, dout)
+    lse2, delta = attn_bwd_preprocess(out, dout, lse, spec.q_tiles * tiles.block_m)
     dq_acc, dk, dv, status = attn_bwd_main(
-        q, k, v, dout, lse, delta, tables,
+        q, k, v, dout, lse2, delta, tables,
         tiles=tiles, num_workers=grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
         causal=causal, softmax_scale=softmax_scale,
@@ -205,6 +234,7 @@ def attn_bwd(
         timed_wait=timed, timeout=timeout,
         cooperative=(not dynamic) and q.device.type == "cuda",
         dq_tma=dq_reduce == "tma",
+        qo_tma=qo_tma,
     )  # fmt: skip
     dq = (dq_acc * softmax_scale).to(q.dtype)
     _last_launch = LaunchInfo(
@@ -215,6 +245,7 @@ def attn_bwd(
         workers=grid,
         deterministic=deterministic,
         dq_reduce=dq_reduce,
+        qo_load="tma" if qo_tma else "pointer",
     )
     if deterministic:
         description = (

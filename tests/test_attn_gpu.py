@@ -16,7 +16,7 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    from dash_attn import dash_attn_func
+    from dash_attn import dash_attn_func, last_launch_info
     from dash_attn.reference import attention_ref
     from dash_attn.runtime import attn_bwd, schedule_spec
     from dash_attn.schedule import applicable_schedules, make_schedule
@@ -184,3 +184,43 @@ def test_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal, monkeypatch):
         )  # fmt: skip
         for name, g, r, s in zip(("out", "dq", "dk", "dv"), nondet, ref, same, strict=True):
             assert_close_to_ref(f"{name} [nondet, tma]", g, r, s, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tma_loads_match_pointer_loads_bit_for_bit(shape, causal, monkeypatch):
+    """DASH_ATTN_QO_LOAD=tma loads the same Q, dO, LSE and delta values by TMA: every schedule's
+    deterministic gradients are the same bits as with pointer loads, and repeat."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
+    q, k, v = make_qkv(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=7
+    )
+    dout = torch.randn_like(q)
+    ref = _grads(lambda a, b, c: attention_ref(a, b, c, causal=causal)[0], q, k, v, dout)
+    same = _grads(
+        lambda a, b, c: attention_ref(a, b, c, causal=causal, upcast=False)[0], q, k, v, dout
+    )
+    spec = schedule_spec(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, 132)
+    for schedule in applicable_schedules(spec):
+
+        def run(a, b, c, s=schedule):
+            return dash_attn_func(a, b, c, causal=causal, schedule=s)
+
+        monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
+        pointer = _grads(run, q, k, v, dout)
+        monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
+        tma = _grads(run, q, k, v, dout)
+        assert last_launch_info().qo_load == "tma"
+        again = _grads(run, q, k, v, dout)
+        for name, x, y, z in zip(("out", "dq", "dk", "dv"), tma, pointer, again, strict=True):
+            assert torch.equal(x, z), f"{name} [{schedule}, tma loads] differs between runs"
+            assert torch.equal(x, y), f"{name} [{schedule}] tma loads differ from pointer loads"
+        for name, g, r, s in zip(("out", "dq", "dk", "dv"), tma, ref, same, strict=True):
+            assert_close_to_ref(f"{name} [{schedule}, tma loads]", g, r, s, atol=1e-3)
+    nondet = _grads(
+        lambda a, b, c: dash_attn_func(a, b, c, causal=causal, deterministic=False),
+        q, k, v, dout,
+    )  # fmt: skip
+    for name, g, r, s in zip(("out", "dq", "dk", "dv"), nondet, ref, same, strict=True):
+        assert_close_to_ref(f"{name} [nondet, tma loads]", g, r, s, atol=1e-3)
+

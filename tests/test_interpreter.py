@@ -232,6 +232,30 @@ def test_two_runs_bitwise_equal(shape, schedule):
         assert bitwise_equal(first[name], again[name]), f"{name}: bits differ (signed zero?)"
 
 
+@pytest.mark.parametrize("deterministic", DETERMINISTIC)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param((2, 150, 70, 4, 1, 64, True), id="b2-sq150-sk70-mqa4:1-d64-causal"),
+        pytest.param((2, 70, 150, 4, 2, 96, False), id="b2-sq70-sk150-gqa4:2-d96-full"),
+    ],
+)
+def test_tma_loads_give_the_same_bits_as_pointer_loads(shape, deterministic, monkeypatch):
+    """DASH_ATTN_QO_LOAD=tma (descriptor loads of Q, dO, LSE, delta; tables read a step ahead)
+    loads the same values as the pointer loads, zero-filled past seqlen_q and headdim: the same
+    gradients, bit for bit, in a fixed order (dynamic ``fa3``, deterministic)."""
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
+    pointer = _run_dash(shape, schedule="fa3", deterministic=True)
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
+    tma = _run_dash(shape, schedule="fa3", deterministic=deterministic)
+    assert dash_attn.last_launch_info().qo_load == "tma"
+    if deterministic:
+        for name in pointer:
+            assert bitwise_equal(tma[name], pointer[name]), f"{name}: tma loads differ"
+    else:
+        _assert_matches_reference(tma, shape, "fa3, tma loads, non-deterministic")
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. static schedules: a wait that can never be satisfied ends in an error, never a hang
 

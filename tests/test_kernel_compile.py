@@ -92,6 +92,22 @@ def test_tma_dq_reduction_compiles(reports: dict, headdim: int, deterministic: b
         assert report.stack_bytes < atomic.stack_bytes
 
 
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_tma_loads_compile(reports: dict, headdim: int, deterministic: bool) -> None:
+    # DASH_ATTN_QO_LOAD=tma: Q, dO, LSE and delta come in by TMA (mbarrier-completed bulk tensor
+    # copies), so no cp.async is left in the step loop, and the loads are still prefetched by
+    # the software pipeliner (more than one buffer of each in shared memory).
+    report = _report(reports, headdim, deterministic, dq_tma=True, qo_tma=True)
+    assert report.registers <= REGISTER_LIMIT
+    assert report.shared_bytes <= HOPPER_SHARED_BYTES
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global" in report.ptx  # Q and dO
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in report.ptx  # LSE and delta
+    assert report.sass_counts["LDGSTS"] == 0
+    pointer = _report(reports, headdim, deterministic, dq_tma=True)
+    assert report.shared_bytes >= pointer.shared_bytes  # same multi-buffering as cp.async
+
+
 def test_cli_prints_the_report(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     assert compile_report.main(["--headdim", "64", "--nondet", "--dump", str(tmp_path)]) == 0
     out = capsys.readouterr().out

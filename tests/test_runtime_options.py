@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dash_attn.runtime import DQ_REDUCE_MODES, dq_reduce_mode
+from dash_attn.kernels.bwd import tma_loadable
+from dash_attn.runtime import DQ_REDUCE_MODES, QO_LOAD_MODES, dq_reduce_mode, qo_load_mode
 from dash_attn.tiles import BackwardTiles, backward_tiles
 
 
@@ -48,3 +49,39 @@ def test_tma_dq_reduce_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", "tma")
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         dq_reduce_mode(torch.device("cpu"))
+
+
+def test_qo_load_defaults_to_pointer_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value in (None, "", "pointer"):
+        if value is None:
+            monkeypatch.delenv("DASH_ATTN_QO_LOAD", raising=False)
+        else:
+            monkeypatch.setenv("DASH_ATTN_QO_LOAD", value)
+        assert qo_load_mode(torch.device("cpu")) == "pointer"
+    assert QO_LOAD_MODES == ("pointer", "tma")
+
+
+def test_unknown_qo_load_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "async")
+    with pytest.raises(ValueError, match=r"DASH_ATTN_QO_LOAD must be one of .*'async'"):
+        qo_load_mode(torch.device("cpu"))
+
+
+def test_tma_loads_need_a_gpu_or_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Triton's interpreter emulates descriptor loads (the CPU tests run that path); a plain CPU
+    # run has no Triton at all for them.
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA GPU or Triton's interpreter"):
+        qo_load_mode(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert qo_load_mode(torch.device("cpu")) == "tma"
+
+
+def test_tma_loadable_checks_alignment() -> None:
+    x = torch.zeros(2, 64, 4, 128, dtype=torch.bfloat16)
+    assert tma_loadable(x)
+    assert not tma_loadable(x[..., 1:])  # base not 16-byte aligned, odd outer strides
+    assert not tma_loadable(x.transpose(1, 3))  # last dimension not contiguous
+    packed = torch.zeros(2, 64, 3, 4, 128, dtype=torch.bfloat16)
+    assert tma_loadable(packed[:, :, 0])  # q of a packed qkv tensor: aligned strides

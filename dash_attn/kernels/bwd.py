@@ -20,6 +20,13 @@ DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) at th
               (non-deterministic, same tables and work)
 TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
               bounds the number of polls instead
+QO_TMA        Q, dO, LSE and delta of a step are loaded by TMA through tensor descriptors (the
+              pointer arguments are descriptors then) and the step tables are read one step
+              ahead; otherwise by pointer loads. Same values either way (rows past seqlen_q and
+              padded columns are zero-filled by the TMA unit as by the masks)
+LSE2, DELTA   per (batch x head, row) fp32, rows padded to q_tiles * BLOCK_M (no masks needed):
+              LSE in log2 units with +inf for rows that saw no key or are padding (so that
+              P = exp2(. - inf) = 0), and delta = rowsum(dO * O), 0 on padding rows
 
 The dQ partial is added with fp32 reductions performed at L2 in both modes (DQ_TMA: one TMA bulk
 tensor reduction per step, the default on Hopper; otherwise vector atomics from every thread), so
@@ -153,7 +160,7 @@ def _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT: tl.constexpr):
 
 @triton.jit
 def attn_bwd_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ_ACC, DQ_DESC, DK, DV,
+    Q, K, V, DO, LSE2, DELTA, DQ_ACC, DQ_DESC, DK, DV,
     SEM, STATUS,
     CHAIN_START, STEP_HEAD, STEP_TILE, STEP_RANK, ORDER, WORKER_START,
     stride_qb, stride_qm, stride_qh,
@@ -175,6 +182,7 @@ def attn_bwd_kernel(
     DYNAMIC: tl.constexpr,
     TIMED_WAIT: tl.constexpr,
     DQ_TMA: tl.constexpr,
+    QO_TMA: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -218,28 +226,47 @@ def attn_bwd_kernel(
         # remembers which semaphore is still to be released.
         pending_sem = SEM
         has_pending = 0
+        rows_pad = q_tiles * BLOCK_M
+        if QO_TMA:
+            # The TMA loads of the next step are issued at the end of this one (Triton's
+            # pipeliner); reading their table entries a step earlier keeps that issue from
+            # waiting on a table load's round trip.
+            h_next = tl.load(STEP_HEAD + step_lo, mask=step_lo < step_hi, other=0)
+            q_tile_next = tl.load(STEP_TILE + step_lo, mask=step_lo < step_hi, other=0)
         for step in range(step_lo, step_hi):
-            h = tl.load(STEP_HEAD + step)
-            q_tile = tl.load(STEP_TILE + step)
+            if QO_TMA:
+                h = h_next
+                q_tile = q_tile_next
+                ahead = tl.minimum(step + 1, step_hi - 1)
+                h_next = tl.load(STEP_HEAD + ahead)
+                q_tile_next = tl.load(STEP_TILE + ahead)
+            else:
+                h = tl.load(STEP_HEAD + step)
+                q_tile = tl.load(STEP_TILE + step)
             offs_m = q_tile * BLOCK_M + offs_m0
             m_valid = offs_m < seqlen_q
             qo_mask = m_valid[:, None] & d_mask
-            q = tl.load(
-                Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=qo_mask,
-                other=0.0,
-            )
-            do = tl.load(
-                DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
-                + offs_d[None, :],
-                mask=qo_mask,
-                other=0.0,
-            )  # fmt: skip
-            row = (b * q_heads + h) * seqlen_q + offs_m
-            # Padded rows and rows that saw no key get +inf so that P = exp2(. - inf) = 0.
-            lse = tl.load(LSE + row, mask=m_valid, other=float("inf"))
-            lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-            delta = tl.load(DELTA + row, mask=m_valid, other=0.0)
+            bh = b * q_heads + h
+            if QO_TMA:
+                q = Q.load([b, q_tile * BLOCK_M, h, 0]).reshape([BLOCK_M, HEAD_DIM_PAD])
+                do = DO.load([b, q_tile * BLOCK_M, h, 0]).reshape([BLOCK_M, HEAD_DIM_PAD])
+                lse = LSE2.load([bh, q_tile * BLOCK_M]).reshape([BLOCK_M])
+                delta = DELTA.load([bh, q_tile * BLOCK_M]).reshape([BLOCK_M])
+            else:
+                q = tl.load(
+                    Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm
+                    + offs_d[None, :],
+                    mask=qo_mask,
+                    other=0.0,
+                )  # fmt: skip
+                do = tl.load(
+                    DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                    + offs_d[None, :],
+                    mask=qo_mask,
+                    other=0.0,
+                )  # fmt: skip
+                lse = tl.load(LSE2 + bh * rows_pad + offs_m)
+                delta = tl.load(DELTA + bh * rows_pad + offs_m)
             if DETERMINISTIC:
                 # Release the previous step's dQ tile at the start of this step, once this
                 # step's loads have been issued: its adds have had the loop's tail to complete,
@@ -321,15 +348,17 @@ def attn_bwd_kernel(
 
 @triton.jit
 def attn_bwd_preprocess_kernel(
-    O, DO, DELTA,
+    O, DO, LSE, LSE2, DELTA,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
-    heads, seqlen_q,
+    heads, seqlen_q, rows_pad,
     BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
 ):  # fmt: skip
-    """delta = rowsum(dO * O) in fp32, one program per (row block, batch x head)."""
+    """delta = rowsum(dO * O) and the LSE in log2 units, both fp32 with ``rows_pad`` rows per
+    (batch x head): padding rows (and rows that saw no key) get LSE +inf and delta 0, so the
+    backward reads them without masks. One program per (row block, batch x head)."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -347,22 +376,44 @@ def attn_bwd_preprocess_kernel(
         mask=mask,
         other=0.0,
     ).to(tl.float32)
-    tl.store(DELTA + bh * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+    in_rows = offs_m < seqlen_q
+    lse = tl.load(LSE + bh * seqlen_q + offs_m, mask=in_rows, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    stored = offs_m < rows_pad
+    tl.store(LSE2 + bh * rows_pad + offs_m, lse2, mask=stored)
+    tl.store(DELTA + bh * rows_pad + offs_m, tl.sum(o * do, axis=1), mask=stored)
 
 
-def attn_bwd_preprocess(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+def attn_bwd_preprocess(
+    out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, rows_pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's per-row inputs: (LSE in log2 units, delta), each ``(batch * heads,
+    rows_pad)`` fp32, where ``rows_pad`` (a multiple of the backward's BLOCK_M and of 4, as TMA
+    row strides need 16 bytes) is at least seqlen_q."""
     batch, seqlen_q, heads, headdim = out.shape
-    delta = torch.empty((batch, heads, seqlen_q), device=out.device, dtype=torch.float32)
+    lse2 = torch.empty((batch * heads, rows_pad), device=out.device, dtype=torch.float32)
+    delta = torch.empty_like(lse2)
     block_m = 64
-    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    grid = (triton.cdiv(rows_pad, block_m), batch * heads)
     attn_bwd_preprocess_kernel[grid](
-        out, dout, delta,
+        out, dout, lse, lse2, delta,
         out.stride(0), out.stride(1), out.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2),
-        heads, seqlen_q,
+        heads, seqlen_q, rows_pad,
         BLOCK_M=block_m, HEAD_DIM=headdim, HEAD_DIM_PAD=next_power_of_2(headdim),
     )  # fmt: skip
-    return delta
+    return lse2, delta
+
+
+def tma_loadable(x: torch.Tensor) -> bool:
+    """Whether TMA can read ``x`` as a tensor: 16-byte aligned base and outer strides, unit
+    stride in the last dimension."""
+    size = x.element_size()
+    return (
+        x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and all(stride * size % 16 == 0 for stride in x.stride()[:-1])
+    )
 
 
 def attn_bwd_main(
@@ -370,7 +421,7 @@ def attn_bwd_main(
     k: torch.Tensor,
     v: torch.Tensor,
     dout: torch.Tensor,
-    lse: torch.Tensor,
+    lse2: torch.Tensor,
     delta: torch.Tensor,
     tables: dict[str, torch.Tensor],
     *,
@@ -387,11 +438,15 @@ def attn_bwd_main(
     timeout: int,
     cooperative: bool,
     dq_tma: bool = False,
+    qo_tma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status).
 
+    ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows.
     ``dq_tma`` adds the dQ partials with TMA bulk reductions through a tensor descriptor of the
-    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics.
+    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics. ``qo_tma``
+    loads Q, dO, LSE and delta with TMA (Hopper, or the interpreter); the caller checks that q and
+    dout meet TMA's alignment rules (:func:`tma_loadable`).
     """
     batch, seqlen_q, heads, headdim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
@@ -411,8 +466,20 @@ def attn_bwd_main(
         )  # fmt: skip
     else:
         dq_desc = dq_acc  # unused by the kernel
+    q_arg, do_arg, lse_arg, delta_arg = q, dout, lse2, delta
+    if qo_tma:
+        # One (BLOCK_M x headdim) block of a (batch, seqlen, heads, headdim) tensor per step;
+        # rows past seqlen_q and padded columns are zero-filled by the TMA unit.
+        qo_block = [1, tiles.block_m, 1, next_power_of_2(headdim)]
+        q_arg, do_arg = (
+            TensorDescriptor(x, list(x.shape), list(x.stride()), qo_block) for x in (q, dout)
+        )
+        lse_arg, delta_arg = (
+            TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tiles.block_m])
+            for x in (lse2, delta)
+        )
     attn_bwd_kernel[(num_workers,)](
-        q, k, v, dout, lse, delta, dq_acc, dq_desc, dk, dv,
+        q_arg, k, v, do_arg, lse_arg, delta_arg, dq_acc, dq_desc, dk, dv,
         sem, status,
         tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
         tables["order"], tables["worker_start"],
@@ -429,7 +496,7 @@ def attn_bwd_main(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
         HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
         DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait, DQ_TMA=dq_tma,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        QO_TMA=qo_tma, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **launch_options,
     )  # fmt: skip
     return dq_acc, dk, dv, status

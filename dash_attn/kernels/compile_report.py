@@ -45,7 +45,7 @@ SASS_COUNTS = {
     "BAR.SYNC": "CTA barriers",
 }
 
-_POINTERS_FP32 = {"LSE", "DELTA", "DQ_ACC"}
+_POINTERS_FP32 = {"LSE2", "DELTA", "DQ_ACC"}
 _POINTERS_INPUT = {"Q", "K", "V", "DO", "DK", "DV"}
 _FLOATS = {"qk_scale", "softmax_scale"}
 _INT64 = {"timeout"}
@@ -70,12 +70,25 @@ class KernelReport:
         )
 
 
+# Arguments that are tensor descriptors with QO_TMA: (block shape, element type).
+_TMA_LOADED = {
+    "Q": lambda c, dtype: ([1, c["BLOCK_M"], 1, c["HEAD_DIM_PAD"]], dtype),
+    "DO": lambda c, dtype: ([1, c["BLOCK_M"], 1, c["HEAD_DIM_PAD"]], dtype),
+    "LSE2": lambda c, dtype: ([1, c["BLOCK_M"]], "fp32"),
+    "DELTA": lambda c, dtype: ([1, c["BLOCK_M"]], "fp32"),
+}
+
+
 def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
     signature: dict[str, str] = {}
     attrs: dict = {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
+            continue
+        if constexprs.get("QO_TMA") and name in _TMA_LOADED:
+            block, element = _TMA_LOADED[name](constexprs, dtype)
+            signature[name] = f"tensordesc<{element}{block}>"
             continue
         if name == "DQ_DESC":
             if constexprs.get("DQ_TMA"):
@@ -121,6 +134,7 @@ def compile_backward(
     tiles: BackwardTiles | None = None,
     dtype: str = "bf16",
     dq_tma: bool = False,
+    qo_tma: bool = False,
     kernel=None,
 ) -> KernelReport:
     """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it."""
@@ -138,10 +152,11 @@ def compile_backward(
         DYNAMIC=dynamic,
         TIMED_WAIT=True,
     )
-    if "DQ_TMA" in kernel.arg_names:
-        constexprs["DQ_TMA"] = dq_tma
-    elif dq_tma:
-        raise ValueError("this kernel has no DQ_TMA option")
+    for option, value in (("DQ_TMA", dq_tma), ("QO_TMA", qo_tma)):
+        if option in kernel.arg_names:
+            constexprs[option] = value
+        elif value:
+            raise ValueError(f"this kernel has no {option} option")
     signature, attrs = _signature(kernel, constexprs, dtype)
     compiled = triton.compile(
         ASTSource(kernel, signature, constexprs, attrs),
@@ -195,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         default="tma",
         help="how dQ partials are added: TMA bulk reductions (the default on Hopper) or atomics",
     )
+    parser.add_argument(
+        "--qo-load",
+        choices=("pointer", "tma"),
+        default="pointer",
+        help="how Q, dO, LSE and delta are loaded (DASH_ATTN_QO_LOAD)",
+    )
     parser.add_argument("--dump", type=Path, default=None, help="write kernel.ptx / kernel.sass")
     args = parser.parse_args(argv)
     report = compile_backward(
@@ -205,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         tiles=args.tiles,
         dtype=args.dtype,
         dq_tma=args.dq_reduce == "tma",
+        qo_tma=args.qo_load == "tma",
     )
     print(report.summary())
     if args.dump is not None:

@@ -691,3 +691,25 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
+
+
+def test_launched_kernel_names_tiles_and_data_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each dash row of bench.csv records which kernel configuration produced it, so a number
+    measured before and after a default changes stays attributable."""
+    import dash_attn
+    from dash_attn.bench import timing
+    from dash_attn.runtime import LaunchInfo
+    from dash_attn.schedule import ScheduleSpec
+    from dash_attn.tiles import BackwardTiles
+
+    spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2, causal=True,
+                        workers=2)  # fmt: skip
+    info = LaunchInfo("symmetric_shift", "static", spec, BackwardTiles(64, 128, 8, 2), 2, True,
+                      dq_reduce="tma", qo_load="pointer")  # fmt: skip
+    monkeypatch.setattr(dash_attn, "last_launch_info", lambda: info)
+    dash = Provider("dash_auto", "dash", True, lambda case, device: None, schedule="auto")
+    assert timing.launched_kernel(dash, "bwd") == "64x128w8s2 dq:tma qo:pointer"
+    assert timing.launched_kernel(dash, "fwd") is None  # the forward has one configuration
+    flex = Provider("flex", "flex", True, lambda case, device: None)
+    assert timing.launched_kernel(flex, "bwd") is None
+    assert "kernel" in report.CSV_FIELDS

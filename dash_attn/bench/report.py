@@ -42,6 +42,7 @@ CSV_FIELDS = (
     "ms",
     "tflops",
     "bitwise_repeatable",
+    "kernel",  # dash only: tiles, dQ reduction, Q/dO loads (absent in files before 2026-11-29)
 )
 DETERMINISM_FIELDS = (
     "gpu",

@@ -636,6 +636,7 @@ def run_sweep(
                         "ms": m.ms,
                         "tflops": tflops(flops, m.ms),
                         "bitwise_repeatable": m.bitwise_repeatable,
+                        "kernel": m.kernel,
                     }
                 )
             del inputs

@@ -210,11 +210,13 @@ def repeat_diffs(
 
 @dataclass(frozen=True)
 class Measurement:
-    """One timing: median ms, the schedule that ran, and the repeat check (None if not run)."""
+    """One timing: median ms, the schedule and kernel configuration that ran, and the repeat
+    check (None if not run)."""
 
     ms: float
     schedule: str | None
     bitwise_repeatable: bool | None
+    kernel: str | None = None
 
 
 def launched_schedule(provider: Provider, mode: str) -> str | None:
@@ -227,6 +229,23 @@ def launched_schedule(provider: Provider, mode: str) -> str | None:
 
     info = last_launch_info()
     return info.schedule if info is not None else provider.schedule
+
+
+def launched_kernel(provider: Provider, mode: str) -> str | None:
+    """The backward kernel configuration a dash provider ran, e.g. ``64x128w8s2 dq:tma
+    qo:pointer`` (tiles, dQ reduction, Q/dO loads), from ``last_launch_info``; None otherwise."""
+    if provider.family != "dash" or mode == "fwd":
+        return None
+    from dash_attn import last_launch_info
+
+    info = last_launch_info()
+    if info is None:
+        return None
+    t = info.tiles
+    return (
+        f"{t.block_m}x{t.block_n}w{t.num_warps}s{t.num_stages} dq:{info.dq_reduce} "
+        f"qo:{info.qo_load}"
+    )
 
 
 def measure(
@@ -250,11 +269,12 @@ def measure(
         step = bench_step(fn, leaves, dout, mode)
         ms = timer(step, warmup, rep, leaves if grad else None)
         schedule = launched_schedule(provider, mode)
+        kernel = launched_kernel(provider, mode)
         del step  # frees the timed graph before the check builds its own
         repeatable = None
         if repeats >= 2:
             _, repeatable = repeat_diffs(fn, leaves, dout, repeats, mode)
-    return Measurement(ms=ms, schedule=schedule, bitwise_repeatable=repeatable)
+    return Measurement(ms=ms, schedule=schedule, bitwise_repeatable=repeatable, kernel=kernel)
 
 
 def cleanup(device: Any) -> None:

@@ -223,4 +223,3 @@ def test_tma_loads_match_pointer_loads_bit_for_bit(shape, causal, monkeypatch):
     )  # fmt: skip
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), nondet, ref, same, strict=True):
         assert_close_to_ref(f"{name} [nondet, tma loads]", g, r, s, atol=1e-3)
-

@@ -33,5 +33,10 @@ for tiles in "" "$S3"; do
 done
 DASH_ATTN_QO_LOAD=tma DASH_ATTN_BWD_TILES=$S3 timeout "${TRACE_TIMEOUT:-60}" \
   python3 benchmarks/probe_trace.py --configs 128:f:4096 --out-dir "$OUT" 2>&1 | tee "$OUT/trace.log"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA -k tma_loads \
+# Head dim 256: the release at the step's start doubled the spill traffic there (NOTES attempt
+# 11); the previous position beside it.
+echo "== hd256 release position" | tee -a "$OUT/table_prefetch.log"
+timeout "${HD256_TIMEOUT:-50}" python3 benchmarks/probe_protocol.py --configs 256:c:8192 \
+  --variants release_after_qk 2>&1 | grep -v Warning | tee -a "$OUT/table_prefetch.log"
+timeout "${TEST_TIMEOUT:-120}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA -k tma_loads \
   2>&1 | tail -15 | tee "$OUT/gpu_tests_tma_loads.log"

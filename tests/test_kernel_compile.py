@@ -108,6 +108,18 @@ def test_tma_loads_compile(reports: dict, headdim: int, deterministic: bool) -> 
     assert report.shared_bytes >= pointer.shared_bytes  # same multi-buffering as cp.async
 
 
+def test_outline_shows_where_the_step_loop_loads_and_waits(reports: dict) -> None:
+    # The evidence of benchmarks/NOTES.md attempt 13, reproducible from the outline: the
+    # shipped loop issues the next step's cp.async loads after its dQ reduction and waits for
+    # all of them at the loop's top.
+    outline = _report(reports, 128, True, dq_tma=True).outline()
+    ops = [line.split(None, 1)[1] for line in outline]
+    assert any(op.startswith("HGMMA") and " x" in op for op in ops)  # repeats are folded
+    reduce_at = next(i for i, op in enumerate(ops) if "UTMAREDG" in op)
+    loop_back = next(i for i in range(reduce_at, len(ops)) if "BRA" in ops[i])
+    assert any("LDGSTS" in op for op in ops[reduce_at:loop_back])
+
+
 def test_cli_prints_the_report(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     assert compile_report.main(["--headdim", "64", "--nondet", "--dump", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -45,6 +45,12 @@ SASS_COUNTS = {
     "BAR.SYNC": "CTA barriers",
 }
 
+# What the outline keeps: where the kernel moves memory, multiplies, synchronises and branches.
+_OUTLINE = re.compile(
+    r"^(LDGSTS|LDGDEPBAR|LDG|STG|REDG|ATOMG|UTMA\w*|SYNCS|HGMMA|WARPGROUP|DEPBAR|BAR|MEMBAR|"
+    r"CCTL|BRA|STL|LDL)\b"
+)
+
 _POINTERS_FP32 = {"LSE2", "DELTA", "DQ_ACC"}
 _POINTERS_INPUT = {"Q", "K", "V", "DO", "DK", "DV"}
 _FLOATS = {"qk_scale", "softmax_scale"}
@@ -61,6 +67,32 @@ class KernelReport:
     sass_counts: dict[str, int]
     ptx: str
     sass: str
+
+    def outline(self) -> list[str]:
+        """The SASS in program order, reduced to memory, MMA, synchronisation and branch
+        instructions, repeats of one opcode folded (``HGMMA.64x64x16.F32.BF16 x8``). Shows where
+        the step loop issues its loads and where it waits for them (branch targets are
+        addresses, so the loop is the span between a backward ``BRA`` and its target)."""
+        lines: list[str] = []
+        last, repeats = "", 0
+        for match in re.finditer(
+            r"^\s+/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?)([A-Z][A-Z0-9_.]*)([^;]*);",
+            self.sass,
+            re.M,
+        ):
+            address, predicate, opcode, operands = match.groups()
+            if not _OUTLINE.match(opcode):
+                continue
+            # Waits, branches and barriers keep their operands (which counter, which target).
+            keep = opcode.startswith(("DEPBAR", "BRA", "WARPGROUP", "SYNCS"))
+            text = f"{predicate}{opcode}{operands if keep else ''}".strip()
+            if text == last:
+                repeats += 1
+                lines[-1] = f"{lines[-1].split(' x')[0]} x{repeats}"
+                continue
+            last, repeats = text, 1
+            lines.append(f"{address}  {text}")
+        return lines
 
     def summary(self) -> str:
         counts = "  ".join(f"{name} {count}" for name, count in self.sass_counts.items())
@@ -216,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         default="pointer",
         help="how Q, dO, LSE and delta are loaded (DASH_ATTN_QO_LOAD)",
     )
+    parser.add_argument(
+        "--outline", action="store_true", help="print the SASS outline (loads, MMAs, waits)"
+    )
     parser.add_argument("--dump", type=Path, default=None, help="write kernel.ptx / kernel.sass")
     args = parser.parse_args(argv)
     report = compile_backward(
@@ -229,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         qo_tma=args.qo_load == "tma",
     )
     print(report.summary())
+    if args.outline:
+        print("\n".join(report.outline()))
     if args.dump is not None:
         args.dump.mkdir(parents=True, exist_ok=True)
         (args.dump / "kernel.ptx").write_text(report.ptx)

@@ -22,14 +22,17 @@ CONFIGS=${PROBE_CONFIGS:-128:c:16384,128:f:4096,64:c:8192}
 S3=128:64x128w8s3,64:128x128w8s3
 timeout "${PROBE_TIMEOUT:-210}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
   --configs "$CONFIGS" \
-  --variants "${PROBE_VARIANTS:-;@@tma;$S3@@tma;$S3@atomic@tma;$S3;$S3@atomic}" \
+  --variants "${PROBE_VARIANTS:-;@@tma;$S3@@tma;$S3@atomic@tma;$S3}" \
   2>&1 | grep -v Warning | tee "$OUT/probe.log"
-# The step tables read ahead with pointer loads, at the shipped depth and with a third stage.
-for tiles in "" "$S3"; do
-  echo "== DASH_ATTN_BWD_TILES=$tiles" | tee -a "$OUT/table_prefetch.log"
-  DASH_ATTN_BWD_TILES=$tiles timeout "${PROTOCOL_TIMEOUT:-80}" python3 benchmarks/probe_protocol.py \
-    --configs "$CONFIGS" --variants table_prefetch 2>&1 | grep -v Warning \
-    | tee -a "$OUT/table_prefetch.log"
+# The step tables read ahead with pointer loads: at the shipped depth, with a third stage (the
+# pipeliner only keeps three buffers when the tables are read ahead), and with a third stage and
+# atomics (the TMA reduction's bulk wait also waits for cp.async loads in flight; atomics do not).
+for knobs in "auto:" "auto:$S3" "atomic:$S3"; do
+  reduce=${knobs%%:*} tiles=${knobs#*:}
+  echo "== DASH_ATTN_DQ_REDUCE=$reduce DASH_ATTN_BWD_TILES=$tiles" | tee -a "$OUT/table_prefetch.log"
+  DASH_ATTN_DQ_REDUCE=$reduce DASH_ATTN_BWD_TILES=$tiles timeout "${PROTOCOL_TIMEOUT:-70}" \
+    python3 benchmarks/probe_protocol.py --configs "$CONFIGS" --variants table_prefetch 2>&1 \
+    | grep -v Warning | tee -a "$OUT/table_prefetch.log"
 done
 DASH_ATTN_QO_LOAD=tma DASH_ATTN_BWD_TILES=$S3 timeout "${TRACE_TIMEOUT:-60}" \
   python3 benchmarks/probe_trace.py --configs 128:f:4096 --out-dir "$OUT" 2>&1 | tee "$OUT/trace.log"

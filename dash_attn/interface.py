@@ -88,8 +88,8 @@ def dash_attn_func(
     adds the contributions to every dQ tile in a fixed order (the schedule's ranks, enforced by a
     semaphore per dQ tile), so dq, dk and dv are bitwise equal across runs for the same inputs,
     schedule, GPU and software versions. Different schedules may differ in the last bits. With
-    ``deterministic=False`` the same kernel adds dQ with plain atomics (slightly faster, not
-    reproducible).
+    ``deterministic=False`` the same kernel adds dQ in arrival order, without waiting for a turn
+    (slightly faster, not reproducible).
 
     Args:
         q: ``(batch, seqlen_q, nheads, headdim)``, fp16 or bf16, on a CUDA device.

@@ -37,18 +37,35 @@ def _with_tiles(variant: str, fn):
     return fn()
 
 
+def _gradients(fn, q, k, v, dout, causal) -> list:
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    fn(q, k, v, causal).backward(dout)
+    return [q.grad, k.grad, v.grad]
+
+
 def _run_providers(providers, item, q, k, v, dout, causal, flops, rows) -> None:
+    """Time every provider; deterministic dash variants are also checked against the first one:
+    the knobs change how data moves, not the summation order, so the bits must be the same."""
+    reference = None
     for name, fn in providers.items():
+        check = ""
         try:
             variant = name.split("/")[0] if "/" in name else ""
             _apply_variant("" if variant == "default" else variant)
             ms = time_backward(lambda a, b, c, f=fn, m=causal: f(a, b, c, m), q, k, v, dout)
             tflops = flops / ms / 1e9
+            if name.endswith("/det"):
+                grads = _gradients(fn, q, k, v, dout, causal)
+                if reference is None:
+                    reference, check = grads, "reference"
+                else:
+                    same = all(a.equal(b) for a, b in zip(grads, reference, strict=True))
+                    check = "== first det" if same else "DIFFERS from the first det"
         except Exception as exc:  # noqa: BLE001 - report and go on with the next provider
             print(f"{item:>14} {name:>30} FAILED {type(exc).__name__}: {exc}")
             continue
-        rows.append(dict(config=item, provider=name, ms=ms, tflops=tflops))
-        print(f"{item:>14} {name:>30} {ms:8.3f} ms {tflops:7.1f} TFLOPS", flush=True)
+        rows.append(dict(config=item, provider=name, ms=ms, tflops=tflops, check=check))
+        print(f"{item:>14} {name:>30} {ms:8.3f} ms {tflops:7.1f} TFLOPS  {check}", flush=True)
 
 
 def fa4_providers():

@@ -85,3 +85,5 @@ def test_tma_loadable_checks_alignment() -> None:
     assert not tma_loadable(x.transpose(1, 3))  # last dimension not contiguous
     packed = torch.zeros(2, 64, 3, 4, 128, dtype=torch.bfloat16)
     assert tma_loadable(packed[:, :, 0])  # q of a packed qkv tensor: aligned strides
+    # A broadcast gradient (e.g. of out.sum(dim=1)) has zero strides: pointer loads handle it.
+    assert not tma_loadable(torch.zeros(128, dtype=torch.bfloat16).expand(2, 64, 4, 128))

@@ -407,12 +407,12 @@ def attn_bwd_preprocess(
 
 def tma_loadable(x: torch.Tensor) -> bool:
     """Whether TMA can read ``x`` as a tensor: 16-byte aligned base and outer strides, unit
-    stride in the last dimension."""
+    stride in the last dimension, no broadcast (zero-stride) dimension."""
     size = x.element_size()
     return (
         x.stride(-1) == 1
         and x.data_ptr() % 16 == 0
-        and all(stride * size % 16 == 0 for stride in x.stride()[:-1])
+        and all(stride > 0 and stride * size % 16 == 0 for stride in x.stride()[:-1])
     )
 
 

@@ -256,6 +256,28 @@ def test_tma_loads_give_the_same_bits_as_pointer_loads(shape, deterministic, mon
         _assert_matches_reference(tma, shape, "fa3, tma loads, non-deterministic")
 
 
+def test_broadcast_dout_falls_back_to_pointer_loads(monkeypatch):
+    """A gradient with zero strides (here a headdim vector broadcast over batch, seqlen and heads)
+    cannot be read by TMA: DASH_ATTN_QO_LOAD=tma falls back to pointer loads, same bits."""
+    shape = (1, 70, 90, 2, 1, 64, True)
+    q, k, v, _ = _inputs(shape)
+    dout = torch.linspace(-1, 1, 64, dtype=DTYPE).expand(q.shape)
+
+    def run():
+        return _run(
+            lambda a, b, c: dash_attn_func(a, b, c, causal=True, schedule="fa3", return_lse=True),
+            q, k, v, dout,
+        )  # fmt: skip
+
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
+    pointer = run()
+    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
+    tma = run()
+    assert dash_attn.last_launch_info().qo_load == "pointer"
+    for name in pointer:
+        assert bitwise_equal(tma[name], pointer[name]), name
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. static schedules: a wait that can never be satisfied ends in an error, never a hang
 

@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 
-from probe_common import probe_configs, time_backward
+from probe_common import gradients, probe_configs, time_backward
 
 from dash_attn import dash_attn_func
 from dash_attn.kernels.bwd import attn_bwd_kernel
@@ -37,12 +37,6 @@ def _with_tiles(variant: str, fn):
     return fn()
 
 
-def _gradients(fn, q, k, v, dout, causal) -> list:
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    fn(q, k, v, causal).backward(dout)
-    return [q.grad, k.grad, v.grad]
-
-
 def _run_providers(providers, item, q, k, v, dout, causal, flops, rows) -> None:
     """Time every provider; deterministic dash variants are also checked against the first one:
     the knobs change how data moves, not the summation order, so the bits must be the same."""
@@ -55,7 +49,7 @@ def _run_providers(providers, item, q, k, v, dout, causal, flops, rows) -> None:
             ms = time_backward(lambda a, b, c, f=fn, m=causal: f(a, b, c, m), q, k, v, dout)
             tflops = flops / ms / 1e9
             if name.endswith("/det"):
-                grads = _gradients(fn, q, k, v, dout, causal)
+                grads = gradients(lambda a, b, c, f=fn: f(a, b, c, causal), q, k, v, dout)
                 if reference is None:
                     reference, check = grads, "reference"
                 else:

@@ -51,6 +51,13 @@ def probe_configs(text: str) -> Iterator[ProbeConfig]:
         yield ProbeConfig(item, headdim, causal, seqlen, batch, heads)
 
 
+def gradients(fn: Callable, q, k, v, dout) -> list[torch.Tensor]:
+    """dq, dk, dv of ``fn(q, k, v).backward(dout)`` on fresh leaves (to compare variants)."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    fn(q, k, v).backward(dout)
+    return [q.grad, k.grad, v.grad]
+
+
 def time_backward(fn: Callable, q, k, v, dout) -> float:
     """Median ms of ``fn(q, k, v).backward(dout)`` (forward once, backward repeated)."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 import torch
-from probe_common import probe_configs, time_backward
+from probe_common import gradients, probe_configs, time_backward
 
 import dash_attn.kernels.bwd as bwd_module
 from dash_attn import dash_attn_func
@@ -187,10 +187,11 @@ def load_variant(name: str, edits: list[tuple[str, str]], workdir: pathlib.Path)
     return load_variant_source(name, edits, workdir).attn_bwd_kernel
 
 
-def gradients(q, k, v, dout, causal: bool, deterministic: bool) -> list[torch.Tensor]:
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    dash_attn_func(q, k, v, causal=causal, deterministic=deterministic).backward(dout)
-    return [q.grad, k.grad, v.grad]
+def dash_gradients(q, k, v, dout, causal: bool, deterministic: bool) -> list[torch.Tensor]:
+    return gradients(
+        lambda a, b, c: dash_attn_func(a, b, c, causal=causal, deterministic=deterministic),
+        q, k, v, dout,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -208,7 +209,7 @@ def main() -> None:
         for config in probe_configs(args.configs):
             item, causal, flops = config.label, config.causal, config.bwd_flops
             q, k, v, dout = config.inputs()
-            reference = gradients(q, k, v, dout, causal, deterministic=True)
+            reference = dash_gradients(q, k, v, dout, causal, deterministic=True)
             for name, kernel in kernels.items():
                 deterministic = not name.endswith("nondet")
                 bwd_module.attn_bwd_kernel = kernel
@@ -219,7 +220,7 @@ def main() -> None:
                         ),
                         q, k, v, dout,
                     )  # fmt: skip
-                    grads = gradients(q, k, v, dout, causal, deterministic)
+                    grads = dash_gradients(q, k, v, dout, causal, deterministic)
                 finally:
                     bwd_module.attn_bwd_kernel = shipped
                 # A correct deterministic variant adds the same partials in the same order as

@@ -27,11 +27,21 @@ DQ_REDUCE_MODES = ("auto", "atomic", "tma")
 
 
 def _has_tma(device: torch.device) -> bool:
-    """Whether the backward can add dQ with TMA bulk reductions on ``device`` (Hopper or newer)."""
+    """Whether ``device`` is a Hopper or newer GPU run by compiled kernels (TMA hardware)."""
     if device.type != "cuda" or is_interpreter():
         return False
     major, _ = torch.cuda.get_device_capability(device)
     return major >= 9
+
+
+def _no_tma(variable: str, device: torch.device, elsewhere: str) -> ValueError:
+    """The error for ``variable=tma`` on a device without TMA (``elsewhere``: what else works)."""
+    if device.type == "cuda" and not is_interpreter():
+        major, _ = torch.cuda.get_device_capability(device)
+        return ValueError(
+            f"{variable}=tma needs a Hopper (sm_90) or newer GPU; {device} is sm_{major}x"
+        )
+    return ValueError(f"{variable}=tma needs a CUDA GPU{elsewhere}")
 
 
 def dq_reduce_mode(device: torch.device) -> str:
@@ -50,14 +60,10 @@ def dq_reduce_mode(device: torch.device) -> str:
     if mode == "auto":
         return "tma" if _has_tma(device) else "atomic"
     if mode == "tma" and not _has_tma(device):
-        if device.type != "cuda" or is_interpreter():
-            raise ValueError(
-                "DASH_ATTN_DQ_REDUCE=tma needs a CUDA GPU (Triton's interpreter has no bulk "
-                "reductions); unset it or use 'atomic'"
-            )
-        major, _ = torch.cuda.get_device_capability(device)
-        raise ValueError(
-            f"DASH_ATTN_DQ_REDUCE=tma needs a Hopper (sm_90) or newer GPU; {device} is sm_{major}x"
+        raise _no_tma(
+            "DASH_ATTN_DQ_REDUCE",
+            device,
+            " (Triton's interpreter has no bulk reductions); unset it or use 'atomic'",
         )
     return mode
 
@@ -76,15 +82,9 @@ def qo_load_mode(device: torch.device) -> str:
     mode = os.environ.get("DASH_ATTN_QO_LOAD", "pointer") or "pointer"
     if mode not in QO_LOAD_MODES:
         raise ValueError(f"DASH_ATTN_QO_LOAD must be one of {list(QO_LOAD_MODES)}, got {mode!r}")
-    if mode == "tma" and device.type == "cuda" and not is_interpreter():
-        major, _ = torch.cuda.get_device_capability(device)
-        if major < 9:
-            raise ValueError(
-                f"DASH_ATTN_QO_LOAD=tma needs a Hopper (sm_90) or newer GPU; {device} is "
-                f"sm_{major}x"
-            )
-    elif mode == "tma" and not is_interpreter():
-        raise ValueError("DASH_ATTN_QO_LOAD=tma needs a CUDA GPU or Triton's interpreter")
+    # Triton's interpreter emulates descriptor loads (the CPU tests run this path).
+    if mode == "tma" and not (_has_tma(device) or is_interpreter()):
+        raise _no_tma("DASH_ATTN_QO_LOAD", device, " or Triton's interpreter")
     return mode
 
 

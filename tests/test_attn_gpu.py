@@ -147,14 +147,14 @@ def test_torch_compile_fullgraph_matches_eager():
         assert torch.equal(x, y), f"compiled {name} differs from eager"
 
 
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], SHAPES[4]])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal, monkeypatch):
-    """DASH_ATTN_DQ_REDUCE=tma adds the same partials in the same order as the atomics: the
-    deterministic gradients are the same bits, and the mode itself repeats."""
+def _check_tma_mode(shape, causal, monkeypatch, variable, baseline, label, seed, info_field):
+    """``variable=tma`` changes how data moves, not the summation order: for every schedule the
+    deterministic gradients are the same bits as with ``variable=baseline`` and repeat; they and
+    the non-deterministic ones match the fp32 reference. ``info_field`` of the launch report
+    must say "tma"."""
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
     q, k, v = make_qkv(
-        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=5
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=seed
     )
     dout = torch.randn_like(q)
     ref = _grads(lambda a, b, c: attention_ref(a, b, c, causal=causal)[0], q, k, v, dout)
@@ -167,59 +167,38 @@ def test_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal, monkeypatch):
         def run(a, b, c, s=schedule):
             return dash_attn_func(a, b, c, causal=causal, schedule=s)
 
-        monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", "atomic")
-        atomic = _grads(run, q, k, v, dout)
-        monkeypatch.setenv("DASH_ATTN_DQ_REDUCE", "tma")
+        monkeypatch.setenv(variable, baseline)
+        base = _grads(run, q, k, v, dout)
+        monkeypatch.setenv(variable, "tma")
         tma = _grads(run, q, k, v, dout)
+        assert getattr(last_launch_info(), info_field) == "tma"
         again = _grads(run, q, k, v, dout)
-        for name, x, y, z in zip(("out", "dq", "dk", "dv"), tma, atomic, again, strict=True):
-            assert torch.equal(x, z), f"{name} [{schedule}, tma] differs between runs"
-            assert torch.equal(x, y), f"{name} [{schedule}] tma differs from atomics"
+        for name, x, y, z in zip(("out", "dq", "dk", "dv"), tma, base, again, strict=True):
+            assert torch.equal(x, z), f"{name} [{schedule}, {label}] differs between runs"
+            assert torch.equal(x, y), f"{name} [{schedule}] {label} differs from {baseline}"
         for name, g, r, s in zip(("out", "dq", "dk", "dv"), tma, ref, same, strict=True):
-            assert_close_to_ref(f"{name} [{schedule}, tma]", g, r, s, atol=1e-3)
-        # And without order: still correct.
-        nondet = _grads(
-            lambda a, b, c: dash_attn_func(a, b, c, causal=causal, deterministic=False),
-            q, k, v, dout,
-        )  # fmt: skip
-        for name, g, r, s in zip(("out", "dq", "dk", "dv"), nondet, ref, same, strict=True):
-            assert_close_to_ref(f"{name} [nondet, tma]", g, r, s, atol=1e-3)
-
-
-@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tma_loads_match_pointer_loads_bit_for_bit(shape, causal, monkeypatch):
-    """DASH_ATTN_QO_LOAD=tma loads the same Q, dO, LSE and delta values by TMA: every schedule's
-    deterministic gradients are the same bits as with pointer loads, and repeat."""
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
-    q, k, v = make_qkv(
-        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=7
-    )
-    dout = torch.randn_like(q)
-    ref = _grads(lambda a, b, c: attention_ref(a, b, c, causal=causal)[0], q, k, v, dout)
-    same = _grads(
-        lambda a, b, c: attention_ref(a, b, c, causal=causal, upcast=False)[0], q, k, v, dout
-    )
-    spec = schedule_spec(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, 132)
-    for schedule in applicable_schedules(spec):
-
-        def run(a, b, c, s=schedule):
-            return dash_attn_func(a, b, c, causal=causal, schedule=s)
-
-        monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
-        pointer = _grads(run, q, k, v, dout)
-        monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
-        tma = _grads(run, q, k, v, dout)
-        assert last_launch_info().qo_load == "tma"
-        again = _grads(run, q, k, v, dout)
-        for name, x, y, z in zip(("out", "dq", "dk", "dv"), tma, pointer, again, strict=True):
-            assert torch.equal(x, z), f"{name} [{schedule}, tma loads] differs between runs"
-            assert torch.equal(x, y), f"{name} [{schedule}] tma loads differ from pointer loads"
-        for name, g, r, s in zip(("out", "dq", "dk", "dv"), tma, ref, same, strict=True):
-            assert_close_to_ref(f"{name} [{schedule}, tma loads]", g, r, s, atol=1e-3)
+            assert_close_to_ref(f"{name} [{schedule}, {label}]", g, r, s, atol=1e-3)
     nondet = _grads(
         lambda a, b, c: dash_attn_func(a, b, c, causal=causal, deterministic=False),
         q, k, v, dout,
     )  # fmt: skip
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), nondet, ref, same, strict=True):
-        assert_close_to_ref(f"{name} [nondet, tma loads]", g, r, s, atol=1e-3)
+        assert_close_to_ref(f"{name} [nondet, {label}]", g, r, s, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal, monkeypatch):
+    """DASH_ATTN_DQ_REDUCE=tma adds the same partials in the same order as the atomics."""
+    _check_tma_mode(
+        shape, causal, monkeypatch, "DASH_ATTN_DQ_REDUCE", "atomic", "tma", 5, "dq_reduce"
+    )
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tma_loads_match_pointer_loads_bit_for_bit(shape, causal, monkeypatch):
+    """DASH_ATTN_QO_LOAD=tma loads the same Q, dO, LSE and delta values by TMA."""
+    _check_tma_mode(
+        shape, causal, monkeypatch, "DASH_ATTN_QO_LOAD", "pointer", "tma loads", 7, "qo_load"
+    )

@@ -28,22 +28,31 @@ KERNEL_SOURCE = pathlib.Path(bwd_module.__file__)
 WAIT_CALL = "failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)"
 EARLY_READ = "seen = _load_acquire(sem_ptr, TIMED_WAIT)"
 SEM_PTR = "sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile\n"
-LOOP_RELEASE = (
-    "_cta_barrier(TIMED_WAIT, DQ_TMA)\n"
-    '                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)'
-)
+RELEASE = "_release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)"
+# The two places the shipped loop may release the previous step's turn (BackwardTiles'
+# release_after_qk picks one); a variant that moves the release removes both.
+START_RELEASE = f"                if not RELEASE_AFTER_QK:\n                    {RELEASE}\n"
+QK_RELEASE = f"                if RELEASE_AFTER_QK:\n                    {RELEASE}\n"
+NO_LOOP_RELEASE = [
+    (START_RELEASE, "                pass\n"),
+    (QK_RELEASE, "                pass\n"),
+]
 DK_DOT = "            dk += tl.dot(ds_t, q)\n"
-P_MASKED = "            p_t = tl.where(keep, p_t, 0.0)\n"
 
 
 def _release_moved(anchor: str, before: bool) -> list[tuple[str, str]]:
     """Edits that move the deferred release of the previous step next to ``anchor`` (a statement
     inside an ``if DETERMINISTIC:`` block, indented 16)."""
-    moved = LOOP_RELEASE + "\n                "
-    return [
-        (LOOP_RELEASE, "pass"),
-        (anchor, moved + anchor if before else anchor + "\n                " + LOOP_RELEASE),
+    moved = f"{RELEASE}\n                "
+    return NO_LOOP_RELEASE + [
+        (anchor, moved + anchor if before else anchor + "\n                " + RELEASE),
     ]
+
+
+def _release_after(statement: str) -> list[tuple[str, str]]:
+    """Edits that move the release to just after ``statement`` (a whole line of the step)."""
+    inserted = f"            if DETERMINISTIC:\n                {RELEASE}\n"
+    return NO_LOOP_RELEASE + [(statement, statement + inserted)]
 
 
 # name -> list of (old, new) source edits; every `old` must occur in the kernel source.
@@ -111,38 +120,21 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (SEM_PTR, SEM_PTR + "                " + EARLY_READ + "\n"),
     ],
     # Where the previous step's release goes (shipped: at the step's start, after its loads are
-    # issued). A later release gives the bulk reduction / atomics longer to complete before the
-    # release waits for them, at the cost of a later hand-off to the successor. Tuning call 10
-    # (before the move): step start +1% (hd128) / +9% (hd64) over after the first matmul, later
-    # positions -5 to -10%.
-    # The step tables read one step ahead with pointer loads (DASH_ATTN_QO_LOAD=tma does this
-    # together with TMA loads): tells the two effects apart.
-    "table_prefetch": [
-        (
-            "        if QO_TMA:\n            # The TMA loads",
-            "        if True:\n            # The TMA loads",
-        ),
-        (
-            "            if QO_TMA:\n                h = h_next",
-            "            if True:\n                h = h_next",
-        ),
-    ],
+    # issued; after the first matmul at head dims 192/256, BackwardTiles.release_after_qk). A
+    # later release gives the bulk reduction / atomics longer to complete before the release
+    # waits for them, at the cost of a later hand-off to the successor. Tuning call 10: step start
+    # +1% (hd128) / +9% (hd64) over after the first matmul, later positions -5 to -10%.
+    # (The tables read ahead and the release after the first matmul, variants in session 3, are
+    # now the tile options ``a`` and ``r`` of DASH_ATTN_BWD_TILES.)
     "register_prefetch": [
         _region(
-            "        if QO_TMA:\n            # The TMA loads of the next step",
+            "        if QO_TMA or TABLES_AHEAD:\n            # The next step's loads",
             "            if DETERMINISTIC:\n                # Release the previous step's dQ tile",
             REGISTER_PREFETCH,
         )
     ],
-    "release_after_qk": [
-        (LOOP_RELEASE, "pass"),
-        (
-            P_MASKED,
-            P_MASKED + "            if DETERMINISTIC:\n                " + LOOP_RELEASE + "\n",
-        ),
-    ],
-    "release_at_step_end": [
-        (LOOP_RELEASE, "pass"),
+    "release_at_step_end": NO_LOOP_RELEASE
+    + [
         (
             "                pending_sem = sem_ptr\n                has_pending = 1\n",
             "                _cta_barrier(TIMED_WAIT, DQ_TMA)\n"
@@ -151,14 +143,11 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         ),
     ],
     "release_after_dp": _release_moved(EARLY_READ, before=True),
-    "release_after_dk": [
-        (LOOP_RELEASE, "pass"),
-        (DK_DOT, DK_DOT + "            if DETERMINISTIC:\n                " + LOOP_RELEASE + "\n"),
-    ],
+    "release_after_dk": _release_after(DK_DOT),
     "release_at_wait": _release_moved(WAIT_CALL, before=True),
     # Diagnostics, not correct: no wait for the turn (and no release).
     "no_wait": [(WAIT_CALL, "failed = rank < 0")],
-    "no_wait_no_release": [(WAIT_CALL, "failed = rank < 0"), (LOOP_RELEASE, "pass")],
+    "no_wait_no_release": [(WAIT_CALL, "failed = rank < 0")] + NO_LOOP_RELEASE,
 }
 # Variants that are wrong on purpose; every other one must give the shipped kernel's bits.
 DIAGNOSTICS = frozenset({"no_wait", "no_wait_no_release"})

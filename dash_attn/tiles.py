@@ -26,6 +26,12 @@ class BackwardTiles:
         num_stages: software-pipelining depth.
         atomic_num_stages: the depth when dQ is added with per-thread atomics instead of TMA
             bulk reductions, where that differs (the atomics' addresses take registers).
+        tables_ahead: read the step tables one step ahead, so that the next step's loads do
+            not wait for a table load (TABLES_AHEAD).
+        release_after_qk: release the previous step's dQ tile after this step's first matmul
+            instead of at its start (RELEASE_AFTER_QK; deterministic mode only).
+
+    None of these changes the summation order: every setting gives the same bits.
     """
 
     block_m: int
@@ -33,6 +39,14 @@ class BackwardTiles:
     num_warps: int
     num_stages: int
     atomic_num_stages: int | None = None
+    tables_ahead: bool = False
+    release_after_qk: bool = False
+
+    @property
+    def label(self) -> str:
+        """The DASH_ATTN_BWD_TILES spelling without the head dim, e.g. ``64x128w8s3a``."""
+        flags = ("a" if self.tables_ahead else "") + ("r" if self.release_after_qk else "")
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{flags}"
 
     @property
     def tile_ratio(self) -> int:
@@ -46,32 +60,53 @@ class BackwardTiles:
 
 
 # Measured on the H200 (benchmarks/NOTES.md): at head dim 64 the two-stage pipeline spills with
-# atomics (one stage is 11% faster there) but not with TMA, where it is 4-6% faster non-det.
+# atomics (one stage is 11% faster there) but not with TMA, where it is 4-6% faster non-det. At
+# 96/128 a third stage only keeps a third buffer when the step tables are read ahead (attempt
+# 13; the atomics path keeps two, as three would not fit in an A100's shared memory); at 192/256
+# releasing at the step's start spills, after the first matmul does not (14).
 _BACKWARD_TILES: dict[int, BackwardTiles] = {
     64: BackwardTiles(block_m=128, block_n=128, num_warps=8, num_stages=2, atomic_num_stages=1),
-    96: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    128: BackwardTiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
-    256: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1),
+    96: BackwardTiles(
+        block_m=64, block_n=128, num_warps=8, num_stages=3, atomic_num_stages=2, tables_ahead=True
+    ),
+    128: BackwardTiles(
+        block_m=64, block_n=128, num_warps=8, num_stages=3, atomic_num_stages=2, tables_ahead=True
+    ),
+    192: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1, release_after_qk=True),
+    256: BackwardTiles(block_m=64, block_n=64, num_warps=8, num_stages=1, release_after_qk=True),
 }
 
 
-_OVERRIDE = re.compile(r"^(\d+):(\d+)x(\d+)w(\d+)s(\d+)$")
+_TILES = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)(a?)(r?)")
+
+
+def parse_tiles(text: str) -> BackwardTiles:
+    """Tiles spelled ``BMxBNwWARPSsSTAGES[a][r]``, e.g. ``64x128w8s3a``: a trailing ``a`` reads
+    the step tables ahead, ``r`` releases after the first matmul (see BackwardTiles)."""
+    match = _TILES.fullmatch(text)
+    if match is None:
+        raise ValueError(f"tiles {text!r} are not BMxBNwWARPSsSTAGES[a][r], e.g. 64x128w8s2")
+    block_m, block_n, warps, stages = map(int, match.groups()[:4])
+    if block_n % block_m:
+        raise ValueError(f"tiles {text!r}: BN must be a multiple of BM")
+    ahead, late = (flag != "" for flag in match.groups()[4:])
+    return BackwardTiles(block_m, block_n, warps, stages, tables_ahead=ahead, release_after_qk=late)
 
 
 def _overrides(text: str) -> dict[int, BackwardTiles]:
-    """Parse DASH_ATTN_BWD_TILES, e.g. ``128:64x128w8s2,64:64x64w4s2`` (a tuning knob)."""
+    """Parse DASH_ATTN_BWD_TILES, e.g. ``128:64x128w8s3a,256:64x64w8s1r`` (a tuning knob)."""
     table = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        match = _OVERRIDE.match(item)
-        if match is None:
+        headdim, colon, tiles = item.partition(":")
+        try:
+            if not colon or not headdim.isdigit():
+                raise ValueError("no head dim")
+            table[int(headdim)] = parse_tiles(tiles)
+        except ValueError as exc:
             raise ValueError(
-                f"DASH_ATTN_BWD_TILES entry {item!r} is not HEADDIM:BMxBNwWARPSsSTAGES"
-            )
-        headdim, block_m, block_n, warps, stages = map(int, match.groups())
-        if block_n % block_m:
-            raise ValueError(f"DASH_ATTN_BWD_TILES entry {item!r}: BN must be a multiple of BM")
-        table[headdim] = BackwardTiles(block_m, block_n, warps, stages)
+                f"DASH_ATTN_BWD_TILES entry {item!r} is not HEADDIM:BMxBNwWARPSsSTAGES[a][r] "
+                f"({exc})"
+            ) from None
     return table
 
 

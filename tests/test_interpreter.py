@@ -256,6 +256,27 @@ def test_tma_loads_give_the_same_bits_as_pointer_loads(shape, deterministic, mon
         _assert_matches_reference(tma, shape, "fa3, tma loads, non-deterministic")
 
 
+@pytest.mark.parametrize(
+    "shape, flags",
+    [
+        pytest.param((1, 70, 150, 4, 2, 96, True), "a", id="d96-causal-tables-ahead"),
+        pytest.param((1, 70, 150, 4, 2, 96, True), "r", id="d96-causal-release-after-qk"),
+        pytest.param((1, 130, 90, 2, 1, 96, False), "ar", id="d96-full-both"),
+    ],
+)
+def test_tile_options_give_the_same_bits(shape, flags, monkeypatch):
+    """The tile options of BackwardTiles (step tables read ahead, release after the first matmul)
+    move loads and the hand-off, never the summation order: the same bits as without them."""
+    monkeypatch.setenv("DASH_ATTN_BWD_TILES", "96:64x128w8s2")
+    plain = _run_dash(shape, schedule="fa3")
+    monkeypatch.setenv("DASH_ATTN_BWD_TILES", f"96:64x128w8s2{flags}")
+    optioned = _run_dash(shape, schedule="fa3")
+    tiles = dash_attn.last_launch_info().tiles
+    assert (tiles.tables_ahead, tiles.release_after_qk) == ("a" in flags, "r" in flags)
+    for name in plain:
+        assert bitwise_equal(optioned[name], plain[name]), f"{name}: tiles option {flags} differs"
+
+
 def test_broadcast_dout_falls_back_to_pointer_loads(monkeypatch):
     """A gradient with zero strides (here a headdim vector broadcast over batch, seqlen and heads)
     cannot be read by TMA: DASH_ATTN_QO_LOAD=tma falls back to pointer loads, same bits."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from dash_attn.kernels.bwd import tma_loadable
 from dash_attn.runtime import DQ_REDUCE_MODES, QO_LOAD_MODES, dq_reduce_mode, qo_load_mode
-from dash_attn.tiles import BackwardTiles, backward_tiles
+from dash_attn.tiles import _BACKWARD_TILES as _DEFAULTS
+from dash_attn.tiles import BackwardTiles, backward_tiles, parse_tiles
 
 
 def test_dq_reduce_auto_is_atomics_without_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,14 +32,50 @@ def test_pipeline_depth_follows_the_dq_reduction() -> None:
     tma, atomic = backward_tiles(64, "tma"), backward_tiles(64, "atomic")
     assert (tma.num_stages, atomic.num_stages) == (2, 1)
     assert (tma.block_m, tma.block_n) == (atomic.block_m, atomic.block_n)
-    assert backward_tiles(128, "tma") == backward_tiles(128, "atomic")
     assert tma.atomic_num_stages is None  # resolved tiles carry one depth only
+    # Head dim 128: three stages with TMA; two with atomics, where three would not fit in an
+    # A100's shared memory. The step tables are read ahead either way.
+    tma, atomic = backward_tiles(128, "tma"), backward_tiles(128, "atomic")
+    assert (tma.num_stages, atomic.num_stages) == (3, 2)
+    assert tma.tables_ahead and atomic.tables_ahead
 
 
 def test_tile_override_applies_to_both_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DASH_ATTN_BWD_TILES", "64:64x128w4s3")
     for mode in ("tma", "atomic"):
         assert backward_tiles(64, mode) == BackwardTiles(64, 128, 4, 3)
+
+
+def test_tile_override_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DASH_ATTN_BWD_TILES", "64:64x128w4s3a, 256:64x64w8s1r,128:64x128w8s2ar")
+    assert backward_tiles(64) == BackwardTiles(64, 128, 4, 3, tables_ahead=True)
+    assert backward_tiles(256) == BackwardTiles(64, 64, 8, 1, release_after_qk=True)
+    both = backward_tiles(128)
+    assert (both.tables_ahead, both.release_after_qk, both.label) == (True, True, "64x128w8s2ar")
+    assert backward_tiles(96) == replace(_DEFAULTS[96], atomic_num_stages=None)  # not overridden
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("128:64x128w8", "not HEADDIM:BMxBNwWARPSsSTAGES"),
+        ("64x128w8s2", "not HEADDIM:BMxBNwWARPSsSTAGES"),
+        ("128:64x128w8s2x", "not HEADDIM:BMxBNwWARPSsSTAGES"),
+        ("128:64x128w8s2ra", "not HEADDIM:BMxBNwWARPSsSTAGES"),
+        ("128:128x64w8s2", "BN must be a multiple of BM"),
+    ],
+)
+def test_bad_tile_override_names_the_variable(
+    value: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DASH_ATTN_BWD_TILES", value)
+    with pytest.raises(ValueError, match=f"DASH_ATTN_BWD_TILES entry .*{message}"):
+        backward_tiles(128)
+
+
+def test_tiles_label_round_trips() -> None:
+    for tiles in _DEFAULTS.values():
+        assert parse_tiles(tiles.label) == replace(tiles, atomic_num_stages=None)
 
 
 def test_unknown_dq_reduce_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

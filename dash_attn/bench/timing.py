@@ -241,11 +241,7 @@ def launched_kernel(provider: Provider, mode: str) -> str | None:
     info = last_launch_info()
     if info is None:
         return None
-    t = info.tiles
-    return (
-        f"{t.block_m}x{t.block_n}w{t.num_warps}s{t.num_stages} dq:{info.dq_reduce} "
-        f"qo:{info.qo_load}"
-    )
+    return f"{info.tiles.label} dq:{info.dq_reduce} qo:{info.qo_load}"
 
 
 def measure(

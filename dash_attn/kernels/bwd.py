@@ -14,16 +14,18 @@ STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag
               (adding NaN and releasing), so its successors are never stuck behind it.
 DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
               worker w runs order[worker_start[w]:worker_start[w + 1]]
-DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) at the start of the
-              next step, or at the end of the chain; a step never waits while it still holds an
-              unreleased turn, so deferring adds no cycle. Otherwise add in arrival order
-              (non-deterministic, same tables and work)
+DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) in the next step
+              (at its start, or with RELEASE_AFTER_QK after its first matmul), or at the end of
+              the chain; a step never waits while it still holds an unreleased turn, so deferring
+              adds no cycle. Otherwise add in arrival order (non-deterministic, same tables and
+              work)
 TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
               bounds the number of polls instead
 QO_TMA        Q, dO, LSE and delta of a step are loaded by TMA through tensor descriptors (the
-              pointer arguments are descriptors then) and the step tables are read one step
-              ahead; otherwise by pointer loads. Same values either way (rows past seqlen_q and
-              padded columns are zero-filled by the TMA unit as by the masks)
+              pointer arguments are descriptors then); otherwise by pointer loads. Same values
+              either way (rows past seqlen_q and padded columns are zero-filled by the TMA unit as
+              by the masks)
+TABLES_AHEAD  the step tables are read one step ahead (always with QO_TMA)
 LSE2, DELTA   per (batch x head, row) fp32, rows padded to q_tiles * BLOCK_M (no masks needed):
               LSE in log2 units with +inf for rows that saw no key or are padding (so that
               P = exp2(. - inf) = 0), and delta = rowsum(dO * O), 0 on padding rows
@@ -114,6 +116,16 @@ def _cta_barrier(TIMED_WAIT: tl.constexpr, BULK_WAIT: tl.constexpr = False):
 
 
 @triton.jit
+def _release_turn(pending_sem, has_pending, TIMED_WAIT: tl.constexpr, DQ_TMA: tl.constexpr):
+    """Hand the previous step's dQ tile to its successor (if this chain has one pending). The
+    barrier makes every thread's adds precede the release (a Triton 3.6 release atomic does not
+    order the other threads' memory operations by itself). A mask, not an ``if``, keeps the step
+    loop free of regions the pipeliner gives up on."""
+    _cta_barrier(TIMED_WAIT, DQ_TMA)
+    tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
+
+
+@triton.jit
 def _add_dq(
     DQ_DESC, dq_ptrs, dq_part, mask, b, h, q_tile,
     BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, DQ_TMA: tl.constexpr,
@@ -183,6 +195,8 @@ def attn_bwd_kernel(
     TIMED_WAIT: tl.constexpr,
     DQ_TMA: tl.constexpr,
     QO_TMA: tl.constexpr,
+    TABLES_AHEAD: tl.constexpr,
+    RELEASE_AFTER_QK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -227,14 +241,14 @@ def attn_bwd_kernel(
         pending_sem = SEM
         has_pending = 0
         rows_pad = q_tiles * BLOCK_M
-        if QO_TMA:
-            # The TMA loads of the next step are issued at the end of this one (Triton's
-            # pipeliner); reading their table entries a step earlier keeps that issue from
-            # waiting on a table load's round trip.
+        if QO_TMA or TABLES_AHEAD:
+            # The next step's loads are issued at the end of this one (Triton's pipeliner);
+            # reading their table entries a step earlier keeps that issue from waiting on a
+            # table load's round trip (and lets the pipeliner keep a third buffer).
             h_next = tl.load(STEP_HEAD + step_lo, mask=step_lo < step_hi, other=0)
             q_tile_next = tl.load(STEP_TILE + step_lo, mask=step_lo < step_hi, other=0)
         for step in range(step_lo, step_hi):
-            if QO_TMA:
+            if QO_TMA or TABLES_AHEAD:
                 h = h_next
                 q_tile = q_tile_next
                 ahead = tl.minimum(step + 1, step_hi - 1)
@@ -270,14 +284,12 @@ def attn_bwd_kernel(
             if DETERMINISTIC:
                 # Release the previous step's dQ tile at the start of this step, once this
                 # step's loads have been issued: its adds have had the loop's tail to complete,
-                # and the successor gets its turn as early as that allows (releasing after the
-                # first matmul measured 1-9% slower, after later ones 5-10% slower:
-                # benchmarks/NOTES.md). The barrier makes every thread's adds precede the release
-                # (a Triton 3.6 release atomic does not order the other threads' memory
-                # operations by itself). A mask, not an `if`, keeps the step loop free of
-                # regions the pipeliner gives up on.
-                _cta_barrier(TIMED_WAIT, DQ_TMA)
-                tl.atomic_add(pending_sem, 1, sem="release", mask=has_pending != 0)
+                # and the successor gets its turn as early as that allows. At head dims 64-128
+                # this measured fastest (after the first matmul 1-9% slower, after later ones
+                # 5-10% slower); at 192/256 the early release costs spills and after the first
+                # matmul is faster (benchmarks/NOTES.md, attempts 11 and 14).
+                if not RELEASE_AFTER_QK:
+                    _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
                 rank = tl.load(STEP_RANK + step)
                 sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
 
@@ -288,6 +300,9 @@ def attn_bwd_kernel(
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
             p_t = tl.where(keep, p_t, 0.0)
+            if DETERMINISTIC:
+                if RELEASE_AFTER_QK:
+                    _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])
@@ -321,8 +336,7 @@ def attn_bwd_kernel(
 
         if DETERMINISTIC:
             if has_pending != 0:
-                _cta_barrier(TIMED_WAIT, DQ_TMA)
-                tl.atomic_add(pending_sem, 1, sem="release")
+                _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
         dk = dk * softmax_scale
         tl.store(
             DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn
@@ -496,7 +510,8 @@ def attn_bwd_main(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
         HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
         DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait, DQ_TMA=dq_tma,
-        QO_TMA=qo_tma, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        QO_TMA=qo_tma, TABLES_AHEAD=tiles.tables_ahead, RELEASE_AFTER_QK=tiles.release_after_qk,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **launch_options,
     )  # fmt: skip
     return dq_acc, dk, dv, status

@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ..tiles import BackwardTiles, backward_tiles
+from ..tiles import BackwardTiles, backward_tiles, parse_tiles
 from .utils import next_power_of_2
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -184,7 +184,13 @@ def compile_backward(
         DYNAMIC=dynamic,
         TIMED_WAIT=True,
     )
-    for option, value in (("DQ_TMA", dq_tma), ("QO_TMA", qo_tma)):
+    options = (
+        ("DQ_TMA", dq_tma),
+        ("QO_TMA", qo_tma),
+        ("TABLES_AHEAD", tiles.tables_ahead),
+        ("RELEASE_AFTER_QK", tiles.release_after_qk),
+    )
+    for option, value in options:
         if option in kernel.arg_names:
             constexprs[option] = value
         elif value:
@@ -222,10 +228,10 @@ def compile_backward(
 
 
 def _parse_tiles(text: str) -> BackwardTiles:
-    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"tiles must look like 64x128w8s2, got {text!r}")
-    return BackwardTiles(*map(int, match.groups()))
+    try:
+        return parse_tiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nondet", action="store_true", help="the non-deterministic kernel")
     parser.add_argument("--dynamic", action="store_true", help="ticket dispatch (fa3, descending)")
     parser.add_argument("--full", action="store_true", help="full mask instead of causal")
-    parser.add_argument("--tiles", type=_parse_tiles, default=None, help="e.g. 64x128w8s2")
+    parser.add_argument(
+        "--tiles",
+        type=_parse_tiles,
+        default=None,
+        help="e.g. 64x128w8s2; a trailing a reads the tables ahead, r releases late",
+    )
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument(
         "--dq-reduce",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -713,3 +714,12 @@ def test_launched_kernel_names_tiles_and_data_paths(monkeypatch: pytest.MonkeyPa
     flex = Provider("flex", "flex", True, lambda case, device: None)
     assert timing.launched_kernel(flex, "bwd") is None
     assert "kernel" in report.CSV_FIELDS
+
+
+def test_gpu_warm_up_is_skipped_without_cuda() -> None:
+    from dash_attn.bench import timing
+
+    started = time.perf_counter()
+    assert timing.warm_up_gpu("cpu", 5.0) == 0.0
+    assert timing.warm_up_gpu(None, 5.0) == 0.0
+    assert time.perf_counter() - started < 1.0

@@ -79,6 +79,7 @@ from .timing import (
     repeat_diffs,
     short_reason,
     tflops,
+    warm_up_gpu,
 )
 
 # The paper's grid (section 5.2), the same as `dash-attn schedule`'s default sweep.
@@ -89,6 +90,8 @@ DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MASKS = ("full", "causal")
 QUICK_SEQLENS = (1024, 8192)
 DEFAULT_WARMUP_MS = 25.0
+# Seconds of matmuls before the sweep's first timing (see timing.warm_up_gpu).
+GPU_WARMUP_S = 2.0
 DEFAULT_REP_MS = 100.0
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0
@@ -839,6 +842,7 @@ def _run_gpu(
                     "dtype": args.dtype,
                     "warmup_ms": args.warmup,
                     "rep_ms": args.rep,
+                    "gpu_warmup_s": GPU_WARMUP_S,
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
                     "hidden": args.hidden,
@@ -852,7 +856,8 @@ def _run_gpu(
         written["bench.json"] = out_dir / "bench.json"
 
     if args.sweep:
-        print(f"== operator sweep: {len(todo)} configs")
+        warmed = warm_up_gpu(device, GPU_WARMUP_S)
+        print(f"== operator sweep: {len(todo)} configs (after {warmed:.1f} s of GPU warm-up)")
         rows = previous + run_sweep(
             todo, make_providers, meta=meta, mode=args.mode, warmup=args.warmup, rep=args.rep,
             repeats=args.repeat_check, seed=args.seed, device=device, timer=timer,

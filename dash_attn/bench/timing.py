@@ -273,6 +273,25 @@ def measure(
     return Measurement(ms=ms, schedule=schedule, bitwise_repeatable=repeatable, kernel=kernel)
 
 
+def warm_up_gpu(device: Any, seconds: float) -> float:
+    """Keep the GPU busy with bf16 matmuls for about ``seconds`` before the first timing; returns
+    the seconds spent (0 without CUDA). Without it the run's first measurement ran on a GPU that
+    had been idle (H200, commit 45ea8c2: ``auto`` 83 TFLOPS at hd128 causal 512, the first
+    config, against 105 for ``symmetric_shift``, the same kernel and tables, timed two providers
+    later)."""
+    if getattr(device, "type", device) != "cuda" or seconds <= 0:
+        return 0.0
+    import torch
+
+    started = time.perf_counter()
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    while time.perf_counter() - started < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
 def cleanup(device: Any) -> None:
     """Drop the last provider's graphs and cached blocks, so the next one starts from the same
     free memory (and a failure does not leave an out-of-memory state behind)."""

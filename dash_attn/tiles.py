@@ -25,13 +25,15 @@ class BackwardTiles:
         num_warps: warps per program.
         num_stages: software-pipelining depth.
         atomic_num_stages: the depth when dQ is added with per-thread atomics instead of TMA
-            bulk reductions, where that differs (the atomics' addresses take registers).
+            bulk reductions, where that differs (the atomics' addresses take registers, and
+            the atomics path must also fit pre-Hopper GPUs' shared memory).
         tables_ahead: read the step tables one step ahead, so that the next step's loads do
             not wait for a table load (TABLES_AHEAD).
         release_after_qk: release the previous step's dQ tile after this step's first matmul
             instead of at its start (RELEASE_AFTER_QK; deterministic mode only).
 
-    None of these changes the summation order: every setting gives the same bits.
+    Block sizes set the schedule's tiles and so the summation order; the two options move
+    loads and the hand-off only and give the same bits either way.
     """
 
     block_m: int

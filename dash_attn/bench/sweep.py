@@ -90,7 +90,7 @@ DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MASKS = ("full", "causal")
 QUICK_SEQLENS = (1024, 8192)
 DEFAULT_WARMUP_MS = 25.0
-# Seconds of matmuls before the sweep's first timing (see timing.warm_up_gpu).
+# Seconds of matmuls before the run's first timing (see timing.warm_up_gpu).
 GPU_WARMUP_S = 2.0
 DEFAULT_REP_MS = 100.0
 QUICK_WARMUP_MS = 10.0
@@ -855,8 +855,9 @@ def _run_gpu(
         written["bench.csv"] = out_dir / "bench.csv"
         written["bench.json"] = out_dir / "bench.json"
 
+    # Before whichever stage times first (the sweep, or the e2e blocks with --no-sweep).
+    warmed = warm_up_gpu(device, GPU_WARMUP_S)
     if args.sweep:
-        warmed = warm_up_gpu(device, GPU_WARMUP_S)
         print(f"== operator sweep: {len(todo)} configs (after {warmed:.1f} s of GPU warm-up)")
         rows = previous + run_sweep(
             todo, make_providers, meta=meta, mode=args.mode, warmup=args.warmup, rep=args.rep,

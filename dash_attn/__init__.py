@@ -1,4 +1,4 @@
-"""dash-attn: deterministic attention backward with DASH schedules, in Triton.
+"""dash-attn: bitwise-reproducible attention backward with DASH schedules.
 
 ``import dash_attn`` stays light: the kernels (torch, triton) load on first use of the API, so the
 schedule engine and its CLI run on machines without either.
@@ -18,8 +18,17 @@ def __getattr__(name: str) -> Any:
         from .interface import dash_attn_func
 
         return dash_attn_func
-    if name in ("check_errors", "last_launch_info"):
-        from . import runtime
+    if name == "check_errors":
+        from .errors import check_errors
 
-        return getattr(runtime, name)
+        return check_errors
+    if name == "last_launch_info":
+        from .dispatch import last_launch_info
+
+        return last_launch_info
     raise AttributeError(f"module 'dash_attn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public names load lazily; list them anyway (tab completion, ``dir(dash_attn)``).
+    return sorted({*globals(), *__all__})

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .schedule import Schedule, ScheduleSpec, applicable_schedules, schedule_names
+from .backends.triton.tiles import SUPPORTED_HEADDIMS, backward_tiles
+from .bench.model import spec_for
+from .schedule import Mask, Schedule, ScheduleSpec, applicable_schedules, schedule_names
 from .schedule.generators import GENERATORS, auto_schedule_name
 from .schedule.render import render_ascii
 from .schedule.simulate import SimResult, simulate
 from .schedule.validate import ValidationReport, validate
-from .tiles import SUPPORTED_HEADDIMS, backward_tiles, kernel_schedule_spec
 
 PROG = "dash-attn"
 BASELINE = "fa3"
@@ -314,7 +315,7 @@ def resolve_spec(
                 kv_heads=kv_heads,
                 block_m=tiles.block_m,
                 block_n=tiles.block_n,
-                causal=args.causal,
+                mask=Mask(causal=args.causal),
                 workers=args.workers,
             )
             shape = Shape(args.seqlen, seqlen_k, args.headdim, tiles.block_m, tiles.block_n)
@@ -330,7 +331,7 @@ def resolve_spec(
             kv_heads=kv_heads,
             q_tiles=q_tiles,
             kv_tiles=kv_tiles,
-            causal=args.causal,
+            mask=Mask(causal=args.causal),
             tile_ratio=ratio,
             workers=args.workers,
         )
@@ -341,7 +342,7 @@ def resolve_spec(
 
 def describe(spec: ScheduleSpec, shape: Shape | None) -> str:
     """A one-line description of the problem, for titles and headers."""
-    mask = "causal" if spec.causal else "full"
+    mask = spec.mask.name
     heads = f"{spec.q_heads} head{'s' if spec.q_heads > 1 else ''}" + (
         f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.q_heads else ""
     )
@@ -491,7 +492,7 @@ def run_schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     names = applicable_schedules(spec)
     name = auto_name if requested == "auto" else requested
     if name not in names:
-        mask = "causal" if spec.causal else "full"
+        mask = spec.mask.name
         parser.error(
             f"argument --schedule: {name!r} does not apply to the {mask} mask; "
             f"choose from {', '.join(['auto', *names])}"
@@ -565,9 +566,7 @@ def sweep_specs(workers: int) -> list[tuple[ScheduleSpec, Shape]]:
         heads = SWEEP_HIDDEN // headdim
         for seqlen in SWEEP_SEQLENS:
             for causal in (False, True):
-                spec = kernel_schedule_spec(
-                    SWEEP_TOKENS // seqlen, seqlen, seqlen, heads, heads, headdim, causal, workers
-                )
+                spec = spec_for(headdim, seqlen, SWEEP_TOKENS // seqlen, heads, causal, workers)
                 configs.append((spec, Shape(seqlen, seqlen, headdim, tiles.block_m, tiles.block_n)))
     return configs
 
@@ -626,7 +625,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                 str(shape.seqlen_q),
                 str(spec.batch),
                 str(spec.q_heads),
-                "causal" if spec.causal else "full",
+                spec.mask.name,
                 f"{spec.q_tiles}x{spec.kv_tiles}",
                 _num(base.makespan),
                 *cells,

@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.dash_attn.*)
-from .kernels.utils import is_interpreter
+from .device import is_interpreter
 from .validation import check_inputs
 
 
@@ -28,6 +28,7 @@ class DashAttnFunction(torch.autograd.Function):
         deterministic: bool,
         schedule: str,
         sm_margin: int,
+        backend: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -36,6 +37,7 @@ class DashAttnFunction(torch.autograd.Function):
         ctx.deterministic = deterministic
         ctx.schedule = schedule
         ctx.sm_margin = sm_margin
+        ctx.backend = backend
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -45,8 +47,9 @@ class DashAttnFunction(torch.autograd.Function):
         dq, dk, dv = torch.ops.dash_attn.bwd(
             _maybe_contiguous(dout), q, k, v, out, lse,
             ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.schedule, ctx.sm_margin,
+            ctx.backend,
         )  # fmt: skip
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def dash_attn_func(
@@ -59,6 +62,7 @@ def dash_attn_func(
     schedule: str = "auto",
     sm_margin: int = 0,
     return_lse: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with a bitwise-reproducible backward.
 
@@ -105,6 +109,9 @@ def dash_attn_func(
         sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
             the persistent backward runs on ``SM count - sm_margin`` workers.
         return_lse: also return the log-sum-exp of each query row.
+        backend: ``"auto"``, ``"triton"`` or ``"hopper"``: which kernels run the backward.
+            ``"auto"`` takes the fastest one that covers the call; ``last_launch_info()`` says
+            which ran and why. Naming a backend that cannot run the call raises.
 
     Returns:
         out: ``(batch, seqlen_q, nheads, headdim)``, like q.
@@ -132,7 +139,7 @@ def dash_attn_func(
     shape = check_inputs(
         q, k, v,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-        schedule=schedule, sm_margin=sm_margin, return_lse=return_lse,
+        schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
     )  # fmt: skip
     if q.device.type != "cuda" and not is_interpreter():
         raise RuntimeError(
@@ -142,6 +149,6 @@ def dash_attn_func(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(
-        q, k, v, causal, float(softmax_scale), deterministic, schedule, sm_margin,
+        q, k, v, causal, float(softmax_scale), deterministic, schedule, sm_margin, backend,
     )  # fmt: skip
     return (out, lse) if return_lse else out

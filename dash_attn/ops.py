@@ -1,7 +1,7 @@
 """``torch.library`` custom ops: the one boundary torch.compile sees for each direction.
 
 ``dash_attn::fwd`` and ``dash_attn::bwd`` are opaque to the compiler (their host code builds
-schedule tables and launches persistent kernels), so a model using them compiles with
+plans and schedule tables and launches persistent kernels), so a model using them compiles with
 ``fullgraph=True`` and no graph break; the fake implementations give the compiler the shapes.
 """
 
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.fwd import attn_fwd
-from .runtime import attn_bwd
+from . import dispatch
 
 
 @torch.library.custom_op("dash_attn::fwd", mutates_args=())
 def fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return dispatch.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 @fwd.register_fake
@@ -41,26 +40,15 @@ def bwd(
     deterministic: bool,
     schedule: str,
     sm_margin: int,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attn_bwd(
+    return dispatch.backward(
         dout, q, k, v, out, lse,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-        schedule=schedule, sm_margin=sm_margin,
+        schedule=schedule, sm_margin=sm_margin, backend=backend,
     )  # fmt: skip
 
 
 @bwd.register_fake
-def _bwd_fake(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool,
-    softmax_scale: float,
-    deterministic: bool,
-    schedule: str,
-    sm_margin: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_fake(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -8,7 +8,7 @@ was expected and what was got:
   torch.bfloat16: the kernels load 16-bit operands for tensor cores) or q, k, v dtypes that differ.
 * ValueError: shapes that do not fit together, empty sequences or heads, a non-positive or
   non-finite softmax_scale, a last dimension that is not contiguous, tensors on different devices,
-  a negative sm_margin, an unknown schedule or one made for the other mask.
+  a negative sm_margin, an unknown schedule or one made for the other mask, an unknown backend.
 * NotImplementedError: a head dimension the kernels have no tile configuration for.
 
 Whether the device is CUDA is left to the caller: the reference paths run anywhere, the kernels do
@@ -23,15 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .schedule import schedule_names
-from .tiles import SUPPORTED_HEADDIMS
+from .backends import BACKEND_NAMES
+from .backends.triton.tiles import SUPPORTED_HEADDIMS
+from .schedule import CAUSAL, FULL, check_schedule_fits, schedule_names
 
 __all__ = ["AttnShape", "SUPPORTED_DTYPES", "check_inputs", "valid_schedule_names"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-
-# The shift family is mask-specific; each entry names the mask it needs and its counterpart.
-_MASK_SPECIFIC = {"shift": (False, "symmetric_shift"), "symmetric_shift": (True, "shift")}
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,7 @@ def check_inputs(
     schedule: str,
     sm_margin: int,
     return_lse: bool,
+    backend: str = "auto",
 ) -> AttnShape:
     """Validate the arguments of ``dash_attn_func`` and return the problem size.
 
@@ -106,6 +105,7 @@ def check_inputs(
             (causal only).
         sm_margin: int >= 0, SMs to leave free.
         return_lse: bool.
+        backend: "auto", "triton" or "hopper".
     Return:
         AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype).
     Raises:
@@ -192,13 +192,15 @@ def check_inputs(
     names = valid_schedule_names()
     if schedule not in names:
         raise ValueError(f"schedule must be one of {list(names)}, got {schedule!r}")
-    if schedule in _MASK_SPECIFIC:
-        needs_causal, counterpart = _MASK_SPECIFIC[schedule]
-        if causal != needs_causal:
-            raise ValueError(
-                f"schedule={schedule!r} needs causal={needs_causal}, got causal={causal}; "
-                f"with causal={causal} use schedule={counterpart!r} (or 'auto')"
-            )
+    if schedule != "auto":
+        try:
+            check_schedule_fits(schedule, CAUSAL if causal else FULL)
+        except ValueError as exc:
+            raise ValueError(f"schedule={schedule!r} with causal={causal}: {exc}") from None
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__} ({backend!r})")
+    if backend not in ("auto", *BACKEND_NAMES):
+        raise ValueError(f"backend must be one of {['auto', *BACKEND_NAMES]}, got {backend!r}")
 
     return AttnShape(
         batch=batch,

@@ -15,10 +15,10 @@ import pytest
 
 import dash_attn
 from dash_attn import cli
-from dash_attn.schedule import ScheduleSpec, applicable_schedules, make_schedule
+from dash_attn.backends.triton.tiles import backward_tiles
+from dash_attn.schedule import CAUSAL, FULL, Mask, ScheduleSpec, applicable_schedules, make_schedule
 from dash_attn.schedule.simulate import simulate
 from dash_attn.schedule.validate import validate
-from dash_attn.tiles import backward_tiles
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_PARENT = Path(dash_attn.__file__).resolve().parents[1]
@@ -70,14 +70,14 @@ def subprocess_env() -> dict[str, str]:
     [
         pytest.param(
             FULL_TILES,
-            ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=8, kv_tiles=8, causal=False,
+            ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=8, kv_tiles=8, mask=FULL,
                          workers=8),
             "shift",
             id="tiles-full-auto",
         ),
         pytest.param(
             [*CAUSAL_TILES, "--schedule", "descending", "--cost-c", "2", "--cost-r", "0.5"],
-            ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=8, kv_tiles=4, causal=True,
+            ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=8, kv_tiles=4, mask=CAUSAL,
                          tile_ratio=2, workers=4),
             "descending",
             id="tiles-causal-descending-costs",
@@ -85,7 +85,7 @@ def subprocess_env() -> dict[str, str]:
         pytest.param(
             ["--seqlen", "1024", "--headdim", "128", "--heads", "4", "--kv-heads", "2",
              "--batch", "2", "--causal", "--workers", "16"],
-            ScheduleSpec(batch=2, q_heads=4, kv_heads=2, q_tiles=16, kv_tiles=8, causal=True,
+            ScheduleSpec(batch=2, q_heads=4, kv_heads=2, q_tiles=16, kv_tiles=8, mask=CAUSAL,
                          tile_ratio=2, workers=16),
             "symmetric_shift",
             id="shape-causal-gqa",
@@ -142,9 +142,7 @@ def test_compare_lists_every_applicable_schedule(
     status, out, _ = run_cli(["schedule", *argv, "--compare"], capsys)
     assert status == 0
     causal = "--causal" in argv
-    names = applicable_schedules(
-        ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2, causal=causal)
-    )
+    names = applicable_schedules(Mask(causal=causal))
     rows = {line.split()[0]: line for line in out.splitlines()[3:] if line.strip()}
     assert sorted(rows) == sorted(names)
     assert "(auto)" in rows["symmetric_shift" if causal else "shift"]

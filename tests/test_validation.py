@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dash_attn.tiles import SUPPORTED_HEADDIMS
+from dash_attn.backends.triton.tiles import SUPPORTED_HEADDIMS
 from dash_attn.validation import AttnShape, check_inputs, valid_schedule_names
 
 B, SQ, SK, H, HK, D = 2, 16, 24, 4, 2, 64
@@ -180,13 +180,13 @@ BAD = [
         "shift-causal",
         _set(schedule="shift", causal=True),
         ValueError,
-        r"schedule='shift' needs causal=False, got causal=True; .* use schedule='symmetric_shift'",
+        r"schedule='shift' with causal=True: .* full mask.* 'symmetric_shift'",
     ),
     (
         "symmetric-shift-full",
         _set(schedule="symmetric_shift"),
         ValueError,
-        r"schedule='symmetric_shift' needs causal=True, got causal=False; .* use schedule='shift'",
+        r"schedule='symmetric_shift' with causal=False: .* causal mask.* 'shift'",
     ),
 ]
 

@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plan import CAUSAL, FULL, Problem, analysis_device, make_backward_plan
 from ..schedule import ScheduleSpec, applicable_schedules, simulate
 from ..schedule.generators import GENERATORS
-from ..tiles import kernel_schedule_spec
 from .report import by_config, read_csv, text_table, write_csv
 
 MODEL_FIELDS = (
@@ -66,7 +66,11 @@ def spec_for(
     headdim: int, seqlen: int, batch: int, heads: int, causal: bool, workers: int
 ) -> ScheduleSpec:
     """The tile-level problem the backward kernel runs for a square MHA shape."""
-    return kernel_schedule_spec(batch, seqlen, seqlen, heads, heads, headdim, causal, workers)
+    problem = Problem(batch, seqlen, seqlen, heads, heads, headdim, CAUSAL if causal else FULL)
+    plan = make_backward_plan(
+        problem, device=analysis_device(workers), backend="triton", schedule="fa3"
+    )
+    return plan.spec
 
 
 def estimate_costs(spec: ScheduleSpec, nondet_ms: float, fa3_ms: float) -> tuple[float, float]:

@@ -146,14 +146,9 @@ def _dash(schedule: str, deterministic: bool) -> Callable[[Case, Any], AttnFn]:
 
 def dash_schedules(case: Case, workers: int) -> list[str]:
     """The schedules that apply to ``case`` on ``workers`` SMs (``applicable_schedules``)."""
-    from dash_attn.runtime import schedule_spec
-    from dash_attn.schedule import applicable_schedules
+    from dash_attn.schedule import CAUSAL, FULL, applicable_schedules
 
-    spec = schedule_spec(
-        case.batch, case.seqlen, case.seqlen, case.heads, case.kv_heads, case.headdim,
-        case.causal, workers,
-    )  # fmt: skip
-    return applicable_schedules(spec)
+    return applicable_schedules(CAUSAL if case.causal else FULL)
 
 
 def dash_providers(case: Case, workers: int) -> list[Provider]:

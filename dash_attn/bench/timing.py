@@ -228,12 +228,12 @@ def launched_schedule(provider: Provider, mode: str) -> str | None:
     from dash_attn import last_launch_info
 
     info = last_launch_info()
-    return info.schedule if info is not None else provider.schedule
+    return info.schedule_name if info is not None else provider.schedule
 
 
 def launched_kernel(provider: Provider, mode: str) -> str | None:
-    """The backward kernel configuration a dash provider ran, e.g. ``64x128w8s2 dq:tma
-    qo:pointer`` (tiles, dQ reduction, Q/dO loads), from ``last_launch_info``; None otherwise."""
+    """The backward kernel configuration a dash provider ran, e.g. ``triton 64x128w8s3a dq:tma``
+    (backend, tiles, dQ reduction), from ``last_launch_info``; None otherwise."""
     if provider.family != "dash" or mode == "fwd":
         return None
     from dash_attn import last_launch_info
@@ -241,7 +241,7 @@ def launched_kernel(provider: Provider, mode: str) -> str | None:
     info = last_launch_info()
     if info is None:
         return None
-    return f"{info.tiles.label} dq:{info.dq_reduce} qo:{info.qo_load}"
+    return f"{info.backend} {info.tiles.label} dq:{info.dq_reduce}"
 
 
 def measure(

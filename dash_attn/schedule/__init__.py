@@ -4,16 +4,31 @@ from .generators import (
     applicable_schedules,
     auto_schedule_name,
     build_schedule,
+    check_schedule_fits,
     make_schedule,
     schedule_names,
 )
 from .render import dq_orders, render_ascii, schedule_from_json, schedule_to_json
 from .simulate import SimResult, simulate
-from .types import Dispatch, Schedule, ScheduleSpec
+from .types import (
+    CAUSAL,
+    FULL,
+    MASK_NAMES,
+    TABLE_FIELDS,
+    Dispatch,
+    Mask,
+    Schedule,
+    ScheduleSpec,
+)
 from .validate import ValidationReport, rank_predecessors, validate
 
 __all__ = [
+    "CAUSAL",
+    "FULL",
+    "MASK_NAMES",
+    "TABLE_FIELDS",
     "Dispatch",
+    "Mask",
     "Schedule",
     "ScheduleSpec",
     "SimResult",
@@ -21,6 +36,7 @@ __all__ = [
     "applicable_schedules",
     "auto_schedule_name",
     "build_schedule",
+    "check_schedule_fits",
     "dq_orders",
     "make_schedule",
     "rank_predecessors",

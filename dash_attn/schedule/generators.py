@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .types import Dispatch, Schedule, ScheduleSpec
+from .types import Dispatch, Mask, Schedule, ScheduleSpec
 
 RANK_KV_ORDER = "kv_order"
 RANK_ARRIVAL = "arrival"
@@ -190,11 +190,7 @@ def shift(spec: ScheduleSpec) -> Schedule:
 
     ``k`` is j's index within its wave group (paper section 3.5; equal to j within the first wave).
     """
-    if spec.causal:
-        raise ValueError(
-            "schedule 'shift' is for the full mask; for causal=True use 'symmetric_shift' or "
-            "'descending'"
-        )
+    check_schedule_fits("shift", spec.mask)
 
     def order(chain: int) -> np.ndarray:
         kv_tile = chain % spec.kv_tiles
@@ -211,10 +207,7 @@ def shift(spec: ScheduleSpec) -> Schedule:
 
 def symmetric_shift(spec: ScheduleSpec) -> Schedule:
     """Symmetric shift with two-phase folding (causal): KV tiles p and N-1-p share a worker."""
-    if not spec.causal:
-        raise ValueError(
-            "schedule 'symmetric_shift' is for causal=True; for the full mask use 'shift'"
-        )
+    check_schedule_fits("symmetric_shift", spec.mask)
     n_pairs = (spec.kv_tiles + 1) // 2
     units: list[list[int]] = []
     unit_pair: list[tuple[int, int, int]] = []  # (batch, kv_head, pair) of each unit
@@ -262,16 +255,35 @@ GENERATORS: dict[str, Callable[[ScheduleSpec], Schedule]] = {
 }
 
 
+# The one statement of which schedule serves which mask (by Mask.name): the shift family is
+# mask-specific, the two dynamic baselines serve any mask.
+SCHEDULE_MASKS: dict[str, tuple[str, ...]] = {
+    "fa3": ("full", "causal"),
+    "descending": ("full", "causal"),
+    "shift": ("full",),
+    "symmetric_shift": ("causal",),
+}
+
+
 def schedule_names() -> list[str]:
     """Every registered schedule name."""
     return list(GENERATORS)
 
 
-def applicable_schedules(spec: ScheduleSpec) -> list[str]:
-    """The schedules that can serve ``spec`` (the shift family is mask-specific)."""
-    names = ["fa3", "descending"]
-    names.append("symmetric_shift" if spec.causal else "shift")
-    return names
+def applicable_schedules(spec_or_mask: ScheduleSpec | Mask) -> list[str]:
+    """The schedules that can serve a spec or a mask, in registration order."""
+    mask = spec_or_mask.mask if isinstance(spec_or_mask, ScheduleSpec) else spec_or_mask
+    return [name for name in GENERATORS if mask.name in SCHEDULE_MASKS[name]]
+
+
+def check_schedule_fits(name: str, mask: Mask) -> None:
+    """Raise ValueError if schedule ``name`` is not made for ``mask``, naming what is."""
+    if mask.name not in SCHEDULE_MASKS[name]:
+        fitting = [other for other in applicable_schedules(mask) if other != name]
+        raise ValueError(
+            f"schedule {name!r} is for the {' or '.join(SCHEDULE_MASKS[name])} mask, not the "
+            f"{mask.name} mask; for that use one of {['auto', *fitting]}"
+        )
 
 
 def auto_schedule_name(spec: ScheduleSpec) -> str:
@@ -280,7 +292,7 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     Full mask -> ``shift``; causal -> ``symmetric_shift``. Never a timing-based choice: schedules
     differ in the low bits of dQ, so the choice itself must be reproducible.
     """
-    return "symmetric_shift" if spec.causal else "shift"
+    return "symmetric_shift" if spec.mask.causal else "shift"
 
 
 @lru_cache(maxsize=64)

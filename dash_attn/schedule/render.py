@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from .generators import step_depth_and_worker
-from .types import Dispatch, Schedule, ScheduleSpec
+from .types import TABLE_FIELDS, Dispatch, Mask, Schedule, ScheduleSpec
 
 JSON_FORMAT = "dash_attn.schedule"
-JSON_VERSION = 1
-_ARRAYS = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
+# Version 2 spells the spec's mask by name ("full", "causal"); version 1 had a causal flag.
+JSON_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 def render_ascii(schedule: Schedule, max_workers: int = 16, max_steps: int = 40) -> str:
@@ -41,9 +42,9 @@ def render_ascii(schedule: Schedule, max_workers: int = 16, max_steps: int = 40)
         ValueError: ``max_workers`` or ``max_steps`` is below 1.
 
     Example:
-        >>> from dash_attn.schedule import ScheduleSpec, make_schedule, render_ascii
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule, render_ascii
         >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2,
-        ...                     causal=False, workers=2)
+        ...                     mask=FULL, workers=2)
         >>> print(render_ascii(make_schedule("shift", spec)))  # doctest: +NORMALIZE_WHITESPACE
         shift: static dispatch, full mask, batch=1 q_heads=1 kv_heads=1 q_tiles=2 kv_tiles=2
         tile_ratio=1 workers=2, 4 steps
@@ -98,8 +99,9 @@ def render_ascii(schedule: Schedule, max_workers: int = 16, max_steps: int = 40)
 
     width = max([len(text) for _, cells, _, _ in rows for text in cells] + [len(str(shown_steps))])
     label_width = max([len(label) for label, *_ in rows] + [4]) + 2
-    mask = "causal mask" if spec.causal else "full mask"
-    offset = f" causal_offset={spec.causal_offset}" if spec.causal and spec.causal_offset else ""
+    mask = f"{spec.mask.name} mask"
+    shifted = spec.mask.causal and spec.causal_offset
+    offset = f" causal_offset={spec.causal_offset}" if shifted else ""
     lines = [
         f"{schedule.name}: {schedule.dispatch.value} dispatch, {mask}, batch={spec.batch} "
         f"q_heads={spec.q_heads} kv_heads={spec.kv_heads} q_tiles={spec.q_tiles} "
@@ -143,9 +145,9 @@ def dq_orders(schedule: Schedule, batch: int = 0, q_head: int = 0) -> dict[int, 
         ValueError: ``batch`` or ``q_head`` is out of range.
 
     Example:
-        >>> from dash_attn.schedule import ScheduleSpec, dq_orders, make_schedule
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, dq_orders, make_schedule
         >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=4,
-        ...                     causal=False, workers=4)
+        ...                     mask=FULL, workers=4)
         >>> dq_orders(make_schedule("shift", spec))[0]
         [0, 3, 2, 1]
     """
@@ -167,10 +169,10 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
     """A JSON-ready dict (plain ints, lists and strings) that ``schedule_from_json`` reads back.
 
     Example:
-        >>> import json
-        >>> from dash_attn.schedule import ScheduleSpec, make_schedule, schedule_from_json
+        >>> from dash_attn.schedule import CAUSAL, ScheduleSpec, make_schedule, schedule_from_json
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule, schedule_from_json
         >>> spec = ScheduleSpec(batch=1, q_heads=2, kv_heads=1, q_tiles=3, kv_tiles=2,
-        ...                     causal=True, workers=2)
+        ...                     mask=CAUSAL, workers=2)
         >>> text = json.dumps(schedule_to_json(make_schedule("descending", spec)))
         >>> schedule_from_json(json.loads(text)).step_rank.tolist()[:3]
         [0, 0, 0]
@@ -180,9 +182,12 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
         "version": JSON_VERSION,
         "name": schedule.name,
         "dispatch": schedule.dispatch.value,
-        "spec": {key: _plain(value) for key, value in dataclasses.asdict(schedule.spec).items()},
+        "spec": {
+            field.name: _plain(getattr(schedule.spec, field.name))
+            for field in dataclasses.fields(ScheduleSpec)
+        },
     }
-    for name in _ARRAYS:
+    for name in TABLE_FIELDS:
         data[name] = getattr(schedule, name).tolist()
     return data
 
@@ -196,25 +201,30 @@ def schedule_from_json(data: dict[str, Any]) -> Schedule:
     """
     if not isinstance(data, dict):
         raise TypeError(f"data must be a dict, got {type(data).__name__}")
-    if data.get("format") != JSON_FORMAT or data.get("version") != JSON_VERSION:
+    if data.get("format") != JSON_FORMAT or data.get("version") not in _READABLE_VERSIONS:
         raise ValueError(
             f"expected format {JSON_FORMAT!r} version {JSON_VERSION}, got "
             f"{data.get('format')!r} version {data.get('version')!r}"
         )
-    missing = [key for key in ("name", "dispatch", "spec", *_ARRAYS) if key not in data]
+    missing = [key for key in ("name", "dispatch", "spec", *TABLE_FIELDS) if key not in data]
     if missing:
         raise ValueError(f"schedule JSON lacks {missing}")
+    spec_data = dict(data["spec"])
+    if data["version"] == 1 and "causal" in spec_data:
+        spec_data["mask"] = "causal" if spec_data.pop("causal") else "full"
     spec_fields = {f.name for f in dataclasses.fields(ScheduleSpec)}
-    unknown = set(data["spec"]) - spec_fields
+    unknown = set(spec_data) - spec_fields
     if unknown:
         raise ValueError(f"unknown spec fields {sorted(unknown)}")
-    arrays = {name: np.asarray(data[name], dtype=np.int64) for name in _ARRAYS}
+    if "mask" in spec_data:
+        spec_data["mask"] = Mask.parse(spec_data["mask"])
+    arrays = {name: np.asarray(data[name], dtype=np.int64) for name in TABLE_FIELDS}
     for name, array in arrays.items():
         if array.ndim != 1:
             raise ValueError(f"{name} must be a flat list of ints")
     return Schedule(
         name=str(data["name"]),
-        spec=ScheduleSpec(**data["spec"]),
+        spec=ScheduleSpec(**spec_data),
         dispatch=Dispatch(data["dispatch"]),
         **arrays,
     )
@@ -223,4 +233,6 @@ def schedule_from_json(data: dict[str, Any]) -> Schedule:
 def _plain(value: object) -> object:
     if isinstance(value, np.integer):
         return int(value)
+    if isinstance(value, Mask):
+        return value.name
     return value

@@ -88,9 +88,9 @@ def simulate(
         ValueError: the schedule is invalid (see ``validate``) or a cost is negative or not finite.
 
     Example:
-        >>> from dash_attn.schedule import ScheduleSpec, make_schedule, simulate
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule, simulate
         >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=4,
-        ...                     causal=False, workers=4)
+        ...                     mask=FULL, workers=4)
         >>> simulate(make_schedule("fa3", spec)).makespan  # n (c + r) + (n - 1) r
         11.0
         >>> simulate(make_schedule("shift", spec)).makespan  # n (c + r): no bubble

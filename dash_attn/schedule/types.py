@@ -50,6 +50,47 @@ class Dispatch(str, enum.Enum):
     DYNAMIC = "dynamic"
 
 
+@dataclass(frozen=True)
+class Mask:
+    """Which keys each query row attends to, in flash-attn's row semantics.
+
+    Attributes:
+        causal: query row ``m`` sees key ``n`` iff ``n <= m + seqlen_k - seqlen_q`` (aligned to the
+            bottom-right corner of the attention matrix). Otherwise every key (the full mask).
+
+    The schedule engine, the validator, the reference executor and both backends read the mask
+    from here; sliding windows and packed sequences extend this value, not the call sites.
+
+    >>> Mask.parse("causal")
+    Mask(causal=True)
+    >>> Mask(causal=False).name
+    'full'
+    """
+
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"Mask.causal must be a bool, got {type(self.causal).__name__}")
+
+    @property
+    def name(self) -> str:
+        """``"causal"`` or ``"full"``: the spelling of the CLI, the CSV files and the JSON."""
+        return "causal" if self.causal else "full"
+
+    @classmethod
+    def parse(cls, name: str) -> Mask:
+        """The mask spelled ``name`` (``"full"`` or ``"causal"``)."""
+        if name not in MASK_NAMES:
+            raise ValueError(f"mask must be one of {list(MASK_NAMES)}, got {name!r}")
+        return cls(causal=name == "causal")
+
+
+MASK_NAMES = ("full", "causal")
+FULL = Mask(causal=False)
+CAUSAL = Mask(causal=True)
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -67,7 +108,7 @@ class ScheduleSpec:
         kv_heads: number of key/value heads (H % kv_heads == 0; fewer means GQA/MQA).
         q_tiles: number of Q tiles M per (batch, head).
         kv_tiles: number of KV tiles N per (batch, kv head).
-        causal: causal mask (bottom-right aligned) instead of the full mask.
+        mask: which (query, key) pairs attend (``FULL`` or ``CAUSAL``).
         tile_ratio: s = BLOCK_N / BLOCK_M (Q tiles per KV tile along the diagonal).
         workers: number of persistent workers P (SMs given to the kernel).
         causal_offset: ceil((seqlen_k - seqlen_q) / BLOCK_M); 0 for square causal attention.
@@ -78,7 +119,7 @@ class ScheduleSpec:
     kv_heads: int
     q_tiles: int
     kv_tiles: int
-    causal: bool
+    mask: Mask
     tile_ratio: int = 1
     workers: int = 1
     causal_offset: int = 0
@@ -94,8 +135,8 @@ class ScheduleSpec:
             "workers",
         ):
             _check_int(name, getattr(self, name), 1)
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+        if not isinstance(self.mask, Mask):
+            raise TypeError(f"mask must be a Mask, got {type(self.mask).__name__}")
         if isinstance(self.causal_offset, bool) or not isinstance(
             self.causal_offset, (int, np.integer)
         ):
@@ -106,7 +147,7 @@ class ScheduleSpec:
             raise ValueError(
                 f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
-        if self.causal:
+        if self.mask.causal:
             # Every KV tile must meet at least one Q tile, or the chain would be empty.
             last = self.first_q_tile(self.kv_tiles - 1)
             if last >= self.q_tiles:
@@ -126,7 +167,7 @@ class ScheduleSpec:
         kv_heads: int,
         block_m: int,
         block_n: int,
-        causal: bool,
+        mask: Mask,
         workers: int,
     ) -> ScheduleSpec:
         """Tile the problem with BLOCK_M x BLOCK_N tiles (BLOCK_N a multiple of BLOCK_M)."""
@@ -139,14 +180,14 @@ class ScheduleSpec:
             _check_int(name, value, 1)
         if block_n % block_m:
             raise ValueError(f"block_n ({block_n}) must be a multiple of block_m ({block_m})")
-        offset = -((seqlen_q - seqlen_k) // block_m) if causal else 0  # ceil((sk - sq) / bm)
+        offset = -((seqlen_q - seqlen_k) // block_m) if mask.causal else 0  # ceil((sk - sq) / bm)
         return cls(
             batch=batch,
             q_heads=q_heads,
             kv_heads=kv_heads,
             q_tiles=-(-seqlen_q // block_m),
             kv_tiles=-(-seqlen_k // block_n),
-            causal=causal,
+            mask=mask,
             tile_ratio=block_n // block_m,
             workers=workers,
             causal_offset=offset,
@@ -163,13 +204,13 @@ class ScheduleSpec:
 
     def first_q_tile(self, kv_tile: int) -> int:
         """The lowest Q tile that KV tile ``kv_tile`` meets (it meets all tiles above it too)."""
-        if not self.causal:
+        if not self.mask.causal:
             return 0
         return max(0, kv_tile * self.tile_ratio - self.causal_offset)
 
     def kv_tiles_of(self, q_tile: int) -> int:
         """How many KV tiles (0, 1, ...) Q tile ``q_tile`` meets: its number of dQ contributions."""
-        if not self.causal:
+        if not self.mask.causal:
             return self.kv_tiles
         # first_q_tile(j) <= i  <=>  j * s - d <= i  <=>  j <= (i + d) / s
         count = (q_tile + self.causal_offset) // self.tile_ratio + 1
@@ -187,6 +228,10 @@ class ScheduleSpec:
     def dq_tile_id(self, batch: int, q_head: int, q_tile: int) -> int:
         """Index of the semaphore (and the dQ accumulator tile) of ``(batch, q_head, q_tile)``."""
         return (batch * self.q_heads + q_head) * self.q_tiles + q_tile
+
+
+# The integer tables a backward kernel reads, in the order the launchers pass them.
+TABLE_FIELDS = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -223,14 +268,7 @@ class Schedule:
     worker_start: np.ndarray
 
     def __post_init__(self) -> None:
-        for field in (
-            "chain_start",
-            "step_q_head",
-            "step_q_tile",
-            "step_rank",
-            "order",
-            "worker_start",
-        ):
+        for field in TABLE_FIELDS:
             object.__setattr__(self, field, _frozen(getattr(self, field)))
         object.__setattr__(self, "dispatch", Dispatch(self.dispatch))
 

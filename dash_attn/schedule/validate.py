@@ -105,9 +105,9 @@ def validate(schedule: Schedule, *, raise_on_error: bool = True) -> ValidationRe
         TypeError: ``schedule`` is not a ``Schedule``.
 
     Example:
-        >>> from dash_attn.schedule import ScheduleSpec, make_schedule, validate
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule, validate
         >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=4,
-        ...                     causal=False, workers=4)
+        ...                     mask=FULL, workers=4)
         >>> validate(make_schedule("shift", spec)).depth_monotone
         True
     """
@@ -227,7 +227,7 @@ def _pair_name(b: int, h: int, q: int, kv: int) -> str:
 
 
 def _first_q_tiles(spec: ScheduleSpec, kv_tile: np.ndarray) -> np.ndarray:
-    if not spec.causal:
+    if not spec.mask.causal:
         return np.zeros_like(kv_tile)
     return np.maximum(0, kv_tile * spec.tile_ratio - spec.causal_offset)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dash_attn.schedule import Dispatch, Schedule, ScheduleSpec
+from dash_attn.schedule import Dispatch, Mask, Schedule, ScheduleSpec
 
 
 def spec_id(spec: ScheduleSpec) -> str:
@@ -13,8 +13,8 @@ def spec_id(spec: ScheduleSpec) -> str:
     text = f"b{spec.batch}-{heads}-m{spec.q_tiles}n{spec.kv_tiles}"
     if spec.tile_ratio != 1:
         text += f"-s{spec.tile_ratio}"
-    text += f"-p{spec.workers}-{'causal' if spec.causal else 'full'}"
-    if spec.causal and spec.causal_offset:
+    text += f"-p{spec.workers}-{spec.mask.name}"
+    if spec.mask.causal and spec.causal_offset:
         text += f"-d{spec.causal_offset}"
     return text
 
@@ -51,7 +51,7 @@ def mask_pairs(spec: ScheduleSpec) -> set[tuple[int, int, int, int]]:
         for h in range(spec.q_heads)
         for kv in range(spec.kv_tiles)
         for q in range(spec.q_tiles)
-        if not spec.causal or q >= max(0, kv * spec.tile_ratio - spec.causal_offset)
+        if not spec.mask.causal or q >= max(0, kv * spec.tile_ratio - spec.causal_offset)
     }
 
 
@@ -123,3 +123,10 @@ def reference_static_times(schedule: Schedule, c: float, r: float) -> tuple[bool
     if seen < num_steps:
         return False, None
     return True, max(end, default=0.0)
+
+
+def make_spec(*, causal: bool = False, **kwargs: object) -> ScheduleSpec:
+    """A ScheduleSpec with batch, heads = 1 unless given; ``causal`` picks the mask."""
+    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1)
+    defaults.update(kwargs)
+    return ScheduleSpec(mask=Mask(causal=causal), **defaults)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from schedule_helpers import (
 
 from dash_attn.schedule import (
     Dispatch,
+    Mask,
     Schedule,
     ScheduleSpec,
     applicable_schedules,
@@ -57,7 +58,7 @@ def specs(draw: st.DrawFn) -> ScheduleSpec:
         kv_heads=kv_heads,
         q_tiles=q_tiles,
         kv_tiles=kv_tiles,
-        causal=causal,
+        mask=Mask(causal=causal),
         tile_ratio=tile_ratio,
         workers=draw(st.integers(1, 12)),
         causal_offset=offset,
@@ -204,8 +205,8 @@ def test_fuzz_shapes_cover_the_interesting_cases() -> None:
         seen["gqa"] |= spec.q_heads > spec.kv_heads
         seen["odd"] |= spec.kv_tiles % 2 == 1 and spec.kv_tiles > 1
         seen["ratio"] |= spec.tile_ratio > 1
-        seen["offset+"] |= spec.causal and spec.causal_offset > 0
-        seen["offset-"] |= spec.causal and spec.causal_offset < 0
+        seen["offset+"] |= spec.mask.causal and spec.causal_offset > 0
+        seen["offset-"] |= spec.mask.causal and spec.causal_offset < 0
 
     collect()
     assert all(seen[key] for key in ("waves", "idle", "gqa", "odd", "ratio", "offset+", "offset-"))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from schedule_helpers import (
     dq_rank_lists,
+    make_spec,
     mask_pairs,
     schedule_pairs,
     spec_id,
@@ -14,6 +15,7 @@ from schedule_helpers import (
 
 from dash_attn.schedule import (
     Dispatch,
+    Mask,
     ScheduleSpec,
     applicable_schedules,
     auto_schedule_name,
@@ -25,13 +27,6 @@ from dash_attn.schedule import (
 )
 from dash_attn.schedule.generators import GENERATORS
 
-
-def _spec(**kwargs: object) -> ScheduleSpec:
-    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1, causal=False)
-    defaults.update(kwargs)
-    return ScheduleSpec(**defaults)  # type: ignore[arg-type]
-
-
 # ---------------------------------------------------------------------------------------------
 # Paper section 3.6: worked examples, exact tables (Q order + rank per step, summation orders).
 # ---------------------------------------------------------------------------------------------
@@ -39,7 +34,7 @@ def _spec(**kwargs: object) -> ScheduleSpec:
 
 def test_paper_example_a_full_shift() -> None:
     """(a) full mask, n = 4 KV tiles, M = 4, 4 SMs, 1 head."""
-    schedule = make_schedule("shift", _spec(q_tiles=4, kv_tiles=4, workers=4))
+    schedule = make_schedule("shift", make_spec(q_tiles=4, kv_tiles=4, workers=4))
     assert worker_rows(schedule) == [
         "kv0: q0r0 q1r1 q2r2 q3r3",
         "kv1: q1r0 q2r1 q3r2 q0r3",
@@ -58,7 +53,7 @@ def test_paper_example_a_full_shift() -> None:
 
 def test_paper_example_b_full_more_q_tiles() -> None:
     """(b) full mask, n = 4 KV tiles, M = 6 Q tiles, 4 SMs."""
-    schedule = make_schedule("shift", _spec(q_tiles=6, kv_tiles=4, workers=4))
+    schedule = make_schedule("shift", make_spec(q_tiles=6, kv_tiles=4, workers=4))
     assert worker_rows(schedule) == [
         "kv0: q0r0 q1r1 q2r2 q3r3 q4r3 q5r3",
         "kv1: q1r0 q2r1 q3r2 q4r2 q5r2 q0r3",
@@ -74,7 +69,7 @@ def test_paper_example_c_causal_two_heads() -> None:
     """(c) causal, n = 4 KV, s = 1, 4 SMs, 2 heads: two heads per wave, g = 2, R0 = 1."""
     schedule = make_schedule(
         "symmetric_shift",
-        _spec(q_heads=2, kv_heads=2, causal=True, q_tiles=4, kv_tiles=4, workers=4),
+        make_spec(q_heads=2, kv_heads=2, causal=True, q_tiles=4, kv_tiles=4, workers=4),
     )
     assert worker_rows(schedule) == [
         "g0kv0: q1r0 q2r1 q3r1 q0r0 | g0kv3: q3r3",
@@ -97,7 +92,7 @@ def test_paper_example_c_causal_two_heads() -> None:
 def test_paper_example_d_causal_two_waves_of_pairs() -> None:
     """(d) causal, n = 8 KV, s = 1, 4 SMs, 1 head: g = 4, R0 = 3, rectangle q3..q7."""
     schedule = make_schedule(
-        "symmetric_shift", _spec(causal=True, q_tiles=8, kv_tiles=8, workers=4)
+        "symmetric_shift", make_spec(causal=True, q_tiles=8, kv_tiles=8, workers=4)
     )
     assert worker_rows(schedule) == [
         "kv0: q3r0 q4r1 q5r2 q6r3 q7r3 q0r0 q1r1 q2r2 | kv7: q7r7",
@@ -122,7 +117,9 @@ def test_paper_example_e_causal_tile_ratio_2() -> None:
     """(e) causal, s = 2 (64 x 128 tiles), n = 4 KV (M = 8), 4 SMs, 2 heads: R0 = 2."""
     schedule = make_schedule(
         "symmetric_shift",
-        _spec(q_heads=2, kv_heads=2, causal=True, q_tiles=8, kv_tiles=4, tile_ratio=2, workers=4),
+        make_spec(
+            q_heads=2, kv_heads=2, causal=True, q_tiles=8, kv_tiles=4, tile_ratio=2, workers=4
+        ),
     )
     rows = worker_rows(schedule)
     assert rows[:2] == [
@@ -151,7 +148,7 @@ def test_paper_example_f_head_straddling_waves() -> None:
     takes ranks 2-3 of every dQ tile of h1.
     """
     schedule = make_schedule(
-        "shift", _spec(q_heads=2, kv_heads=2, q_tiles=4, kv_tiles=4, workers=6)
+        "shift", make_spec(q_heads=2, kv_heads=2, q_tiles=4, kv_tiles=4, workers=6)
     )
     assert worker_rows(schedule) == [
         "g0kv0: q0r0 q1r1 q2r2 q3r3 | g1kv2: q0r2 q1r3 q2r3 q3r3",
@@ -209,7 +206,7 @@ def _cases() -> list:
             for causal in (False, True):
                 if not causal and shape.get("causal_offset", 0):
                     continue
-                spec = ScheduleSpec(causal=causal, **heads, **shape)
+                spec = ScheduleSpec(mask=Mask(causal=causal), **heads, **shape)
                 for name in applicable_schedules(spec):
                     cases.append(pytest.param(name, spec, id=f"{name}-{spec_id(spec)}"))
     return cases
@@ -280,7 +277,7 @@ def _check_pairs_share_workers(schedule) -> None:
     "spec",
     [
         pytest.param(
-            _spec(q_tiles=n, kv_tiles=n, workers=p, q_heads=m, kv_heads=m), id=f"n{n}-p{p}-m{m}"
+            make_spec(q_tiles=n, kv_tiles=n, workers=p, q_heads=m, kv_heads=m), id=f"n{n}-p{p}-m{m}"
         )
         for n, p, m in [(4, 4, 1), (8, 8, 2), (6, 6, 3), (8, 3, 2), (4, 6, 2), (5, 8, 1)]
     ],
@@ -301,14 +298,14 @@ def test_shift_concurrent_chains_touch_distinct_tiles(spec: ScheduleSpec) -> Non
 
 def test_mask_specific_schedules_reject_the_other_mask() -> None:
     with pytest.raises(ValueError, match="shift.*full mask"):
-        make_schedule("shift", _spec(causal=True, q_tiles=4, kv_tiles=4, workers=4))
-    with pytest.raises(ValueError, match="symmetric_shift.*causal=True"):
-        make_schedule("symmetric_shift", _spec(q_tiles=4, kv_tiles=4, workers=4))
+        make_schedule("shift", make_spec(causal=True, q_tiles=4, kv_tiles=4, workers=4))
+    with pytest.raises(ValueError, match="symmetric_shift.*for the causal mask"):
+        make_schedule("symmetric_shift", make_spec(q_tiles=4, kv_tiles=4, workers=4))
 
 
 def test_auto_and_registry() -> None:
-    full = _spec(q_tiles=4, kv_tiles=4, workers=4)
-    causal = _spec(q_tiles=4, kv_tiles=4, workers=4, causal=True)
+    full = make_spec(q_tiles=4, kv_tiles=4, workers=4)
+    causal = make_spec(q_tiles=4, kv_tiles=4, workers=4, causal=True)
     assert set(schedule_names()) == {"fa3", "descending", "shift", "symmetric_shift"}
     assert auto_schedule_name(full) == "shift" and auto_schedule_name(causal) == "symmetric_shift"
     assert make_schedule("auto", causal).name == "symmetric_shift"

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from schedule_helpers import spec_id
+from schedule_helpers import make_spec, spec_id
 
 from dash_attn.schedule import (
     ScheduleSpec,
@@ -23,14 +23,8 @@ from dash_attn.schedule import (
 )
 
 
-def _spec(**kwargs: object) -> ScheduleSpec:
-    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1, causal=False)
-    defaults.update(kwargs)
-    return ScheduleSpec(**defaults)  # type: ignore[arg-type]
-
-
 def test_render_paper_example_a() -> None:
-    text = render_ascii(make_schedule("shift", _spec(q_tiles=4, kv_tiles=4, workers=4)))
+    text = render_ascii(make_schedule("shift", make_spec(q_tiles=4, kv_tiles=4, workers=4)))
     assert text.splitlines()[2:] == [
         "step  0    1    2    3",
         "w0    q0r0 q1r1 q2r2 q3r3   [kv0]",
@@ -41,7 +35,7 @@ def test_render_paper_example_a() -> None:
 
 
 def test_render_heads_and_chain_boundaries() -> None:
-    spec = _spec(q_heads=2, kv_heads=2, causal=True, q_tiles=4, kv_tiles=4, workers=4)
+    spec = make_spec(q_heads=2, kv_heads=2, causal=True, q_tiles=4, kv_tiles=4, workers=4)
     lines = render_ascii(make_schedule("symmetric_shift", spec)).splitlines()
     assert lines[0].startswith("symmetric_shift: static dispatch, causal mask")
     assert lines[3] == "w0    h0q1r0 h0q2r1 h0q3r1 h0q0r0|h0q3r3   [g0kv0, g0kv3]"
@@ -49,7 +43,7 @@ def test_render_heads_and_chain_boundaries() -> None:
 
 
 def test_render_truncates_large_schedules() -> None:
-    spec = _spec(batch=2, q_heads=4, kv_heads=2, q_tiles=64, kv_tiles=64, workers=132)
+    spec = make_spec(batch=2, q_heads=4, kv_heads=2, q_tiles=64, kv_tiles=64, workers=132)
     text = render_ascii(make_schedule("fa3", spec), max_workers=5, max_steps=6)
     lines = text.splitlines()
     assert lines[-1] == "(truncated: showing workers 0..4 of 132 and steps 0..5 of 256)"
@@ -60,13 +54,13 @@ def test_render_truncates_large_schedules() -> None:
 
 
 def test_render_rejects_bad_limits() -> None:
-    schedule = make_schedule("fa3", _spec(q_tiles=2, kv_tiles=2, workers=2))
+    schedule = make_schedule("fa3", make_spec(q_tiles=2, kv_tiles=2, workers=2))
     with pytest.raises(ValueError, match="max_steps"):
         render_ascii(schedule, max_steps=0)
 
 
 def test_dq_orders_gqa_and_batch() -> None:
-    spec = _spec(batch=2, q_heads=4, kv_heads=2, q_tiles=4, kv_tiles=4, workers=3, causal=True)
+    spec = make_spec(batch=2, q_heads=4, kv_heads=2, q_tiles=4, kv_tiles=4, workers=3, causal=True)
     schedule = make_schedule("descending", spec)
     for b in range(2):
         for h in range(4):
@@ -78,14 +72,14 @@ def test_dq_orders_gqa_and_batch() -> None:
 
 
 def test_dq_orders_q_tile_without_contributions() -> None:
-    spec = _spec(q_tiles=6, kv_tiles=2, workers=2, causal=True, causal_offset=-2)
+    spec = make_spec(q_tiles=6, kv_tiles=2, workers=2, causal=True, causal_offset=-2)
     orders = dq_orders(make_schedule("fa3", spec))
     assert orders[0] == orders[1] == [] and orders[2] == [0] and orders[5] == [0, 1]
 
 
 _JSON_SPECS = [
-    _spec(q_tiles=4, kv_tiles=4, workers=4),
-    _spec(
+    make_spec(q_tiles=4, kv_tiles=4, workers=4),
+    make_spec(
         batch=2,
         q_heads=6,
         kv_heads=2,
@@ -127,7 +121,7 @@ def test_json_round_trip(name: str, spec: ScheduleSpec) -> None:
 
 
 def test_json_rejects_foreign_data() -> None:
-    data = schedule_to_json(make_schedule("fa3", _spec(q_tiles=2, kv_tiles=2, workers=2)))
+    data = schedule_to_json(make_schedule("fa3", make_spec(q_tiles=2, kv_tiles=2, workers=2)))
     with pytest.raises(TypeError):
         schedule_from_json([data])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="format"):

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from schedule_helpers import reference_static_times, spec_id
+from schedule_helpers import make_spec, reference_static_times, spec_id
 
 from dash_attn.schedule import (
     Schedule,
@@ -19,14 +19,7 @@ from dash_attn.schedule import (
 )
 from dash_attn.schedule.generators import RANK_KV_ORDER, build_schedule
 
-
-def _spec(**kwargs: object) -> ScheduleSpec:
-    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1, causal=False)
-    defaults.update(kwargs)
-    return ScheduleSpec(**defaults)  # type: ignore[arg-type]
-
-
-SHIFT_4 = _spec(q_tiles=4, kv_tiles=4, workers=4)
+SHIFT_4 = make_spec(q_tiles=4, kv_tiles=4, workers=4)
 
 
 def _with(schedule: Schedule, **arrays: object) -> Schedule:
@@ -67,9 +60,9 @@ def _rejects(schedule: Schedule, message: str) -> ValidationReport:
         pytest.param(spec, id=spec_id(spec))
         for spec in [
             SHIFT_4,
-            _spec(q_tiles=4, kv_tiles=4, workers=4, causal=True, q_heads=2, kv_heads=2),
-            _spec(q_tiles=9, kv_tiles=5, workers=3, batch=2, q_heads=4, kv_heads=2),
-            _spec(
+            make_spec(q_tiles=4, kv_tiles=4, workers=4, causal=True, q_heads=2, kv_heads=2),
+            make_spec(q_tiles=9, kv_tiles=5, workers=3, batch=2, q_heads=4, kv_heads=2),
+            make_spec(
                 q_tiles=8,
                 kv_tiles=4,
                 workers=5,
@@ -102,7 +95,7 @@ def test_report_fields_on_paper_shape() -> None:
 
 def test_static_non_monotone_schedule_is_valid() -> None:
     """Static dispatch with KV-order ranks waits (a staircase) but cannot deadlock."""
-    spec = _spec(q_tiles=6, kv_tiles=6, workers=3, q_heads=2, kv_heads=2)
+    spec = make_spec(q_tiles=6, kv_tiles=6, workers=3, q_heads=2, kv_heads=2)
     units = [[chain] for chain in range(spec.num_chains)]
     schedule = build_schedule(
         "ascending_static", spec, "static", lambda c: range(6), units, RANK_KV_ORDER
@@ -144,7 +137,7 @@ def test_missing_pair() -> None:
 
 
 def test_pair_outside_causal_mask() -> None:
-    spec = _spec(q_tiles=4, kv_tiles=4, workers=2, causal=True)
+    spec = make_spec(q_tiles=4, kv_tiles=4, workers=2, causal=True)
     schedule = make_schedule("descending", spec)
     step = _step(schedule, 2, 2)  # kv2's diagonal tile, moved below the diagonal
     _rejects(
@@ -163,7 +156,7 @@ def test_q_tile_out_of_range() -> None:
 
 
 def test_q_head_outside_gqa_group() -> None:
-    spec = _spec(q_tiles=2, kv_tiles=2, workers=2, q_heads=4, kv_heads=2)
+    spec = make_spec(q_tiles=2, kv_tiles=2, workers=2, q_heads=4, kv_heads=2)
     schedule = make_schedule("shift", spec)
     _rejects(
         _edit(schedule, "step_q_head", 0, 2),  # chain 0 belongs to KV head 0: q heads 0 and 1
@@ -185,7 +178,7 @@ def test_rank_gap() -> None:
 
 def test_duplicate_rank() -> None:
     schedule = make_schedule(
-        "fa3", _spec(q_tiles=4, kv_tiles=4, workers=4, q_heads=2, kv_heads=2, batch=2)
+        "fa3", make_spec(q_tiles=4, kv_tiles=4, workers=4, q_heads=2, kv_heads=2, batch=2)
     )
     chain = schedule.spec.chain_id(1, 1, 3)
     _rejects(
@@ -253,7 +246,7 @@ def test_chain_start_wrong_length() -> None:
 def test_static_rank_cycle_deadlocks() -> None:
     """Swap the two ranks of each dQ tile of a 2 x 2 shift: each worker's first step now waits
     on the other worker's second step."""
-    schedule = make_schedule("shift", _spec(q_tiles=2, kv_tiles=2, workers=2))
+    schedule = make_schedule("shift", make_spec(q_tiles=2, kv_tiles=2, workers=2))
     assert schedule.step_rank.tolist() == [0, 1, 0, 1]
     broken = _with(schedule, step_rank=1 - schedule.step_rank)
     report = _rejects(
@@ -268,7 +261,7 @@ def test_static_rank_cycle_deadlocks() -> None:
 
 def test_static_deadlock_on_one_worker() -> None:
     """One worker runs kv0 then kv1; dQ0 summed kv1 first: kv0's step waits on its own future."""
-    schedule = make_schedule("shift", _spec(q_tiles=2, kv_tiles=2, workers=1))
+    schedule = make_schedule("shift", make_spec(q_tiles=2, kv_tiles=2, workers=1))
     chain0_q0 = _step(schedule, 0, 0)
     chain1_q0 = _step(schedule, 1, 0)
     ranks = schedule.step_rank.copy()
@@ -283,7 +276,7 @@ def test_static_deadlock_on_one_worker() -> None:
 def test_static_deadlock_through_long_cycle() -> None:
     """Ascending chains with KV-order ranks, dealt to workers in reverse: every worker starts on a
     chain whose rank predecessors are all at the start of the next worker's list."""
-    spec = _spec(q_tiles=4, kv_tiles=6, workers=3, q_heads=2, kv_heads=2)
+    spec = make_spec(q_tiles=4, kv_tiles=6, workers=3, q_heads=2, kv_heads=2)
     units = [[chain] for chain in reversed(range(spec.num_chains))]
     schedule = build_schedule("reversed", spec, "static", lambda c: range(4), units, RANK_KV_ORDER)
     assert reference_static_times(schedule, 1.0, 1.0) == (False, None)
@@ -304,7 +297,7 @@ def test_dynamic_rank_predecessor_with_larger_ticket() -> None:
 
 def test_dynamic_symmetric_order_is_fine() -> None:
     """The same tables with a ticket order that still respects KV order stay valid."""
-    spec = _spec(q_tiles=3, kv_tiles=3, workers=2, q_heads=2, kv_heads=2)
+    spec = make_spec(q_tiles=3, kv_tiles=3, workers=2, q_heads=2, kv_heads=2)
     schedule = make_schedule("descending", spec)
     interleaved = [0, 3, 1, 4, 2, 5]  # heads interleaved, each head's KV tiles ascending
     assert validate(_with(schedule, order=interleaved)).valid

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .reference import compute_dtype
-from .schedule.types import Dispatch, Schedule, ScheduleSpec
+from ..schedule.types import Dispatch, Mask, Schedule, ScheduleSpec
+from .attention import compute_dtype
 
 __all__ = ["ScheduleRun", "execute_schedule_backward", "run_schedule_backward"]
 
@@ -114,7 +114,7 @@ def run_schedule_backward(
 
     Arguments:
         schedule: tables for the tile-level shape of these tensors with these block sizes;
-            the mask (``schedule.spec.causal``) and the worker count are taken from it.
+            the mask (``schedule.spec.mask.causal``) and the worker count are taken from it.
         q: (batch_size, seqlen_q, nheads, headdim)
         k, v: (batch_size, seqlen_k, nheads_k, headdim)
         out: (batch_size, seqlen_q, nheads, headdim), the forward output.
@@ -133,7 +133,7 @@ def run_schedule_backward(
     spec_in = schedule.spec
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    causal = spec_in.causal
+    causal = spec_in.mask.causal
     spec = ScheduleSpec.from_shape(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -142,7 +142,7 @@ def run_schedule_backward(
         kv_heads=kv_heads,
         block_m=block_m,
         block_n=block_n,
-        causal=causal,
+        mask=Mask(causal=causal),
         workers=spec_in.workers,
     )
     _check_matches(schedule, q, k, spec)

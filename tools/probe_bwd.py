@@ -12,11 +12,11 @@ import argparse
 import json
 import os
 
+from dash_attn.kernels.bwd import attn_bwd_kernel
+from dash_attn.runtime import schedule_spec
 from probe_common import gradients, probe_configs, time_backward
 
 from dash_attn import dash_attn_func
-from dash_attn.kernels.bwd import attn_bwd_kernel
-from dash_attn.runtime import schedule_spec
 from dash_attn.schedule import applicable_schedules
 
 DEFAULT_CONFIGS = "128:c:16384,128:c:2048,128:f:16384,128:f:2048,64:c:8192,64:f:4096"

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dash_attn.reference import attention_bwd_ref, attention_ref, causal_mask
+from dash_attn.reference.attention import attention_bwd_ref, attention_ref, causal_mask
 from dash_attn.testing import assert_close_to_ref, make_qkv, repeat_equal
 
 F64 = {"atol": 1e-12, "rtol": 1e-12}

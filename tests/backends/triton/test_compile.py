@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dash_attn.tiles import SUPPORTED_HEADDIMS, BackwardTiles
+from dash_attn.backends.triton.tiles import SUPPORTED_HEADDIMS, BackwardTiles
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from dash_attn.reference import attention_ref
-from dash_attn.schedule import ScheduleSpec, applicable_schedules, make_schedule
-from dash_attn.schedule_executor import execute_schedule_backward, run_schedule_backward
+from dash_attn.reference.attention import attention_ref
+from dash_attn.reference.executor import execute_schedule_backward, run_schedule_backward
+from dash_attn.schedule import Mask, ScheduleSpec, applicable_schedules, make_schedule
 from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
 
 TOL = {"atol": 1e-10, "rtol": 0.0}
@@ -54,7 +54,7 @@ class Case:
             kv_heads=self.kv_heads,
             block_m=self.block_m,
             block_n=self.block_n,
-            causal=self.causal,
+            mask=Mask(causal=self.causal),
             workers=self.workers,
         )
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dash_attn.backends.triton.tiles import kernel_schedule_spec
 from dash_attn.schedule import auto_schedule_name, make_schedule, simulate
 from dash_attn.schedule.generators import step_depth_and_worker
-from dash_attn.tiles import kernel_schedule_spec
 
 CONFIGS = [(128, False, 4096), (128, True, 4096), (128, True, 16384), (64, True, 8192)]
 SIGMAS = (0.05, 0.1, 0.2)

@@ -24,6 +24,7 @@ from dash_attn.bench.providers import (
     select,
 )
 from dash_attn.bench.timing import attention_flops, tflops, wall_clock_ms
+from dash_attn.schedule import CAUSAL
 
 # ------------------------------------------------------------------------------------------------
 # FLOPs
@@ -697,13 +698,14 @@ def test_readme_results_are_generated_from_the_committed_files(
 def test_launched_kernel_names_tiles_and_data_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each dash row of bench.csv records which kernel configuration produced it, so a number
     measured before and after a default changes stays attributable."""
-    import dash_attn
-    from dash_attn.bench import timing
     from dash_attn.runtime import LaunchInfo
-    from dash_attn.schedule import ScheduleSpec
-    from dash_attn.tiles import BackwardTiles
 
-    spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2, causal=True,
+    import dash_attn
+    from dash_attn.backends.triton.tiles import BackwardTiles
+    from dash_attn.bench import timing
+    from dash_attn.schedule import ScheduleSpec
+
+    spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2, mask=CAUSAL,
                         workers=2)  # fmt: skip
     info = LaunchInfo("symmetric_shift", "static", spec, BackwardTiles(64, 128, 8, 2), 2, True,
                       dq_reduce="tma", qo_load="pointer")  # fmt: skip

@@ -38,13 +38,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from dash_attn.kernels.utils import sm_count
+from dash_attn.runtime import attn_bwd, schedule_spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dash_attn
 from dash_attn import dash_attn_func
-from dash_attn.kernels.utils import sm_count
-from dash_attn.reference import attention_ref, causal_mask
-from dash_attn.runtime import attn_bwd, schedule_spec
+from dash_attn.reference.attention import attention_ref, causal_mask
 from dash_attn.schedule import Dispatch, make_schedule
 from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
 
@@ -459,6 +459,6 @@ def test_last_launch_info(schedule, deterministic, causal, expected, monkeypatch
     assert info is not None
     assert (info.schedule, info.dispatch) == expected
     assert info.deterministic is deterministic
-    assert info.spec.causal is causal
+    assert info.spec.mask.causal is causal
     assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 2)
     assert 1 <= info.workers <= sm_count(torch.device("cpu"))

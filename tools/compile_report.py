@@ -6,7 +6,7 @@ and spill stack per thread, shared memory, whether the step loop is software-pip
 (``LDGSTS`` = cp.async prefetch), which atomics the dQ add became, how many fences the protocol
 costs. The tests use it to keep the GPU-only code paths (inline PTX) compiling in CPU CI.
 
-    python -m dash_attn.kernels.compile_report --headdim 128 [--nondet] [--tiles 64x128w8s2]
+    python -m tools.compile_report --headdim 128 [--nondet] [--tiles 64x128w8s2]
         [--dq-reduce atomic]
 
 Arguments are specialised the way a real launch specialises them (16-byte aligned pointers,
@@ -27,8 +27,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ..tiles import BackwardTiles, backward_tiles, parse_tiles
-from .utils import next_power_of_2
+from dash_attn.backends.triton.tiles import BackwardTiles, backward_tiles, parse_tiles
+from dash_attn.backends.triton.utils import next_power_of_2
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -102,25 +102,12 @@ class KernelReport:
         )
 
 
-# Arguments that are tensor descriptors with QO_TMA: (block shape, element type).
-_TMA_LOADED = {
-    "Q": lambda c, dtype: ([1, c["BLOCK_M"], 1, c["HEAD_DIM_PAD"]], dtype),
-    "DO": lambda c, dtype: ([1, c["BLOCK_M"], 1, c["HEAD_DIM_PAD"]], dtype),
-    "LSE2": lambda c, dtype: ([1, c["BLOCK_M"]], "fp32"),
-    "DELTA": lambda c, dtype: ([1, c["BLOCK_M"]], "fp32"),
-}
-
-
 def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
     signature: dict[str, str] = {}
     attrs: dict = {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-            continue
-        if constexprs.get("QO_TMA") and name in _TMA_LOADED:
-            block, element = _TMA_LOADED[name](constexprs, dtype)
-            signature[name] = f"tensordesc<{element}{block}>"
             continue
         if name == "DQ_DESC":
             if constexprs.get("DQ_TMA"):
@@ -166,11 +153,10 @@ def compile_backward(
     tiles: BackwardTiles | None = None,
     dtype: str = "bf16",
     dq_tma: bool = False,
-    qo_tma: bool = False,
     kernel=None,
 ) -> KernelReport:
     """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it."""
-    from .bwd import attn_bwd_kernel
+    from dash_attn.backends.triton.bwd import attn_bwd_kernel
 
     kernel = kernel or attn_bwd_kernel
     tiles = tiles or backward_tiles(headdim, "tma" if dq_tma else "atomic")
@@ -186,7 +172,6 @@ def compile_backward(
     )
     options = (
         ("DQ_TMA", dq_tma),
-        ("QO_TMA", qo_tma),
         ("TABLES_AHEAD", tiles.tables_ahead),
         ("RELEASE_AFTER_QK", tiles.release_after_qk),
     )
@@ -254,12 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         help="how dQ partials are added: TMA bulk reductions (the default on Hopper) or atomics",
     )
     parser.add_argument(
-        "--qo-load",
-        choices=("pointer", "tma"),
-        default="pointer",
-        help="how Q, dO, LSE and delta are loaded (DASH_ATTN_QO_LOAD)",
-    )
-    parser.add_argument(
         "--outline", action="store_true", help="print the SASS outline (loads, MMAs, waits)"
     )
     parser.add_argument("--dump", type=Path, default=None, help="write kernel.ptx / kernel.sass")
@@ -272,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         tiles=args.tiles,
         dtype=args.dtype,
         dq_tma=args.dq_reduce == "tma",
-        qo_tma=args.qo_load == "tma",
     )
     print(report.summary())
     if args.outline:

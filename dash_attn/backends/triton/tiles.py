@@ -1,4 +1,4 @@
-"""Tile sizes of the backward kernel per head dimension (pure Python: the schedule CLI uses it).
+"""Tile sizes of the Triton backward per head dimension (pure Python: plans are made without torch).
 
 The schedule engine works in tiles; this table turns a (seqlen, headdim) shape into the tiles the
 Triton backward actually runs, so that the model and the kernel talk about the same DAG.
@@ -6,11 +6,8 @@ Triton backward actually runs, so that the model and the kernel talk about the s
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, replace
-
-from .schedule.types import ScheduleSpec
 
 SUPPORTED_HEADDIMS = (64, 96, 128, 192, 256)
 
@@ -46,7 +43,7 @@ class BackwardTiles:
 
     @property
     def label(self) -> str:
-        """The DASH_ATTN_BWD_TILES spelling without the head dim, e.g. ``64x128w8s3a``."""
+        """The spelling :func:`parse_tiles` reads, e.g. ``64x128w8s3a``."""
         flags = ("a" if self.tables_ahead else "") + ("r" if self.release_after_qk else "")
         return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{flags}"
 
@@ -95,62 +92,14 @@ def parse_tiles(text: str) -> BackwardTiles:
     return BackwardTiles(block_m, block_n, warps, stages, tables_ahead=ahead, release_after_qk=late)
 
 
-def _overrides(text: str) -> dict[int, BackwardTiles]:
-    """Parse DASH_ATTN_BWD_TILES, e.g. ``128:64x128w8s3a,256:64x64w8s1r`` (a tuning knob)."""
-    table = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        headdim, colon, tiles = item.partition(":")
-        try:
-            if not colon or not headdim.isdigit():
-                raise ValueError("no head dim")
-            table[int(headdim)] = parse_tiles(tiles)
-        except ValueError as exc:
-            raise ValueError(
-                f"DASH_ATTN_BWD_TILES entry {item!r} is not HEADDIM:BMxBNwWARPSsSTAGES[a][r] "
-                f"({exc})"
-            ) from None
-    return table
-
-
 def backward_tiles(headdim: int, dq_reduce: str = "tma") -> BackwardTiles:
     """The backward tiles for ``headdim`` with dQ reduction ``dq_reduce`` ("tma" or "atomic");
     raises NotImplementedError for unsupported head dims. Block sizes do not depend on
     ``dq_reduce`` (the schedule's tiles are the same either way), only the pipeline depth may.
-
-    The environment variable DASH_ATTN_BWD_TILES overrides entries (for tuning runs only: the
-    tiles are part of what makes results bitwise reproducible, so keep it fixed in training).
+    Experiments pass other tiles to ``make_backward_plan`` explicitly (see :func:`parse_tiles`).
     """
     if headdim not in _BACKWARD_TILES:
         raise NotImplementedError(
             f"headdim must be one of {list(SUPPORTED_HEADDIMS)}, got {headdim}"
         )
-    override = os.environ.get("DASH_ATTN_BWD_TILES")
-    tiles = _BACKWARD_TILES[headdim]
-    if override:
-        tiles = _overrides(override).get(headdim, tiles)
-    return tiles.for_dq_reduce(dq_reduce)
-
-
-def kernel_schedule_spec(
-    batch: int,
-    seqlen_q: int,
-    seqlen_k: int,
-    heads: int,
-    kv_heads: int,
-    headdim: int,
-    causal: bool,
-    workers: int,
-) -> ScheduleSpec:
-    """The tile-level problem the backward kernel runs for this shape (its tiles, this table)."""
-    tiles = backward_tiles(headdim)
-    return ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=seqlen_k,
-        q_heads=heads,
-        kv_heads=kv_heads,
-        block_m=tiles.block_m,
-        block_n=tiles.block_n,
-        causal=causal,
-        workers=workers,
-    )
+    return _BACKWARD_TILES[headdim].for_dq_reduce(dq_reduce)

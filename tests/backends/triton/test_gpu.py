@@ -16,9 +16,10 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    from dash_attn import dash_attn_func, last_launch_info
-    from dash_attn.reference import attention_ref
     from dash_attn.runtime import attn_bwd, schedule_spec
+
+    from dash_attn import dash_attn_func, last_launch_info
+    from dash_attn.reference.attention import attention_ref
     from dash_attn.schedule import applicable_schedules, make_schedule
     from dash_attn.testing import assert_close_to_ref, make_qkv
 

@@ -21,11 +21,8 @@ DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) in th
               work)
 TIMED_WAIT    bound waits with %globaltimer (ns); the interpreter has no inline asm, so it
               bounds the number of polls instead
-QO_TMA        Q, dO, LSE and delta of a step are loaded by TMA through tensor descriptors (the
-              pointer arguments are descriptors then); otherwise by pointer loads. Same values
-              either way (rows past seqlen_q and padded columns are zero-filled by the TMA unit as
-              by the masks)
-TABLES_AHEAD  the step tables are read one step ahead (always with QO_TMA)
+TABLES_AHEAD  the step tables are read one step ahead, so the next step's loads need not wait
+              for a table load
 LSE2, DELTA   per (batch x head, row) fp32, rows padded to q_tiles * BLOCK_M (no masks needed):
               LSE in log2 units with +inf for rows that saw no key or are padding (so that
               P = exp2(. - inf) = 0), and delta = rowsum(dO * O), 0 on padding rows
@@ -46,7 +43,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..tiles import BackwardTiles
+from .tiles import BackwardTiles
 from .utils import next_power_of_2
 
 # Spin in PTX until *sem == rank or the deadline passes; $0 = 1 if it gave up. $4 is a value read
@@ -194,7 +191,6 @@ def attn_bwd_kernel(
     DYNAMIC: tl.constexpr,
     TIMED_WAIT: tl.constexpr,
     DQ_TMA: tl.constexpr,
-    QO_TMA: tl.constexpr,
     TABLES_AHEAD: tl.constexpr,
     RELEASE_AFTER_QK: tl.constexpr,
 ):  # fmt: skip
@@ -241,14 +237,14 @@ def attn_bwd_kernel(
         pending_sem = SEM
         has_pending = 0
         rows_pad = q_tiles * BLOCK_M
-        if QO_TMA or TABLES_AHEAD:
+        if TABLES_AHEAD:
             # The next step's loads are issued at the end of this one (Triton's pipeliner);
             # reading their table entries a step earlier keeps that issue from waiting on a
             # table load's round trip (and lets the pipeliner keep a third buffer).
             h_next = tl.load(STEP_HEAD + step_lo, mask=step_lo < step_hi, other=0)
             q_tile_next = tl.load(STEP_TILE + step_lo, mask=step_lo < step_hi, other=0)
         for step in range(step_lo, step_hi):
-            if QO_TMA or TABLES_AHEAD:
+            if TABLES_AHEAD:
                 h = h_next
                 q_tile = q_tile_next
                 ahead = tl.minimum(step + 1, step_hi - 1)
@@ -261,26 +257,19 @@ def attn_bwd_kernel(
             m_valid = offs_m < seqlen_q
             qo_mask = m_valid[:, None] & d_mask
             bh = b * q_heads + h
-            if QO_TMA:
-                q = Q.load([b, q_tile * BLOCK_M, h, 0]).reshape([BLOCK_M, HEAD_DIM_PAD])
-                do = DO.load([b, q_tile * BLOCK_M, h, 0]).reshape([BLOCK_M, HEAD_DIM_PAD])
-                lse = LSE2.load([bh, q_tile * BLOCK_M]).reshape([BLOCK_M])
-                delta = DELTA.load([bh, q_tile * BLOCK_M]).reshape([BLOCK_M])
-            else:
-                q = tl.load(
-                    Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm
-                    + offs_d[None, :],
-                    mask=qo_mask,
-                    other=0.0,
-                )  # fmt: skip
-                do = tl.load(
-                    DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
-                    + offs_d[None, :],
-                    mask=qo_mask,
-                    other=0.0,
-                )  # fmt: skip
-                lse = tl.load(LSE2 + bh * rows_pad + offs_m)
-                delta = tl.load(DELTA + bh * rows_pad + offs_m)
+            q = tl.load(
+                Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=qo_mask,
+                other=0.0,
+            )
+            do = tl.load(
+                DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                + offs_d[None, :],
+                mask=qo_mask,
+                other=0.0,
+            )  # fmt: skip
+            lse = tl.load(LSE2 + bh * rows_pad + offs_m)
+            delta = tl.load(DELTA + bh * rows_pad + offs_m)
             if DETERMINISTIC:
                 # Release the previous step's dQ tile at the start of this step, once this
                 # step's loads have been issued: its adds have had the loop's tail to complete,
@@ -419,17 +408,6 @@ def attn_bwd_preprocess(
     return lse2, delta
 
 
-def tma_loadable(x: torch.Tensor) -> bool:
-    """Whether TMA can read ``x`` as a tensor: 16-byte aligned base and outer strides, unit
-    stride in the last dimension, no broadcast (zero-stride) dimension."""
-    size = x.element_size()
-    return (
-        x.stride(-1) == 1
-        and x.data_ptr() % 16 == 0
-        and all(stride > 0 and stride * size % 16 == 0 for stride in x.stride()[:-1])
-    )
-
-
 def attn_bwd_main(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -452,15 +430,12 @@ def attn_bwd_main(
     timeout: int,
     cooperative: bool,
     dq_tma: bool = False,
-    qo_tma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status).
 
     ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows.
     ``dq_tma`` adds the dQ partials with TMA bulk reductions through a tensor descriptor of the
-    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics. ``qo_tma``
-    loads Q, dO, LSE and delta with TMA (Hopper, or the interpreter); the caller checks that q and
-    dout meet TMA's alignment rules (:func:`tma_loadable`).
+    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics.
     """
     batch, seqlen_q, heads, headdim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
@@ -480,20 +455,8 @@ def attn_bwd_main(
         )  # fmt: skip
     else:
         dq_desc = dq_acc  # unused by the kernel
-    q_arg, do_arg, lse_arg, delta_arg = q, dout, lse2, delta
-    if qo_tma:
-        # One (BLOCK_M x headdim) block of a (batch, seqlen, heads, headdim) tensor per step;
-        # rows past seqlen_q and padded columns are zero-filled by the TMA unit.
-        qo_block = [1, tiles.block_m, 1, next_power_of_2(headdim)]
-        q_arg, do_arg = (
-            TensorDescriptor(x, list(x.shape), list(x.stride()), qo_block) for x in (q, dout)
-        )
-        lse_arg, delta_arg = (
-            TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tiles.block_m])
-            for x in (lse2, delta)
-        )
     attn_bwd_kernel[(num_workers,)](
-        q_arg, k, v, do_arg, lse_arg, delta_arg, dq_acc, dq_desc, dk, dv,
+        q, k, v, dout, lse2, delta, dq_acc, dq_desc, dk, dv,
         sem, status,
         tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
         tables["order"], tables["worker_start"],
@@ -510,7 +473,7 @@ def attn_bwd_main(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
         HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
         DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait, DQ_TMA=dq_tma,
-        QO_TMA=qo_tma, TABLES_AHEAD=tiles.tables_ahead, RELEASE_AFTER_QK=tiles.release_after_qk,
+        TABLES_AHEAD=tiles.tables_ahead, RELEASE_AFTER_QK=tiles.release_after_qk,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **launch_options,
     )  # fmt: skip

@@ -1,0 +1,76 @@
+"""Tensors to plan to backend: what the custom ops run (eagerly, opaque to torch.compile)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+from .device import device_info
+from .errors import check_errors
+from .plan import CAUSAL, FULL, BackwardPlan, Problem, make_backward_plan
+
+_last_plan: BackwardPlan | None = None
+
+
+def last_launch_info() -> BackwardPlan | None:
+    """The plan of the most recent backward: backend and why, schedule, tiles, workers, grid."""
+    return _last_plan
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
+    batch, seqlen_q, heads, headdim = q.shape
+    return Problem(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=k.shape[1],
+        heads=heads,
+        kv_heads=k.shape[2],
+        headdim=headdim,
+        mask=CAUSAL if causal else FULL,
+        dtype=str(q.dtype).removeprefix("torch."),
+    )
+
+
+def _backend(name: str) -> ModuleType:
+    # Imported on first use: the hopper kernels need cutlass, which plain imports must not load.
+    return importlib.import_module(f"dash_attn.backends.{name}.launch")
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and lse (natural log, ``(batch, heads, seqlen_q)`` fp32)."""
+    return _backend("triton").run_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv by the plan of this shape (made once per shape and options, then cached)."""
+    global _last_plan
+    # An earlier launch's timed-out wait surfaces here at the latest (no host sync per call).
+    check_errors(synchronize=False)
+    plan = make_backward_plan(
+        problem_of(q, k, causal),
+        device=device_info(q.device),
+        schedule=schedule,
+        deterministic=deterministic,
+        sm_margin=sm_margin,
+        backend=backend,
+    )
+    _last_plan = plan
+    return _backend(plan.backend).run_backward(plan, dout, q, k, v, out, lse, softmax_scale)

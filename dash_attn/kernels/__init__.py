@@ -1,1 +1,0 @@
-"""Triton kernels. Set TRITON_INTERPRET before importing them: it is read at decoration time."""

@@ -1,0 +1,280 @@
+"""Shape to launch: one frozen ``BackwardPlan`` decides everything that sets the backward's bits.
+
+Pure Python, like the schedule engine (no torch, no triton): the custom op, the CLI's analysis,
+the benchmark model and the tuning tools all build plans through :func:`make_backward_plan`, so
+they talk about the same tiles, schedule tables and worker count as the kernel that runs.
+
+What decides the bits of dq (the summation order of every dQ tile) is the schedule's tables, and
+they are a function of the problem, the schedule name, the tiles and the worker count. All four
+are explicit inputs here and fields of the plan; nothing is read from the environment except the
+documented wait bound (``DASH_ATTN_TIMEOUT_S``, read once at import), which changes no bits.
+
+Worked example: 8 query heads sharing 2 KV heads, 1000 queries and keys, causal, on an H200::
+
+    >>> problem = Problem(batch=2, seqlen_q=1000, seqlen_k=1000, heads=8, kv_heads=2,
+    ...                   headdim=128, mask=CAUSAL)
+    >>> plan = make_backward_plan(problem, device=H200, backend="triton")
+    >>> plan.schedule.name, plan.tiles.label, plan.spec.q_tiles, plan.spec.kv_tiles
+    ('symmetric_shift', '64x128w8s3a', 16, 8)
+    >>> plan.grid  # 2 batches x 2 KV heads x 4 pairs of KV tiles, one worker each
+    16
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .backends import BACKEND_NAMES, choose_backend
+from .backends.triton.tiles import BackwardTiles
+from .schedule import CAUSAL, FULL, Dispatch, Mask, Schedule, ScheduleSpec, make_schedule
+
+__all__ = [
+    "CAUSAL",
+    "DQ_REDUCE_MODES",
+    "FULL",
+    "H200",
+    "INTERPRETER",
+    "BackwardPlan",
+    "DeviceInfo",
+    "Problem",
+    "analysis_device",
+    "backward_spec",
+    "make_backward_plan",
+]
+
+# A correct schedule waits microseconds; the bound only turns a deadlock (SMs taken by a
+# concurrent kernel, a broken table) into an error instead of a frozen GPU. Changes no bits.
+DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
+DQ_REDUCE_MODES = ("auto", "atomic", "tma")
+DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The row-level shape of one attention call (what ``dash_attn_func`` validated).
+
+    Attributes:
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim: as flash-attn's
+            ``(batch, seqlen, nheads, headdim)`` layout; ``heads % kv_heads == 0``.
+        mask: ``FULL`` or ``CAUSAL`` (bottom-right aligned).
+        dtype: ``"bfloat16"`` or ``"float16"`` (torch's names without the prefix).
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    headdim: int
+    mask: Mask = FULL
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "seqlen_q", "seqlen_k", "heads", "kv_heads", "headdim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Problem.{name} must be an int >= 1, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"Problem.heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if not isinstance(self.mask, Mask):
+            raise TypeError(f"Problem.mask must be a Mask, got {type(self.mask).__name__}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Problem.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+
+    def flops(self, mode: str = "bwd") -> float:
+        """Matmul FLOPs of the forward (``"fwd"``) or backward (``"bwd"``, 2.5x the forward),
+        halved for the causal mask as the flash-attn benchmarks count them."""
+        fwd = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.headdim
+        fwd = fwd / 2 if self.mask.causal else fwd
+        return fwd * 2.5 if mode == "bwd" else fwd
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a plan needs to know about the GPU it runs on.
+
+    Attributes:
+        sm_count: multiprocessors (the persistent grid's upper bound).
+        capability: ``(major, minor)``; ``None`` for Triton's CPU interpreter.
+        name: for reports only.
+    """
+
+    sm_count: int
+    capability: tuple[int, int] | None
+    name: str = ""
+
+    @property
+    def is_interpreter(self) -> bool:
+        return self.capability is None
+
+    @property
+    def has_tma(self) -> bool:
+        """Hopper or newer, run by compiled kernels (bulk tensor copies and reductions)."""
+        return self.capability is not None and self.capability >= (9, 0)
+
+
+# The machines of the paper and of this repo's benchmarks (the CLI's default), and the
+# interpreter, which runs programs one after another: a few workers keep the persistent loop honest.
+H200 = DeviceInfo(sm_count=132, capability=(9, 0), name="NVIDIA H200")
+INTERPRETER = DeviceInfo(sm_count=4, capability=None, name="Triton interpreter")
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """Everything the backward launch needs, decided once per (problem, options, device).
+
+    Attributes:
+        problem: the row-level shape.
+        device: the GPU it was made for.
+        schedule: the schedule's tables (``schedule.spec`` is the tile-level problem).
+        tiles: block sizes and pipeline options of the kernel (block sizes set the tiles, and so
+            the summation order; the other options give the same bits).
+        backend: ``"triton"`` or ``"hopper"``; ``backend_reason`` says why.
+        deterministic: fixed-order dQ sums (else arrival order, same tables).
+        dq_reduce: ``"tma"`` (bulk reductions, Hopper) or ``"atomic"``: same bits either way.
+        grid: programs launched (static dispatch: the busy workers; dynamic: min(workers, chains)).
+        timeout_s: bound of every dQ wait.
+    """
+
+    problem: Problem
+    device: DeviceInfo
+    schedule: Schedule = field(compare=False)
+    tiles: BackwardTiles
+    backend: str
+    backend_reason: str
+    deterministic: bool
+    dq_reduce: str
+    grid: int
+    timeout_s: float
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        return self.schedule.spec
+
+    @property
+    def schedule_name(self) -> str:
+        return self.schedule.name
+
+    @property
+    def dispatch(self) -> Dispatch:
+        return self.schedule.dispatch
+
+    @property
+    def workers(self) -> int:
+        """SMs the schedule was made for (``sm_count - sm_margin``)."""
+        return self.spec.workers
+
+    def describe(self) -> str:
+        """One line for logs and error messages."""
+        p = self.problem
+        mode = "det" if self.deterministic else "non-det"
+        return (
+            f"{self.backend} backward, schedule {self.schedule.name!r} ({self.dispatch.value}, "
+            f"{self.grid} programs of {self.workers} workers), tiles {self.tiles.label}, "
+            f"dq {self.dq_reduce}, {mode}; b{p.batch} sq{p.seqlen_q} sk{p.seqlen_k} "
+            f"h{p.heads}/{p.kv_heads} d{p.headdim} {p.mask.name} {p.dtype}"
+        )
+
+
+def analysis_device(workers: int) -> DeviceInfo:
+    """A Hopper GPU with ``workers`` SMs: the device of the CLI's and the model's analyses."""
+    return DeviceInfo(sm_count=workers, capability=(9, 0), name=f"{workers}-SM Hopper")
+
+
+def backward_spec(problem: Problem, tiles: BackwardTiles, workers: int) -> ScheduleSpec:
+    """The tile-level problem a backward with ``tiles`` runs on ``workers`` SMs."""
+    return ScheduleSpec.from_shape(
+        batch=problem.batch,
+        seqlen_q=problem.seqlen_q,
+        seqlen_k=problem.seqlen_k,
+        q_heads=problem.heads,
+        kv_heads=problem.kv_heads,
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+        mask=problem.mask,
+        workers=workers,
+    )
+
+
+def _grid(schedule: Schedule) -> int:
+    spec = schedule.spec
+    if schedule.dispatch is Dispatch.DYNAMIC:
+        return min(spec.workers, spec.num_chains)
+    # Static lists are dealt round-robin, so the busy workers are the first ones.
+    return int((schedule.worker_start[1:] > schedule.worker_start[:-1]).sum())
+
+
+@lru_cache(maxsize=256)
+def make_backward_plan(
+    problem: Problem,
+    *,
+    device: DeviceInfo,
+    schedule: str = "auto",
+    deterministic: bool = True,
+    sm_margin: int = 0,
+    backend: str = "auto",
+    tiles: BackwardTiles | None = None,
+    dq_reduce: str = "auto",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> BackwardPlan:
+    """The plan of one backward (cached: the same arguments give the same plan object).
+
+    Args:
+        problem: the shape, mask and dtype.
+        device: the GPU (``DeviceInfo``; ``H200`` for analysis, ``INTERPRETER`` for the CPU).
+        schedule: ``"auto"`` or a registered schedule name that fits the mask.
+        deterministic: fixed-order dQ sums.
+        sm_margin: SMs left to concurrent kernels; the schedule is made for the rest.
+        backend: ``"auto"``, ``"triton"`` or ``"hopper"``.
+        tiles: other tiles than the backend's table (experiments: block sizes change the bits).
+        dq_reduce: ``"auto"`` (``"tma"`` where the device has TMA), ``"tma"`` or ``"atomic"``.
+        timeout_s: bound of every dQ wait, in seconds.
+
+    Raises:
+        ValueError: sm_margin leaves no SM, an option out of range, or a schedule that does not
+            fit the mask; NotImplementedError: a head dim the backend has no tiles for, or a
+            backend asked for by name that cannot run here.
+    """
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+        raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")
+    workers = device.sm_count - sm_margin
+    if workers < 1:
+        raise ValueError(
+            f"sm_margin ({sm_margin}) leaves no multiprocessor of the {device.sm_count} of "
+            f"{device.name or 'this device'} for the backward"
+        )
+    if backend not in ("auto", *BACKEND_NAMES):
+        raise ValueError(f"backend must be one of {['auto', *BACKEND_NAMES]}, got {backend!r}")
+    if dq_reduce not in DQ_REDUCE_MODES:
+        raise ValueError(f"dq_reduce must be one of {list(DQ_REDUCE_MODES)}, got {dq_reduce!r}")
+    if dq_reduce == "auto":
+        dq_reduce = "tma" if device.has_tma else "atomic"
+    elif dq_reduce == "tma" and not device.has_tma:
+        raise ValueError(
+            f"dq_reduce='tma' needs a Hopper (sm_90) or newer GPU run by compiled kernels; "
+            f"{device.name or 'this device'} has none: use 'atomic' or 'auto'"
+        )
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+
+    chosen, reason, default_tiles = choose_backend(problem, device, backend, dq_reduce)
+    tiles = default_tiles if tiles is None else tiles.for_dq_reduce(dq_reduce)
+    spec = backward_spec(problem, tiles, workers)
+    sched = make_schedule(schedule, spec)
+    return BackwardPlan(
+        problem=problem,
+        device=device,
+        schedule=sched,
+        tiles=tiles,
+        backend=chosen,
+        backend_reason=reason,
+        deterministic=deterministic,
+        dq_reduce=dq_reduce,
+        grid=_grid(sched),
+        timeout_s=float(timeout_s),
+    )

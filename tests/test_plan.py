@@ -1,0 +1,125 @@
+"""The backward plan: one frozen decision per (problem, options, device), made without torch."""
+
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import pytest
+
+import dash_attn.plan
+from dash_attn.backends.triton.tiles import backward_tiles, parse_tiles
+from dash_attn.plan import (
+    CAUSAL,
+    FULL,
+    H200,
+    INTERPRETER,
+    DeviceInfo,
+    Problem,
+    analysis_device,
+    make_backward_plan,
+)
+from dash_attn.schedule import TABLE_FIELDS, Dispatch, make_schedule
+
+PROBLEM = Problem(batch=2, seqlen_q=1000, seqlen_k=700, heads=8, kv_heads=2, headdim=128)
+
+
+def test_docstring_example() -> None:
+    assert doctest.testmod(dash_attn.plan).failed == 0
+
+
+def test_plan_holds_what_the_kernel_runs() -> None:
+    plan = make_backward_plan(PROBLEM, device=H200)
+    assert plan.backend == "triton" and plan.backend_reason.startswith("auto: ")
+    assert plan.tiles == backward_tiles(128, "tma")
+    assert plan.dq_reduce == "tma" and plan.deterministic
+    assert plan.schedule_name == "shift" and plan.dispatch is Dispatch.STATIC
+    spec = plan.spec
+    assert (spec.q_tiles, spec.kv_tiles, spec.workers) == (16, 6, 132)
+    expected = make_schedule("shift", spec)
+    assert all(
+        (getattr(plan.schedule, name) == getattr(expected, name)).all() for name in TABLE_FIELDS
+    )
+    assert plan.grid == spec.num_chains == 2 * 2 * 6
+    assert "shift" in plan.describe() and "b2 sq1000 sk700" in plan.describe()
+
+
+def test_plans_are_cached_per_arguments() -> None:
+    assert make_backward_plan(PROBLEM, device=H200) is make_backward_plan(PROBLEM, device=H200)
+    other = make_backward_plan(PROBLEM, device=H200, sm_margin=8)
+    assert other.workers == 124 and other.schedule.spec.workers == 124
+
+
+def test_dynamic_schedules_launch_at_most_one_program_per_sm() -> None:
+    causal = Problem(4, 4096, 4096, 16, 16, 64, mask=CAUSAL)
+    plan = make_backward_plan(causal, device=H200, schedule="descending")
+    assert plan.dispatch is Dispatch.DYNAMIC and plan.grid == 132
+
+
+def test_dq_reduce_follows_the_device() -> None:
+    assert make_backward_plan(PROBLEM, device=INTERPRETER).dq_reduce == "atomic"
+    ampere = DeviceInfo(sm_count=108, capability=(8, 0), name="A100")
+    assert make_backward_plan(PROBLEM, device=ampere).dq_reduce == "atomic"
+    with pytest.raises(ValueError, match="dq_reduce='tma' needs a Hopper"):
+        make_backward_plan(PROBLEM, device=ampere, dq_reduce="tma")
+    with pytest.raises(ValueError, match="dq_reduce must be one of"):
+        make_backward_plan(PROBLEM, device=H200, dq_reduce="bulk")
+    # The atomics path keeps two stages at head dim 128 (the block sizes are the same).
+    atomic = make_backward_plan(PROBLEM, device=H200, dq_reduce="atomic")
+    assert atomic.tiles.num_stages == 2
+    assert atomic.spec == make_backward_plan(PROBLEM, device=H200).spec
+
+
+def test_explicit_tiles_are_recorded_and_set_the_schedule() -> None:
+    tiles = parse_tiles("64x64w8s2")
+    plan = make_backward_plan(PROBLEM, device=H200, tiles=tiles)
+    assert plan.tiles == tiles and plan.spec.kv_tiles == 11 and plan.spec.tile_ratio == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(sm_margin=132), ValueError, "leaves no multiprocessor"),
+        (dict(sm_margin=-1), ValueError, "sm_margin must be an int >= 0"),
+        (dict(backend="cuda"), ValueError, "backend must be one of"),
+        (dict(backend="hopper"), NotImplementedError, "backend='hopper' cannot run"),
+        (dict(schedule="symmetric_shift"), ValueError, "for the causal mask"),
+        (dict(timeout_s=0.0), ValueError, "timeout_s must be a positive"),
+    ],
+)
+def test_bad_options_raise_naming_the_option(kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        make_backward_plan(PROBLEM, device=H200, **kwargs)
+
+
+def test_bad_problems_raise() -> None:
+    with pytest.raises(ValueError, match="Problem.heads"):
+        Problem(1, 10, 10, heads=6, kv_heads=4, headdim=64)
+    with pytest.raises(ValueError, match="Problem.dtype"):
+        Problem(1, 10, 10, 1, 1, 64, dtype="float32")
+    with pytest.raises(TypeError, match="Problem.mask must be a Mask"):
+        Problem(1, 10, 10, 1, 1, 64, mask="causal")  # type: ignore[arg-type]
+
+
+def test_flops_count_as_flash_attn() -> None:
+    full = Problem(1, 1024, 1024, 16, 16, 128, mask=FULL)
+    assert full.flops("fwd") == 4 * 16 * 1024 * 1024 * 128
+    assert full.flops("bwd") == 2.5 * full.flops("fwd")
+    causal = Problem(1, 1024, 1024, 16, 16, 128, mask=CAUSAL)
+    assert causal.flops("bwd") == full.flops("bwd") / 2
+
+
+def test_analysis_device_is_hopper_with_the_given_workers() -> None:
+    device = analysis_device(32)
+    assert device.sm_count == 32 and device.has_tma and not device.is_interpreter
+
+
+def test_making_a_plan_imports_neither_torch_nor_triton() -> None:
+    code = (
+        "import sys; from dash_attn.plan import Problem, H200, make_backward_plan; "
+        "make_backward_plan(Problem(1, 100, 100, 2, 2, 64), device=H200); "
+        "print(sorted(m for m in ('torch', 'triton', 'cutlass') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -169,8 +169,8 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
     """A JSON-ready dict (plain ints, lists and strings) that ``schedule_from_json`` reads back.
 
     Example:
+        >>> import json
         >>> from dash_attn.schedule import CAUSAL, ScheduleSpec, make_schedule, schedule_from_json
-        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule, schedule_from_json
         >>> spec = ScheduleSpec(batch=1, q_heads=2, kv_heads=1, q_tiles=3, kv_tiles=2,
         ...                     mask=CAUSAL, workers=2)
         >>> text = json.dumps(schedule_to_json(make_schedule("descending", spec)))

@@ -12,7 +12,7 @@ Interpreter limits these tests are shaped around:
   ``descending``) always completes: a chain only waits on chains with a smaller ticket, which ran
   earlier. A ``static`` schedule (``shift``, ``symmetric_shift``) completes only if its worker
   lists, run back to back, happen to meet every dQ rank in order; otherwise a wait can never be
-  satisfied, gives up after ``runtime.INTERPRETER_MAX_POLLS`` polls, raises the error flag and the
+  satisfied, gives up after ``launch.INTERPRETER_MAX_POLLS`` polls, raises the error flag and the
   backward raises RuntimeError. Which case a shape is in follows from the tables alone
   (``_static_completes_in_program_order``); the static tests assert it before relying on it.
 * Tiles are 64/128 rows, so shapes stay small (seqlens 1..300) and deliberately not tile multiples.
@@ -38,14 +38,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from dash_attn.kernels.utils import sm_count
-from dash_attn.runtime import attn_bwd, schedule_spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dash_attn
 from dash_attn import dash_attn_func
+from dash_attn.backends.triton.launch import run_backward
+from dash_attn.backends.triton.tiles import parse_tiles
+from dash_attn.plan import CAUSAL, FULL, INTERPRETER, BackwardPlan, Problem, make_backward_plan
 from dash_attn.reference.attention import attention_ref, causal_mask
-from dash_attn.schedule import Dispatch, make_schedule
+from dash_attn.schedule import Dispatch
 from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
 
 pytestmark = [
@@ -105,6 +106,24 @@ def _run(fn: Callable, q, k, v, dout) -> dict[str, torch.Tensor]:
     }
 
 
+def _plan(shape: tuple, schedule: str = "auto", **options: Any) -> BackwardPlan:
+    """The plan the interpreter runs for ``shape`` (fp16, the interpreter's 4 workers)."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
+    problem = Problem(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, CAUSAL if causal else FULL, "float16"
+    )
+    return make_backward_plan(problem, device=INTERPRETER, schedule=schedule, **options)
+
+
+def _run_plan(shape: tuple, plan: BackwardPlan) -> dict[str, torch.Tensor]:
+    """Gradients of ``shape``'s inputs by ``run_backward(plan)``, the forward by the op."""
+    q, k, v, dout = _inputs(shape)
+    headdim, causal = shape[5], shape[6]
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, headdim**-0.5)
+    dq, dk, dv = run_backward(plan, dout, q, k, v, out, lse, headdim**-0.5, sync_check=True)
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
 def _run_dash(shape: tuple, **kwargs: Any) -> dict[str, torch.Tensor]:
     causal = shape[-1]
     return _run(
@@ -143,11 +162,7 @@ def _static_completes_in_program_order(name: str, shape: tuple) -> bool:
     Replays what the interpreter does: worker 0 runs all its chains, then worker 1, ...; a step
     whose dQ tile has not yet received ``rank`` contributions waits for one that never comes.
     """
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
-    spec = schedule_spec(
-        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, sm_count(torch.device("cpu"))
-    )
-    sched = make_schedule(name, spec)
+    sched = _plan(shape, name).schedule
     assert sched.dispatch is Dispatch.STATIC
     added: dict[tuple[int, int, int], int] = defaultdict(int)
     completes = True
@@ -194,7 +209,7 @@ def test_matches_fp32_reference(shape, schedule, deterministic):
     _assert_matches_reference(got, shape, f"{schedule}, deterministic={deterministic}")
 
     info = dash_attn.last_launch_info()
-    assert (info.schedule, info.dispatch) == (schedule, "dynamic")
+    assert (info.schedule_name, info.dispatch) == (schedule, "dynamic")
 
     _, seqlen_q, seqlen_k, _, _, _, causal = shape
     for name, x in got.items():
@@ -232,30 +247,6 @@ def test_two_runs_bitwise_equal(shape, schedule):
         assert bitwise_equal(first[name], again[name]), f"{name}: bits differ (signed zero?)"
 
 
-@pytest.mark.parametrize("deterministic", DETERMINISTIC)
-@pytest.mark.parametrize(
-    "shape",
-    [
-        pytest.param((2, 150, 70, 4, 1, 64, True), id="b2-sq150-sk70-mqa4:1-d64-causal"),
-        pytest.param((2, 70, 150, 4, 2, 96, False), id="b2-sq70-sk150-gqa4:2-d96-full"),
-    ],
-)
-def test_tma_loads_give_the_same_bits_as_pointer_loads(shape, deterministic, monkeypatch):
-    """DASH_ATTN_QO_LOAD=tma (descriptor loads of Q, dO, LSE, delta; tables read a step ahead)
-    loads the same values as the pointer loads, zero-filled past seqlen_q and headdim: the same
-    gradients, bit for bit, in a fixed order (dynamic ``fa3``, deterministic)."""
-    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
-    pointer = _run_dash(shape, schedule="fa3", deterministic=True)
-    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
-    tma = _run_dash(shape, schedule="fa3", deterministic=deterministic)
-    assert dash_attn.last_launch_info().qo_load == "tma"
-    if deterministic:
-        for name in pointer:
-            assert bitwise_equal(tma[name], pointer[name]), f"{name}: tma loads differ"
-    else:
-        _assert_matches_reference(tma, shape, "fa3, tma loads, non-deterministic")
-
-
 @pytest.mark.parametrize(
     "shape, flags",
     [
@@ -264,39 +255,33 @@ def test_tma_loads_give_the_same_bits_as_pointer_loads(shape, deterministic, mon
         pytest.param((1, 130, 90, 2, 1, 96, False), "ar", id="d96-full-both"),
     ],
 )
-def test_tile_options_give_the_same_bits(shape, flags, monkeypatch):
+def test_tile_options_give_the_same_bits(shape, flags):
     """The tile options of BackwardTiles (step tables read ahead, release after the first matmul)
     move loads and the hand-off, never the summation order: the same bits as without them."""
-    monkeypatch.setenv("DASH_ATTN_BWD_TILES", "96:64x128w8s2")
-    plain = _run_dash(shape, schedule="fa3")
-    monkeypatch.setenv("DASH_ATTN_BWD_TILES", f"96:64x128w8s2{flags}")
-    optioned = _run_dash(shape, schedule="fa3")
-    tiles = dash_attn.last_launch_info().tiles
-    assert (tiles.tables_ahead, tiles.release_after_qk) == ("a" in flags, "r" in flags)
+    plain = _run_plan(shape, _plan(shape, "fa3", tiles=parse_tiles("64x128w8s2")))
+    plan = _plan(shape, "fa3", tiles=parse_tiles(f"64x128w8s2{flags}"))
+    assert (plan.tiles.tables_ahead, plan.tiles.release_after_qk) == ("a" in flags, "r" in flags)
+    optioned = _run_plan(shape, plan)
     for name in plain:
         assert bitwise_equal(optioned[name], plain[name]), f"{name}: tiles option {flags} differs"
 
 
-def test_broadcast_dout_falls_back_to_pointer_loads(monkeypatch):
-    """A gradient with zero strides (here a headdim vector broadcast over batch, seqlen and heads)
-    cannot be read by TMA: DASH_ATTN_QO_LOAD=tma falls back to pointer loads, same bits."""
+def test_broadcast_dout_gives_the_bits_of_its_copy():
+    """A gradient with zero strides (a headdim vector broadcast over batch, seqlen and heads, as
+    the gradient of ``out.sum((0, 1, 2))``) is read through its strides: same bits as a copy."""
     shape = (1, 70, 90, 2, 1, 64, True)
     q, k, v, _ = _inputs(shape)
     dout = torch.linspace(-1, 1, 64, dtype=DTYPE).expand(q.shape)
 
-    def run():
+    def run(grad: torch.Tensor) -> dict[str, torch.Tensor]:
         return _run(
             lambda a, b, c: dash_attn_func(a, b, c, causal=True, schedule="fa3", return_lse=True),
-            q, k, v, dout,
+            q, k, v, grad,
         )  # fmt: skip
 
-    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "pointer")
-    pointer = run()
-    monkeypatch.setenv("DASH_ATTN_QO_LOAD", "tma")
-    tma = run()
-    assert dash_attn.last_launch_info().qo_load == "pointer"
-    for name in pointer:
-        assert bitwise_equal(tma[name], pointer[name]), name
+    broadcast, copied = run(dout), run(dout.contiguous())
+    for name in copied:
+        assert bitwise_equal(broadcast[name], copied[name]), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +307,7 @@ def test_static_schedule_times_out_instead_of_hanging(schedule, shape):
         _within_deadline(lambda: _run_dash(shape, schedule=schedule, deterministic=True))
 
     info = dash_attn.last_launch_info()
-    assert (info.schedule, info.dispatch, info.deterministic) == (schedule, "static", True)
+    assert (info.schedule_name, info.dispatch, info.deterministic) == (schedule, "static", True)
     # The failure is reported once, not again by the next call, and the next backward works.
     dash_attn.check_errors()
     dyn_shape = shape[:1] + (40, 40) + shape[3:]
@@ -346,7 +331,7 @@ def test_static_schedule_that_never_blocks_completes_correctly(schedule, shape):
     got = _within_deadline(lambda: _run_dash(shape, schedule=schedule, deterministic=True))
     _assert_matches_reference(got, shape, schedule)
     info = dash_attn.last_launch_info()
-    assert (info.schedule, info.dispatch) == (schedule, "static")
+    assert (info.schedule_name, info.dispatch) == (schedule, "static")
 
 
 def test_non_deterministic_static_schedule_does_not_wait():
@@ -361,27 +346,15 @@ def test_broken_dynamic_table_times_out_instead_of_hanging():
     # Every rank + 1: the first contributor of each dQ tile waits for a turn that never comes,
     # even with dynamic dispatch (as the GPU test of the same name).
     shape = (1, 150, 150, 2, 2, 64, False)
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
-    q, k, v, dout = _inputs(shape)
-    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, headdim**-0.5)
-    spec = schedule_spec(
-        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, sm_count(q.device)
+    good = _plan(shape, "fa3")
+    broken = dataclasses.replace(
+        good,
+        schedule=dataclasses.replace(
+            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
+        ),
     )
-    good = make_schedule("fa3", spec)
-    broken = dataclasses.replace(good, name="broken", step_rank=good.step_rank + 1)
-    options = {
-        "causal": causal,
-        "softmax_scale": headdim**-0.5,
-        "deterministic": True,
-        "schedule": "fa3",
-        "sm_margin": 0,
-        "schedule_override": broken,
-        "sync_check": True,
-    }
-    with pytest.raises(RuntimeError, match="timed out"):
-        _within_deadline(lambda: attn_bwd(dout, q, k, v, out, lse, **options))
-    info = dash_attn.last_launch_info()
-    assert (info.schedule, info.dispatch) == ("broken", "dynamic")
+    with pytest.raises(RuntimeError, match="timed out.*'broken'"):
+        _within_deadline(lambda: _run_plan(shape, broken))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +381,7 @@ def test_opcheck_bwd(causal, deterministic):
     out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, 0.125)
     torch.library.opcheck(
         torch.ops.dash_attn.bwd.default,
-        (dout, q, k, v, out, lse, causal, 0.125, deterministic, "fa3", 0),
+        (dout, q, k, v, out, lse, causal, 0.125, deterministic, "fa3", 0, "auto"),
     )
 
 
@@ -417,7 +390,7 @@ def _check_fake_shapes(q, k, v, dout, expect_type: type | None) -> None:
     out, lse = torch.ops.dash_attn.fwd(q, k, v, True, 0.125)
     assert (out.shape, out.dtype, out.device) == (q.shape, q.dtype, q.device)
     assert (lse.shape, lse.dtype, lse.device) == ((batch, heads, seqlen_q), torch.float32, q.device)
-    grads = torch.ops.dash_attn.bwd(dout, q, k, v, out, lse, True, 0.125, True, "fa3", 0)
+    grads = torch.ops.dash_attn.bwd(dout, q, k, v, out, lse, True, 0.125, True, "fa3", 0, "auto")
     for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
         assert (g.shape, g.dtype, g.device) == (x.shape, x.dtype, x.device), name
     if expect_type is not None:
@@ -452,13 +425,14 @@ def test_fake_implementations_on_meta_tensors():
     ],
 )
 def test_last_launch_info(schedule, deterministic, causal, expected, monkeypatch):
-    monkeypatch.setattr(dash_attn.runtime, "_last_launch", None)  # nothing left from other tests
+    monkeypatch.setattr(dash_attn.dispatch, "_last_plan", None)  # nothing left from other tests
     shape = (2, 50, 60, 4, 2, 64, causal)
     _run_dash(shape, schedule=schedule, deterministic=deterministic)
     info = dash_attn.last_launch_info()
     assert info is not None
-    assert (info.schedule, info.dispatch) == expected
+    assert (info.schedule_name, info.dispatch) == expected
     assert info.deterministic is deterministic
     assert info.spec.mask.causal is causal
     assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 2)
-    assert 1 <= info.workers <= sm_count(torch.device("cpu"))
+    assert info.backend == "triton" and info.device == INTERPRETER
+    assert 1 <= info.grid <= info.workers == INTERPRETER.sm_count

@@ -33,7 +33,7 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
     )
 
 
-def _backend(name: str) -> ModuleType:
+def backend_module(name: str) -> ModuleType:
     # Imported on first use: the hopper kernels need cutlass, which plain imports must not load.
     return importlib.import_module(f"dash_attn.backends.{name}.launch")
 
@@ -42,7 +42,7 @@ def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse (natural log, ``(batch, heads, seqlen_q)`` fp32)."""
-    return _backend("triton").run_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return backend_module("triton").run_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 def backward(
@@ -73,4 +73,4 @@ def backward(
         backend=backend,
     )
     _last_plan = plan
-    return _backend(plan.backend).run_backward(plan, dout, q, k, v, out, lse, softmax_scale)
+    return backend_module(plan.backend).run_backward(plan, dout, q, k, v, out, lse, softmax_scale)

@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# One device call: environment, GPU tests, then the tuning probe. Logs go under $OUT.
-# Usage on the GPU machine: bash benchmarks/gpu_check.sh [pytest -k expression] [probe configs]
+# One device call: environment, the GPU tests, then a benchmark run. Logs go under $OUT.
+# Usage on the GPU machine, from the repository root:
+#   [KIT=.peers/fa4] [TESTS="-k triton"] [BENCH="--providers dash"] bash tools/gpu_check.sh
+# KIT (optional) is the CuTe-DSL/FA4 kit to source first (needed by the hopper backend and FA4).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if [ -f .peers/fa4/install.sh ]; then source .peers/fa4/install.sh >/dev/null 2>&1; fi
+if [ -n "${KIT:-}" ] && [ -f "$KIT/install.sh" ]; then
+  # shellcheck disable=SC1091
+  source "$KIT/install.sh" /tmp/kit >/dev/null 2>&1 || echo "kit install failed"
+fi
 {
-  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  git rev-parse --short HEAD 2>/dev/null || true
+  python3 -c "import cutlass; print('cutlass-dsl', cutlass.__version__)" 2>/dev/null || echo "no cutlass-dsl"
+  echo "commit ${COMMIT:-unknown}"
 } 2>&1 | tee "$OUT/env.txt"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/test_attn_gpu.py -q -x -rA --durations=10 \
-  -k "${1:-bf16 or bitwise or broken or compile or nondeterministic}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/probe_bwd.py --json "$OUT/probe.json" \
-  ${2:+--configs "$2"} ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} 2>&1 | tee "$OUT/probe.log"
+if [ "${TESTS:-}" != "none" ]; then
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-330}" python3 -m pytest tests/backends/test_gpu.py -q -x -rfEs \
+    -p no:cacheprovider --durations=8 ${TESTS:-} 2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -25
+fi
+if [ -n "${BENCH:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-240}" python3 -m dash_attn bench --out-dir "$OUT/bench" \
+    --commit "${COMMIT:-unknown}" $BENCH 2>&1 | grep -v "UserWarning\|exe_args, func_types" \
+    | tee "$OUT/bench.log" | tail -40
+fi

@@ -16,7 +16,15 @@ import pytest
 import dash_attn
 from dash_attn import cli
 from dash_attn.backends.triton.tiles import backward_tiles
-from dash_attn.schedule import CAUSAL, FULL, Mask, ScheduleSpec, applicable_schedules, make_schedule
+from dash_attn.schedule import (
+    CAUSAL,
+    FULL,
+    Mask,
+    ScheduleSpec,
+    applicable_schedules,
+    make_schedule,
+    report,
+)
 from dash_attn.schedule.simulate import simulate
 from dash_attn.schedule.validate import validate
 
@@ -43,6 +51,7 @@ JSON_KEYS = {
     "kv_heads",
     "q_tiles",
     "kv_tiles",
+    "mask",
     "causal",
     "tile_ratio",
     "causal_offset",
@@ -115,8 +124,9 @@ def test_json_matches_engine(
     assert data["chains"] == schedule.num_chains
     assert data["valid"] is report.valid is True
     assert data["depth_monotone"] is report.depth_monotone
-    for field in ("batch", "q_heads", "kv_heads", "q_tiles", "kv_tiles", "causal", "workers"):
+    for field in ("batch", "q_heads", "kv_heads", "q_tiles", "kv_tiles", "workers"):
         assert data[field] == getattr(spec, field)
+    assert data["mask"] == spec.mask.name and data["causal"] is spec.mask.causal
 
 
 def test_json_shape_fields(capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,8 +155,8 @@ def test_compare_lists_every_applicable_schedule(
     names = applicable_schedules(Mask(causal=causal))
     rows = {line.split()[0]: line for line in out.splitlines()[3:] if line.strip()}
     assert sorted(rows) == sorted(names)
-    assert "(auto)" in rows["symmetric_shift" if causal else "shift"]
     assert rows["fa3"].rstrip().endswith("1.000x")
+    auto = [name for name, row in rows.items() if "(auto)" in row]
 
     status, out, _ = run_cli(["schedule", *argv, "--compare", "--json"], capsys)
     data = json.loads(out)
@@ -154,9 +164,21 @@ def test_compare_lists_every_applicable_schedule(
     fa3 = next(entry for entry in data["compare"] if entry["schedule"] == "fa3")
     for entry in data["compare"]:
         assert entry["speedup_vs_fa3"] == pytest.approx(fa3["makespan"] / entry["makespan"])
+    # auto is the model's fastest schedule
+    assert len(auto) == 1
+    fastest = min(entry["makespan"] for entry in data["compare"])
+    assert next(e for e in data["compare"] if e["schedule"] == auto[0])["makespan"] == fastest
 
 
 def test_auto_schedule_is_the_optimal_one_in_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    # One causal head of 8 x 8 tiles on 8 workers: symmetric_shift's 4 pairs leave 4 workers idle
+    # (18 steps), descending uses all 8 (16): auto follows the model.
+    argv = ["schedule", "--q-tiles", "8", "--workers", "8", "--causal", "--compare", "--json"]
+    status, out, _ = run_cli(argv, capsys)
+    data = json.loads(out)
+    by_name = {entry["schedule"]: entry["makespan"] for entry in data["compare"]}
+    assert status == 0 and data["schedule"] == "descending"
+    assert by_name == {"fa3": 23.0, "descending": 16.0, "symmetric_shift": 18.0}
     # Paper section 2: shift reaches m n (c + r), the baseline adds an (n - 1) r start-up staircase.
     status, out, _ = run_cli(["schedule", *FULL_TILES, "--compare", "--json"], capsys)
     assert status == 0
@@ -202,6 +224,7 @@ def test_ascii_grid(capsys: pytest.CaptureFixture[str]) -> None:
 def test_ascii_grid_with_idle_workers(capsys: pytest.CaptureFixture[str]) -> None:
     # symmetric_shift pairs the 4 KV tiles into 2 units: workers 2 and 3 stay idle.
     argv = ["schedule", "--q-tiles", "4", "--kv-tiles", "4", "--workers", "4", "--causal"]
+    argv += ["--schedule", "symmetric_shift"]
     status, out, _ = run_cli(argv, capsys)
     assert status == 0 and "w3" in out
 
@@ -229,6 +252,14 @@ def test_ascii_grid_with_idle_workers(capsys: pytest.CaptureFixture[str]) -> Non
         pytest.param(["--q-tiles", "4", "--plot", "/nonexistent-dir/x.png"], "--plot",
                      id="plot-unwritable"),
         pytest.param(["--bogus"], "--bogus", id="unknown-flag"),
+        pytest.param(["--q-tiles", "4", "--workers", "1000000000"], "--workers", id="workers-cap"),
+        pytest.param(["--q-tiles", "4", "--heads", "1025"], "--heads", id="heads-cap"),
+        pytest.param(["--q-tiles", "4", "--batch", "65537"], "--batch", id="batch-cap"),
+        pytest.param(["--q-tiles", "65537"], "--q-tiles", id="tiles-cap"),
+        pytest.param(["--seqlen", str(2**20 + 1), "--headdim", "64"], "--seqlen", id="seqlen-cap"),
+        pytest.param(["--q-tiles", "4096", "--heads", "64"], "tile tasks", id="tasks-cap"),
+        pytest.param(["--q-tiles", "4", "--tile-ratio", "3"], "--tile-ratio", id="no-such-tiles"),
+        pytest.param(["--q-tiles", "4", "--plot", "x.txt"], ".png", id="plot-suffix"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2(
@@ -239,6 +270,14 @@ def test_bad_arguments_exit_2(
     message = err.strip().splitlines()[-1]
     assert "error:" in message and needle in message
     assert "Traceback" not in err
+
+
+def test_help_documents_the_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(["schedule", "--help"], capsys)
+    assert status == 0
+    text = " ".join(out.split())
+    assert f"at most {cli.MAX_WORKERS}" in text and f"at most {cli.MAX_TASKS} tile tasks" in text
+    assert "one of [1, 2]" in text
 
 
 def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -278,7 +317,7 @@ def test_bench_hands_arguments_to_the_module(
 
 def test_sweep_small(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The full sweep is exercised by test_default_sweep; two lengths keep this one quick.
-    monkeypatch.setattr(cli, "SWEEP_SEQLENS", (512, 1024))
+    monkeypatch.setattr(report, "PAPER_SEQLENS", (512, 1024))
     # No subcommand means `schedule`, options included.
     status, out, _ = run_cli(["--workers", "64", "--json"], capsys)
     assert status == 0
@@ -286,8 +325,9 @@ def test_sweep_small(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     configs = data["configs"]
     assert len(configs) == 2 * 2 * 2  # head dims x lengths x masks
     for config in configs:
-        assert config["batch"] * config["seqlen_q"] == cli.SWEEP_TOKENS
-        assert config["q_heads"] * config["headdim"] == cli.SWEEP_HIDDEN
+        assert config["batch"] * config["seqlen_q"] == report.PAPER_TOKENS
+        assert config["q_heads"] * config["headdim"] == report.PAPER_HIDDEN
+        assert config["mask"] == ("causal" if config["causal"] else "full")
         assert config["workers"] == 64
         best = "symmetric_shift" if config["causal"] else "shift"
         assert set(config["schedules"]) == {"fa3", "descending", best}
@@ -295,12 +335,17 @@ def test_sweep_small(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
         assert all(entry["valid"] for entry in config["schedules"].values())
 
 
-def test_default_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_sweep_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The whole grid takes ~10 s a core (tests/schedule/test_report.py checks its specs); the
+    # text path is the same for any subset.
+    monkeypatch.setattr(report, "PAPER_SEQLENS", (512, 2048))
     status, out, _ = run_cli([], capsys)
     assert status == 0
     rows = [line for line in out.splitlines() if re.match(r"^(64|128)\s+\d+\s", line)]
-    assert len(rows) == len(cli.SWEEP_HEADDIMS) * len(cli.SWEEP_SEQLENS) * 2
-    assert "configurations in" in out
+    assert len(rows) == len(report.PAPER_HEADDIMS) * 2 * 2
+    assert "configurations in" in out and "132 workers" in out
 
 
 def test_python_m_matches_console_script() -> None:

@@ -10,7 +10,7 @@ reports the ratio of the makespans (= predicted det / non-det throughput). Two k
 * ``step``: every step's cost independently c * (1 + sigma * z), z ~ N(0, 1);
 * ``worker``: one persistent factor per worker (an SM that is slower all the way through).
 
-Pure CPU. ``python benchmarks/model_noise.py [--out benchmarks/results/model_noise.csv]``
+Pure CPU. ``python tools/model_noise.py [--out benchmarks/results/model/noise.csv]``
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dash_attn.backends.triton.tiles import kernel_schedule_spec
 from dash_attn.schedule import auto_schedule_name, make_schedule, simulate
 from dash_attn.schedule.generators import step_depth_and_worker
+from dash_attn.schedule.report import DEFAULT_WORKERS, paper_batch_heads, square_spec
 
 CONFIGS = [(128, False, 4096), (128, True, 4096), (128, True, 16384), (64, True, 8192)]
 SIGMAS = (0.05, 0.1, 0.2)
@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reduce-cost", type=float, default=0.3, help="r / c (H200: ~0.3)")
     parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=132)
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
     parser.add_argument("--out", type=Path, default=None, help="CSV of every row")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -55,10 +55,8 @@ def main() -> None:
     print(f"r/c = {args.reduce_cost}, {args.trials} trials, {args.workers} workers")
     print("hdim  mask    seqlen  schedule         noise   sigma  det/nondet (model)")
     for headdim, causal, seqlen in CONFIGS:
-        heads, batch = 2048 // headdim, 16384 // seqlen
-        spec = kernel_schedule_spec(
-            batch, seqlen, seqlen, heads, heads, headdim, causal, args.workers
-        )
+        batch, heads = paper_batch_heads(headdim, seqlen)
+        spec = square_spec(headdim, seqlen, batch, heads, causal, args.workers)
         name = auto_schedule_name(spec)
         schedule = make_schedule(name, spec)
         _, worker = step_depth_and_worker(schedule)

@@ -1,7 +1,9 @@
 """GPU benchmarks of dash-attn against its peers (``dash-attn bench``).
 
-Modules: ``sweep`` (the command), ``providers`` (what is timed), ``timing`` (FLOPs and timers),
-``e2e`` (one transformer block), ``model`` (DAG model vs measurement), ``report`` (tables),
-``plot`` (figures). Importing this package loads neither torch nor triton: the command must be able
-to say "no GPU here" on any machine.
+Modules: ``main`` (the command: arguments, stages, files), ``configs`` (the grid), ``sweep`` (the
+GPU loops), ``runinfo`` (machine header, deadline, log), ``providers`` (what is timed), ``timing``
+(FLOPs and timers), ``e2e`` (one transformer block), ``model`` (DAG model vs measurement),
+``report`` (tables), ``plot`` (figures); none imports a module that imports it back. Importing
+this package loads neither torch nor triton: the command must be able to say "no GPU here" on
+any machine.
 """

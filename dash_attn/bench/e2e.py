@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from .sweep import gpu_slug, machine_info
+    from .runinfo import gpu_slug, machine_info
 
     info = machine_info()
     if not info["cuda_available"]:

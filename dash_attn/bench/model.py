@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..plan import CAUSAL, FULL, Problem, analysis_device, make_backward_plan
 from ..schedule import ScheduleSpec, applicable_schedules, simulate
 from ..schedule.generators import GENERATORS
+from ..schedule.report import BASELINE, model_speedups, square_spec
 from .report import by_config, read_csv, text_table, write_csv
 
 MODEL_FIELDS = (
@@ -59,18 +59,6 @@ MODEL_FIELDS = (
     "model_rank",
     "measured_rank",
 )
-BASELINE = "fa3"
-
-
-def spec_for(
-    headdim: int, seqlen: int, batch: int, heads: int, causal: bool, workers: int
-) -> ScheduleSpec:
-    """The tile-level problem the backward kernel runs for a square MHA shape."""
-    problem = Problem(batch, seqlen, seqlen, heads, heads, headdim, CAUSAL if causal else FULL)
-    plan = make_backward_plan(
-        problem, device=analysis_device(workers), backend="triton", schedule="fa3"
-    )
-    return plan.spec
 
 
 def estimate_costs(spec: ScheduleSpec, nondet_ms: float, fa3_ms: float) -> tuple[float, float]:
@@ -96,7 +84,9 @@ def model_vs_measured(rows: Iterable[Mapping[str, Any]], deadline: Any = None) -
             break
         first = providers["dash_nondet"]
         workers = int(first["sm_count"])
-        spec = spec_for(headdim, seqlen, int(first["batch"]), int(first["heads"]), causal, workers)
+        spec = square_spec(
+            headdim, seqlen, int(first["batch"]), int(first["heads"]), causal, workers
+        )
         nondet_ms = float(first["ms"])
         fa3_ms = float(providers[f"dash_{BASELINE}"]["ms"])
         c, r = estimate_costs(spec, nondet_ms, fa3_ms)
@@ -110,6 +100,8 @@ def model_vs_measured(rows: Iterable[Mapping[str, Any]], deadline: Any = None) -
             for name in measured
         }
         model_rank, measured_rank = _ranks(model), _ranks(measured)
+        model_speedup = model_speedups(model)
+        measured_speedup = model_speedups(measured)
         for name in measured:
             out.append(
                 {
@@ -130,8 +122,8 @@ def model_vs_measured(rows: Iterable[Mapping[str, Any]], deadline: Any = None) -
                     "r_over_c": r / c if c > 0 else None,
                     "model_ms": model[name],
                     "measured_ms": measured[name],
-                    "model_speedup_vs_fa3": model[BASELINE] / model[name] if model[name] else None,
-                    "measured_speedup_vs_fa3": measured[BASELINE] / measured[name],
+                    "model_speedup_vs_fa3": model_speedup[name] if model[name] else None,
+                    "measured_speedup_vs_fa3": measured_speedup[name],
                     "model_rank": model_rank[name],
                     "measured_rank": measured_rank[name],
                 }
@@ -191,12 +183,11 @@ def predicted_table(cases: Iterable[Any], workers: int) -> str:
     header = ["hdim", "mask", "seqlen", "batch", "heads", "schedules: model speedup over fa3"]
     body = []
     for case in cases:
-        spec = spec_for(case.headdim, case.seqlen, case.batch, case.heads, case.causal, workers)
-        base = simulate(GENERATORS[BASELINE](spec)).makespan
-        cells = []
-        for name in applicable_schedules(spec):
-            if name != BASELINE:
-                cells.append(f"{name} {base / simulate(GENERATORS[name](spec)).makespan:.3f}x")
+        spec = square_spec(case.headdim, case.seqlen, case.batch, case.heads, case.causal, workers)
+        speedups = model_speedups(
+            {name: simulate(GENERATORS[name](spec)).makespan for name in applicable_schedules(spec)}
+        )
+        cells = [f"{name} {x:.3f}x" for name, x in speedups.items() if name != BASELINE]
         body.append(
             [
                 str(case.headdim),

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..schedule.report import text_table
 from .providers import family_of, provider_names
 
 CSV_FIELDS = (
@@ -208,19 +209,6 @@ def _seq(seqlen: int) -> str:
 
 def _mask(causal: bool) -> str:
     return "causal" if causal else "full"
-
-
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0) -> str:
-    """Aligned plain text: the first ``left`` columns left-aligned, the others right-aligned."""
-    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0) -> str:

@@ -1,0 +1,51 @@
+"""Provider names, selection and the real peers on the CPU (``dash_attn.bench.providers``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dash_attn.bench import report, runinfo, sweep
+from dash_attn.bench.providers import Case, Provider, provider_names, select
+from dash_attn.bench.timing import wall_clock_ms
+
+from .helpers import META, fa4_installed, synthetic_rows
+
+
+def test_provider_selection_by_family_name_and_pattern() -> None:
+    def make(case: Case, device: object) -> None:
+        return None
+
+    names = provider_names()
+    fakes = [Provider(n, n.split("_")[0], "nondet" not in n, make) for n in names]
+    assert [p.name for p in select(fakes, ["fa4"])] == ["fa4_det", "fa4_nondet"]
+    assert [p.name for p in select(fakes, ["flex", "dash_auto"])] == ["dash_auto", "flex"]
+    assert {p.name for p in select(fakes, ["sdpa_flash*"])} == {"sdpa_flash_det", "sdpa_flash"}
+    assert len(select(fakes, None)) == len(select(fakes, ["all"])) == len(names)
+
+
+def test_missing_peer_gives_dash_instead_of_crash() -> None:
+    rows = [r for r in synthetic_rows() if r["provider"] not in ("flex", "fa4_det")]
+    text = report.ratio_table(rows)
+    assert "-" in text.splitlines()[2]
+    assert "dash auto / flex" in report.summary_table(rows)
+
+
+def test_real_peer_providers_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """SDPA flash runs on the CPU too: the deterministic-mode context, the (b, h, s, d) layout,
+    a backend that is missing (cuDNN) and a peer that is not installed (FA4) go through the
+    same code as on the GPU."""
+    from dash_attn.bench.providers import peer_providers
+
+    chosen = select(peer_providers(), ["sdpa_*", "fa4_det"])
+    skips = sweep.Skips([], set())
+    rows = sweep.run_sweep(
+        [Case(2, 64, 2, 2, 64, True)], lambda case: chosen, meta=META, mode="bwd",
+        warmup=0.0, rep=1.0, repeats=3, seed=0, device="cpu", timer=wall_clock_ms,
+        deadline=runinfo.Deadline(None), skips=skips,
+    )  # fmt: skip
+    assert [r["provider"] for r in rows] == ["sdpa_flash_det", "sdpa_flash"]
+    assert all(r["bitwise_repeatable"] for r in rows)
+    assert not torch.are_deterministic_algorithms_enabled()  # the context was undone
+    assert {s["provider"] for s in skips.items} <= {"fa4_det", "sdpa_cudnn"}
+    assert "fa4_det" in {s["provider"] for s in skips.items} or fa4_installed()

@@ -1,0 +1,122 @@
+"""CSV/JSON files and the tables of ``dash_attn.bench.report``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dash_attn.bench import report
+from dash_attn.bench.providers import provider_names
+
+from .helpers import FACTORS, META, synthetic_rows
+
+
+def test_csv_round_trip_keeps_types(bench_csv: Path) -> None:
+    rows = report.read_csv(bench_csv)
+    original = synthetic_rows()
+    assert len(rows) == len(original)
+    assert list(rows[0]) == list(report.CSV_FIELDS)
+    for got, want in zip(rows, original, strict=True):
+        for key in report.CSV_FIELDS:
+            assert got[key] == want.get(key), key
+    assert not bench_csv.with_name("bench.csv.tmp").exists()
+
+
+def test_json_writer(tmp_path: Path) -> None:
+    report.write_json(tmp_path / "bench.json", {"header": META, "rows": synthetic_rows()[:2]})
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    assert payload["header"]["gpu"] == "Test GPU" and len(payload["rows"]) == 2
+
+
+def test_readme_command_names_the_subcommand_once(
+    bench_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `python -m dash_attn bench ...` records argv with the subcommand first.
+    report.write_json(
+        bench_csv.with_name("bench.json"),
+        {"header": META, "argv": ["bench", "--e2e", "--out-dir", "$OUT/h200", "--commit", "abc"]},
+    )
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    assert "Command: `dash-attn bench --e2e --commit abc`" in capsys.readouterr().out
+
+
+def test_readme_table_from_csv(bench_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report.write_json(
+        bench_csv.with_name("bench.json"),
+        {"header": META, "argv": ["--quick", "--out-dir", "/tmp/x", "--rep", "50"]},
+    )
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    first = capsys.readouterr().out
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    assert capsys.readouterr().out == first  # deterministic
+    lines = first.splitlines()
+    assert lines[0].startswith("Machine: GPU Test GPU (132 SMs)")
+    assert "Command: `dash-attn bench --quick --rep 50`" in first
+    table = [line for line in lines if line.startswith(("| 64 |", "| 128 |"))]
+    assert len(table) == 16  # 2 head dims x 2 masks x 4 seqlens
+    header = next(line for line in lines if line.startswith("| hdim"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[:3] == ["hdim", "mask", "seqlen"]  # one mode: no mode column
+    assert columns[3:] == [n for n in provider_names() if n in FACTORS]
+    # Bold marks the fastest deterministic provider (dash_auto/shift tie at 1.2x the curve).
+    row = table[0].strip("|").split("|")
+    cells = dict(zip(columns, (c.strip() for c in row), strict=True))
+    assert cells["dash_auto"].startswith("**") and not cells["dash_nondet"].startswith("**")
+    assert cells["seqlen"] == "512" and table[1].split("|")[3].strip() == "1k"
+    # Geometric means: exact ratios of the synthetic factors.
+    summary = [line for line in lines if line.startswith("| bwd full hdim 64")]
+    values = {line.split("|")[2].strip(): line.split("|")[3].strip() for line in summary}
+    assert values["dash auto / fa4_det"] == f"{1.2 / 0.96:.2f}x"
+    assert values["dash auto / flex"] == f"{1.2 / 0.8:.2f}x"
+    assert values["dash auto / dash fa3"] == "1.20x"
+    assert values["dash auto / dash nondet"] == f"{1.2 / 1.25:.2f}x"
+    assert values["fa4_det / fa4_nondet"] == f"{0.96 / 1.28:.2f}x"
+
+
+def test_ratio_table_names_best_schedule(bench_csv: Path) -> None:
+    text = report.ratio_table(report.read_csv(bench_csv))
+    lines = text.splitlines()
+    assert len(lines) == 2 + 16
+    causal = next(line for line in lines if " causal " in line)
+    assert "(symmetric_shift)" in causal and f"{1.2 / 0.96:.2f}x" in causal
+    assert "1.20x" in causal  # auto / fa3
+
+
+def test_determinism_and_e2e_tables() -> None:
+    det = []
+    for name, diff in (("dash_fa3", 0.0), ("dash_nondet", 3e-3)):
+        det.append(
+            {
+                **META, "headdim": 128, "seqlen": 4096, "batch": 4, "heads": 16, "causal": True,
+                "provider": name, "deterministic": diff == 0, "repeats": 10,
+                "max_diff_dq": diff, "max_diff_dk": 0.0, "max_diff_dv": 0.0,
+                "bitwise_repeatable": diff == 0,
+            }
+        )  # fmt: skip
+    text = report.determinism_table(det)
+    assert "causal d128 s4k" in text
+    assert text.splitlines()[2].split() == ["dash_fa3", "0"]
+    assert text.splitlines()[3].split() == ["dash_nondet", "3.0e-03"]
+    e2e = [
+        {"model": "llama3-8b", "seqlen": 8192, "batch": 1, "provider": p, "ms": ms}
+        for p, ms in (("dash_auto", 10.0), ("dash_fa3", 12.0), ("fa4_det", 11.0))
+    ]
+    assert "1.20x" in report.e2e_table(e2e) and "1.10x" in report.e2e_table(e2e)
+
+
+def test_readme_results_are_generated_from_the_committed_files(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's result tables are exactly what the report makes of benchmarks/results/."""
+    repo = Path(__file__).resolve().parents[2]
+    results, readme = repo / "benchmarks" / "results" / "h200", repo / "README.md"
+    if not (results.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    args = ["--csv", str(results / "bench.csv"), "--readme-table"]
+    args += ["--determinism", str(results / "determinism.csv"), "--e2e", str(results / "e2e.csv")]
+    assert report.main(args) == 0
+    generated = capsys.readouterr().out.strip()
+    assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
+    assert generated in readme.read_text()

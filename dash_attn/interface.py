@@ -104,8 +104,9 @@ def dash_attn_func(
         deterministic: fixed-order dQ accumulation in the backward (default True).
         schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only) or
             ``"symmetric_shift"`` (causal only): which DASH schedule the backward runs. ``"auto"``
-            is a pure function of the shape (``shift`` for the full mask, ``symmetric_shift`` for
-            causal), never a timing-based choice.
+            is a pure function of the shape: the DAG model's fastest applicable schedule (ties
+            to the mask's shift schedule) up to 2048 tile tasks, else ``shift`` for the full mask
+            and ``symmetric_shift`` for causal; never a timing-based choice.
         sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
             the persistent backward runs on ``SM count - sm_margin`` workers.
         return_lse: also return the log-sum-exp of each query row.

@@ -15,9 +15,11 @@ Worked example: 8 query heads sharing 2 KV heads, 1000 queries and keys, causal,
     ...                   headdim=128, mask=CAUSAL)
     >>> plan = make_backward_plan(problem, device=H200, backend="triton")
     >>> plan.schedule.name, plan.tiles.label, plan.spec.q_tiles, plan.spec.kv_tiles
-    ('symmetric_shift', '64x128w8s3a', 16, 8)
-    >>> plan.grid  # 2 batches x 2 KV heads x 4 pairs of KV tiles, one worker each
-    16
+    ('descending', '64x128w8s3a', 16, 8)
+    >>> plan.grid  # dynamic dispatch: one program per chain (2 batches x 2 KV heads x 8 KV tiles)
+    32
+
+(``auto`` is the DAG model's pick for this small shape; at 4096 tokens it is ``symmetric_shift``.)
 """
 
 from __future__ import annotations

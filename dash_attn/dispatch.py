@@ -7,11 +7,13 @@ from types import ModuleType
 
 import torch
 
+from .backends import choose_forward_backend
 from .device import device_info
 from .errors import check_errors
 from .plan import CAUSAL, FULL, BackwardPlan, Problem, make_backward_plan
 
 _last_plan: BackwardPlan | None = None
+_last_forward: tuple[str, str] | None = None
 
 
 def last_launch_info() -> BackwardPlan | None:
@@ -19,7 +21,19 @@ def last_launch_info() -> BackwardPlan | None:
     return _last_plan
 
 
-def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
+def tma_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can read every tensor as a tiled tensor: 16-byte aligned base pointer and
+    outer strides, unit stride in the last dimension, no broadcast (zero-stride) dimension."""
+    return all(
+        x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and all(stride > 0 and stride * x.element_size() % 16 == 0 for stride in x.stride()[:-1])
+        for x in tensors
+    )
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, *more: torch.Tensor) -> Problem:
+    """The Problem of a call on q, k (and v, dout, ...: all checked for TMA alignment)."""
     batch, seqlen_q, heads, headdim = q.shape
     return Problem(
         batch=batch,
@@ -30,6 +44,7 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
         headdim=headdim,
         mask=CAUSAL if causal else FULL,
         dtype=str(q.dtype).removeprefix("torch."),
+        tma_aligned=tma_aligned(q, k, *more),
     )
 
 
@@ -39,10 +54,27 @@ def backend_module(name: str) -> ModuleType:
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """out and lse (natural log, ``(batch, heads, seqlen_q)`` fp32)."""
-    return backend_module("triton").run_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    """out and lse (natural log, ``(batch, heads, seqlen_q)`` fp32) by the chosen backend (the
+    forward is deterministic on both; they may differ from each other in the last bits)."""
+    global _last_forward
+    name, reason = choose_forward_backend(
+        problem_of(q, k, causal, v), device_info(q.device), backend
+    )
+    _last_forward = (name, reason)
+    return backend_module(name).run_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def last_forward_backend() -> tuple[str, str] | None:
+    """``(backend, why)`` of the most recent forward."""
+    return _last_forward
 
 
 def backward(
@@ -65,7 +97,7 @@ def backward(
     # An earlier launch's timed-out wait surfaces here at the latest (no host sync per call).
     check_errors(synchronize=False)
     plan = make_backward_plan(
-        problem_of(q, k, causal),
+        problem_of(q, k, causal, v, dout),
         device=device_info(q.device),
         schedule=schedule,
         deterministic=deterministic,

@@ -30,7 +30,7 @@ class DashAttnFunction(torch.autograd.Function):
         sm_margin: int,
         backend: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale)
+        out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         ctx.softmax_scale = softmax_scale

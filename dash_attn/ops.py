@@ -14,14 +14,24 @@ from . import dispatch
 
 @torch.library.custom_op("dash_attn::fwd", mutates_args=())
 def fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return dispatch.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return dispatch.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
 
 
 @fwd.register_fake
 def _fwd_fake(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen_q, heads, _ = q.shape
     return torch.empty_like(q), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)

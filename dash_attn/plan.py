@@ -63,6 +63,8 @@ class Problem:
             ``(batch, seqlen, nheads, headdim)`` layout; ``heads % kv_heads == 0``.
         mask: ``FULL`` or ``CAUSAL`` (bottom-right aligned).
         dtype: ``"bfloat16"`` or ``"float16"`` (torch's names without the prefix).
+        tma_aligned: the tensors' base pointers and outer strides are 16-byte aligned, as
+            the hopper kernels' TMA loads need (contiguous tensors always are).
     """
 
     batch: int
@@ -73,6 +75,7 @@ class Problem:
     headdim: int
     mask: Mask = FULL
     dtype: str = "bfloat16"
+    tma_aligned: bool = True
 
     def __post_init__(self) -> None:
         for name in ("batch", "seqlen_q", "seqlen_k", "heads", "kv_heads", "headdim"):

@@ -83,7 +83,6 @@ def test_explicit_tiles_are_recorded_and_set_the_schedule() -> None:
         (dict(sm_margin=132), ValueError, "leaves no multiprocessor"),
         (dict(sm_margin=-1), ValueError, "sm_margin must be an int >= 0"),
         (dict(backend="cuda"), ValueError, "backend must be one of"),
-        (dict(backend="hopper"), NotImplementedError, "backend='hopper' cannot run"),
         (dict(schedule="symmetric_shift"), ValueError, "for the causal mask"),
         (dict(timeout_s=0.0), ValueError, "timeout_s must be a positive"),
     ],
@@ -91,6 +90,24 @@ def test_explicit_tiles_are_recorded_and_set_the_schedule() -> None:
 def test_bad_options_raise_naming_the_option(kwargs, error, message) -> None:
     with pytest.raises(error, match=message):
         make_backward_plan(PROBLEM, device=H200, **kwargs)
+
+
+def test_hopper_backend_by_name_or_a_clear_error() -> None:
+    pytest.importorskip("cutlass")
+    plan = make_backward_plan(PROBLEM, device=H200, backend="hopper")
+    assert plan.backend == "hopper" and plan.tiles.block_n == 128 and plan.tiles.num_warps == 12
+    # auto keeps the Triton backward until the hopper one is measured faster.
+    assert make_backward_plan(PROBLEM, device=H200).backend == "triton"
+    with pytest.raises(NotImplementedError, match="backend='hopper' cannot run this bwd: needs"):
+        make_backward_plan(PROBLEM, device=INTERPRETER, backend="hopper")
+    odd = Problem(1, 100, 100, 2, 2, 96)
+    with pytest.raises(NotImplementedError, match=r"bwd head dims \[64, 128\], not 96"):
+        make_backward_plan(odd, device=H200, backend="hopper")
+    unaligned = Problem(1, 100, 100, 2, 2, 128, tma_aligned=False)
+    with pytest.raises(NotImplementedError, match="16-byte aligned"):
+        make_backward_plan(unaligned, device=H200, backend="hopper")
+    reason = make_backward_plan(unaligned, device=H200).backend_reason
+    assert reason.startswith("auto: hopper needs 16-byte aligned")
 
 
 def test_bad_problems_raise() -> None:

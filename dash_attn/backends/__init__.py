@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import hopper
 from .triton.tiles import BackwardTiles, backward_tiles
 
 if TYPE_CHECKING:
@@ -16,23 +17,46 @@ if TYPE_CHECKING:
 
 BACKEND_NAMES = ("triton", "hopper")
 
+# Where ``auto`` takes the hopper kernels once they cover the call: only directions for which a
+# committed side-by-side run measured them faster than the Triton ones (benchmarks/results/h200/).
+AUTO_PREFERS_HOPPER = {"fwd": True, "bwd": False}
 
-def hopper_unsupported(problem: Problem, device: DeviceInfo) -> str | None:
+
+def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:
     """Why the hopper backend cannot run ``problem`` on ``device``; None if it can."""
-    del problem, device
-    return "the hopper (CuTe DSL) backend is not part of this release yet"
+    return hopper.unsupported(problem, device, direction)
+
+
+def _choose(
+    problem: Problem, device: DeviceInfo, requested: str, direction: str
+) -> tuple[str, str]:
+    gap = hopper_unsupported(problem, device, direction)
+    if requested == "hopper":
+        if gap is not None:
+            raise NotImplementedError(f"backend='hopper' cannot run this {direction}: {gap}")
+        return "hopper", "asked for by name"
+    if requested == "triton":
+        return "triton", "asked for by name"
+    if gap is not None:
+        return "triton", f"auto: hopper {gap}"
+    if not AUTO_PREFERS_HOPPER[direction]:
+        return "triton", f"auto: the hopper {direction} is opt-in until measured faster"
+    return "hopper", "auto: covered, and measured faster than triton"
 
 
 def choose_backend(
     problem: Problem, device: DeviceInfo, requested: str, dq_reduce: str
 ) -> tuple[str, str, BackwardTiles]:
-    """``(backend, why, tiles)`` for a request of ``"auto"``, ``"triton"`` or ``"hopper"``.
+    """``(backend, why, tiles)`` of the backward for ``"auto"``, ``"triton"`` or ``"hopper"``.
 
-    ``auto`` takes hopper where it covers the problem, else triton, and says why; a named backend
-    that cannot run raises NotImplementedError with the reason.
+    ``auto`` takes hopper where it covers the problem and is preferred (AUTO_PREFERS_HOPPER),
+    else triton, and says why; a named backend that cannot run raises NotImplementedError.
     """
-    hopper_gap = hopper_unsupported(problem, device)
-    if requested == "hopper" and hopper_gap is not None:
-        raise NotImplementedError(f"backend='hopper' cannot run this call: {hopper_gap}")
-    reason = "asked for by name" if requested == "triton" else f"auto: {hopper_gap}"
-    return "triton", reason, backward_tiles(problem.headdim, dq_reduce)
+    name, reason = _choose(problem, device, requested, "bwd")
+    tiles = hopper.BWD_TILES if name == "hopper" else backward_tiles(problem.headdim, dq_reduce)
+    return name, reason, tiles
+
+
+def choose_forward_backend(problem: Problem, device: DeviceInfo, requested: str) -> tuple[str, str]:
+    """``(backend, why)`` of the forward, by the same rules as the backward's."""
+    return _choose(problem, device, requested, "fwd")

@@ -1,0 +1,45 @@
+"""The Hopper backend: warp-specialised CuTe-DSL kernels for sm_90 (``nvidia-cutlass-dsl``).
+
+This module is pure Python: it says what the backend covers without importing cutlass, torch or
+the kernels (``launch`` does, on first use). The kernels run the same ``BackwardPlan`` as the
+Triton backend: the same schedule tables, with this backend's tiles.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from ..triton.tiles import BackwardTiles
+
+if TYPE_CHECKING:
+    from ...plan import DeviceInfo, Problem
+
+# What the kernels are written and tested for (register and shared-memory budgets per head dim:
+# README, "Hopper backend").
+FWD_HEADDIMS = (64, 96, 128, 192, 256)
+BWD_HEADDIMS = (64, 128)
+# One KV tile (block_n rows) is one chain; each of the two MMA warpgroups owns 64 of its rows;
+# block_m query rows per step. num_warps counts the producer/dQ warpgroup too.
+BWD_TILES = BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2)
+
+
+def cutlass_available() -> bool:
+    """Whether ``nvidia-cutlass-dsl`` is installed (found, not imported)."""
+    return importlib.util.find_spec("cutlass") is not None
+
+
+def unsupported(problem: Problem, device: DeviceInfo, direction: str) -> str | None:
+    """Why the hopper kernels cannot run ``problem`` (``direction`` "fwd" or "bwd") on
+    ``device``; None if they can."""
+    if device.capability != (9, 0):
+        where = "Triton's interpreter" if device.is_interpreter else f"sm_{device.capability}"
+        return f"needs an sm_90 GPU (Hopper), this is {where}"
+    headdims = FWD_HEADDIMS if direction == "fwd" else BWD_HEADDIMS
+    if problem.headdim not in headdims:
+        return f"{direction} head dims {list(headdims)}, not {problem.headdim}"
+    if not problem.tma_aligned:
+        return "needs 16-byte aligned base pointers and strides of q, k, v (and dout) for TMA"
+    if not cutlass_available():
+        return "nvidia-cutlass-dsl is not installed (pip install nvidia-cutlass-dsl)"
+    return None

@@ -120,7 +120,7 @@ class HopperAttnBwd:
         return cute.tile_to_shape(atom, shape, order=order)
 
     def _tiled_mmas(self):
-        bm, bn, hd = self.block_m, self.block_n, self.head_dim
+        bm, hd = self.block_m, self.head_dim
         K_major = warpgroup.OperandMajorMode.K
         MN_major = warpgroup.OperandMajorMode.MN
         # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
@@ -197,9 +197,7 @@ class HopperAttnBwd:
         )
         tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
-        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(
-            g2s, mLSE_t, cute.make_layout(bm), (bm,)
-        )
+        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, cute.make_layout(bm), (bm,))
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
             g2s, mDelta_t, cute.make_layout(bm), (bm,)
         )
@@ -223,14 +221,10 @@ class HopperAttnBwd:
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024
-            ]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sdS: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024
-            ]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd], 1024]
 
         scale_log2 = softmax_scale * math.log2(math.e)
@@ -545,7 +539,9 @@ class HopperAttnBwd:
                         # generic-proxy release by the proxy fence.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
                         cute.arch.fence_proxy("async.global")
-                        cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                        cute.arch.red(
+                            sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
+                        )
                     else:
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
@@ -647,7 +643,7 @@ class HopperAttnBwd:
                 qh = sInfo[_I_QH, stage]
                 qt = sInfo[_I_QT, stage]
                 rank = sInfo[_I_RANK, stage]
-                if flags & _F_FIRST:
+                if flags & _F_FIRST != 0:
                     cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
                     kv_phase = kv_phase ^ 1
                     acc_dK.fill(0.0)
@@ -671,7 +667,7 @@ class HopperAttnBwd:
                     p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
                     if n0 + n >= seqlen_k:
                         p = Float32(0.0)
-                    if const_expr(self.causal):
+                    if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
                         if n0 + n > m0 + m + shift:
                             p = Float32(0.0)
                     acc_S[i] = p
@@ -720,7 +716,7 @@ class HopperAttnBwd:
                 # Q, dO, LSE2, delta of this stage are no longer read.
                 cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
 
-                if flags & _F_LAST:
+                if flags & _F_LAST != 0:
                     # K/V are free for the next chain; dK/dV leave from registers.
                     cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
                     rdK = cute.make_fragment_like(acc_dK, self.dtype)

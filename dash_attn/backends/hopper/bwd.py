@@ -40,6 +40,7 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -110,19 +111,17 @@ class HopperAttnBwd:
 
     def _smem_layout(self, rows: int, cols: int, stages: int | None) -> cute.ComposedLayout:
         """A 128-byte swizzled K-major layout (cols contiguous) that WGMMA reads both as a
-        K-major operand and, through a transposed view, as an MN-major one."""
-        kind = sm90_helpers.get_smem_layout_atom(
-            cutlass.utils.LayoutEnum.ROW_MAJOR, self.dtype, cols
-        )
-        atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
+        K-major operand and, through a transposed view, as an MN-major one. All supported
+        tiles have rows of 128 or 256 bytes, a whole number of 128-byte swizzle atoms."""
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
         shape = (rows, cols) if stages is None else (rows, cols, stages)
         order = (0, 1) if stages is None else (0, 1, 2)
         return cute.tile_to_shape(atom, shape, order=order)
 
     def _tiled_mmas(self):
         bm, hd = self.block_m, self.head_dim
-        K_major = warpgroup.OperandMajorMode.K
-        MN_major = warpgroup.OperandMajorMode.MN
+        K_major = cute.nvgpu.OperandMajorMode.K
+        MN_major = cute.nvgpu.OperandMajorMode.MN
         # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
         mma_sdp = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_major, K_major, Float32,
@@ -134,14 +133,14 @@ class HopperAttnBwd:
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, hd),
             a_source=warpgroup.OperandSource.RMEM,
         )  # fmt: skip
-        # dQ = dS K: A = dS (K-major), B = K read MN-major. With 64 Q rows the two WGs split
+        # dQ = dS K: A = dS and B = K, both read MN-major. With 64 Q rows the two WGs split
         # the head dim; with 128 rows they split the rows.
         if bm == 64:
             atom_dq, tiler_dq = (1, 2, 1), (64, hd // 2)
         else:
             atom_dq, tiler_dq = (2, 1, 1), (64, hd)
         mma_dq = sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_major, MN_major, Float32,
+            self.dtype, self.dtype, MN_major, MN_major, Float32,
             atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
         )  # fmt: skip
         return mma_sdp, mma_dkv, mma_dq
@@ -177,7 +176,10 @@ class HopperAttnBwd:
         bm, bn, hd, st = self.block_m, self.block_n, self.head_dim, self.stages
         sQ_layout = self._smem_layout(bm, hd, st)
         sK_layout = self._smem_layout(bn, hd, None)
-        sdS_layout = self._smem_layout(bm, bn, st)
+        # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
+        # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
+        # it as an MN-major A operand.
+        sdS_layout = self._smem_layout(bn, bm, st)
         sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
         sLSE_layout = cute.make_layout((bm, st))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
@@ -303,7 +305,7 @@ class HopperAttnBwd:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(Storage)
         if tidx == 0:
             for s in cutlass.range_constexpr(self.stages):
@@ -609,7 +611,7 @@ class HopperAttnBwd:
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
         tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
-        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
         tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
 
         shape_st = (bn, bm)
@@ -618,7 +620,7 @@ class HopperAttnBwd:
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
-        tSsdS = thr_sdp.partition_C(transpose_view(sdS))
+        tSsdS = thr_sdp.partition_C(sdS)
         tQsdQ = thr_dq.partition_C(sdQ)
         bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 

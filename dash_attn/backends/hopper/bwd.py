@@ -639,12 +639,8 @@ class HopperAttnBwd:
                     sDqInfo[_I_FLAGS] = Int32(_F_DONE)
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
             else:
-                b = sInfo[_I_BATCH, stage]
-                kvh = sInfo[_I_KVH, stage]
-                kvt = sInfo[_I_KVT, stage]
-                qh = sInfo[_I_QH, stage]
-                qt = sInfo[_I_QT, stage]
-                rank = sInfo[_I_RANK, stage]
+                # Step metadata is read from the stage's slot where it is used (it stays valid
+                # until this stage is released), so it does not occupy registers across the MMAs.
                 if flags & _F_FIRST != 0:
                     cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
                     kv_phase = kv_phase ^ 1
@@ -661,8 +657,8 @@ class HopperAttnBwd:
                 # P^T = exp2(S^T * scale_log2 - lse2), masked: keys past seqlen_k (TMA gave
                 # zeros there, not -inf) and, causal, keys after the bottom-right diagonal.
                 # Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask.
-                n0 = kvt * bn
-                m0 = qt * bm
+                n0 = sInfo[_I_KVT, stage] * bn
+                m0 = sInfo[_I_QT, stage] * bm
                 shift = seqlen_k - seqlen_q
                 for i in cutlass.range_constexpr(cute.size(acc_S)):
                     n, m = tScS[i]
@@ -691,6 +687,9 @@ class HopperAttnBwd:
                 # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
                 cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
+                # dV done (it overlapped the dS stores): P's registers are free before dQ's
+                # accumulator is needed (keeps hd 128 within 240 registers, no spills).
+                warpgroup.wait_group(0)
                 cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
 
                 acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
@@ -700,22 +699,23 @@ class HopperAttnBwd:
                     mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
                     zero_init=False,
                 )  # fmt: skip
-                warpgroup.wait_group(1)
+                warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
                 cute.autovec_copy(acc_dQ, tQsdQ)
                 if tidx == 0:
-                    sDqInfo[_I_BATCH] = b
-                    sDqInfo[_I_QH] = qh
-                    sDqInfo[_I_QT] = qt
-                    sDqInfo[_I_RANK] = rank
+                    for w in cutlass.range_constexpr(_I_FLAGS):
+                        sDqInfo[w] = sInfo[w, stage]
                     sDqInfo[_I_FLAGS] = Int32(0)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
 
                 warpgroup.wait_group(0)
-                # Q, dO, LSE2, delta of this stage are no longer read.
+                b = sInfo[_I_BATCH, stage]
+                kvh = sInfo[_I_KVH, stage]
+                kvt = sInfo[_I_KVT, stage]
+                # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
                 cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
 
                 if flags & _F_LAST != 0:

@@ -18,9 +18,10 @@ warp 0       producer: the only reader of the schedule tables (and of the dynami
 warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (deterministic)
              spins until the dQ tile's semaphore equals the rank (bounded by %globaltimer; a
              timeout raises status[1] and poisons the partial with NaN), issues one TMA tensor
-             reduce-add into dq_acc (rows past seqlen_q clipped by the TMA unit), waits for its
-             full completion and releases the semaphore (red.release.gpu). Non-deterministic
-             mode skips the wait and the release.
+             reduce-add into dq_acc (rows past seqlen_q clipped by the TMA unit), frees the
+             buffer once the TMA unit has read it, then waits for the adds' full completion
+             and releases the semaphore (red.release.gpu). Non-deterministic mode skips the
+             wait and the release.
 warps 2-3    idle (they only give registers back).
 WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
@@ -501,21 +502,24 @@ class HopperAttnBwd:
         bm, hd = self.block_m, self.head_dim
         lane = cute.arch.lane_idx()
         bar_threads = self.num_mma_threads + cute.arch.WARP_SIZE
+        # The buffer starts free; afterwards it is freed as soon as the TMA unit has read it,
+        # so the MMA warpgroups write the next partial while this one's adds complete.
+        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
         done = Int32(0)
         while done == 0:
-            # The buffer is free: the previous reduce has read it (waited below).
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
             done = sDqInfo[_I_FLAGS] & _F_DONE
             if done == 0:
                 b = sDqInfo[_I_BATCH]
                 qh = sDqInfo[_I_QH]
                 qt = sDqInfo[_I_QT]
+                rank = sDqInfo[_I_RANK]
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(self.deterministic):
-                    rank = sDqInfo[_I_RANK]
                     if lane == 0:
                         sDqFail[0] = self._wait_turn(sem_ptr, rank, timeout_ns)
+                        # Order the bulk reduce (async proxy) after the acquire.
+                        cute.arch.fence_proxy("async.global")
                     cute.arch.sync_warp()
                     if sDqFail[0] != 0:
                         # Never a silent wrong result: poison what this step adds and raise
@@ -535,18 +539,21 @@ class HopperAttnBwd:
                     )  # fmt: skip
                     cute.copy(tma_dq, ts, tg)
                     cute.arch.cp_async_bulk_commit_group()
-                    if const_expr(self.deterministic):
-                        # Release only once the adds have landed in global memory (a wait for
-                        # the shared-memory read alone is too weak), ordered before the
-                        # generic-proxy release by the proxy fence.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                # sdQ (and sDqInfo, already read) may be overwritten from here on.
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
+                if const_expr(self.deterministic):
+                    if lane == 0:
+                        # Release only once the adds have been performed in global memory (the
+                        # wait for the shared-memory read alone is too weak), ordered before
+                        # the generic-proxy release by the proxy fence.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
                         cute.arch.fence_proxy("async.global")
                         cute.arch.red(
                             sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
                         )
-                    else:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.sync_warp()
+                    cute.arch.sync_warp()
         if lane == 0:
             # Bulk reductions must be complete before the CTA exits.
             cute.arch.cp_async_bulk_wait_group(0, read=False)

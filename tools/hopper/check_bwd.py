@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -71,6 +72,28 @@ TIMING_SHAPES = [  # 16k tokens each; most informative first (late ones may be s
     Shape(8, 2048, 2048, 16, 16, 64),
     Shape(2, 8192, 8192, 16, 16, 64),
 ]
+
+
+# ----------------------------------------------------------------------------- GPU watchdog
+
+_LOG: Log | None = None  # set in main(); flushed if the GPU hangs
+
+
+def wait_gpu(timeout_s: float = 60.0, what: str = "kernel") -> None:
+    """torch.cuda.synchronize() with a deadline: a hang inside a CTA (an mbarrier that never
+    completes has no timeout) writes the log so far and exits instead of burning GPU time."""
+    event = torch.cuda.Event()
+    event.record()
+    start = time.monotonic()
+    while not event.query():
+        if time.monotonic() - start > timeout_s:
+            print(f"HANG: {what} did not finish within {timeout_s} s; exiting", flush=True)
+            if _LOG is not None:
+                _LOG.rows.append({"kind": "hang", "case": what, "ok": False})
+                _LOG.write()
+                print(_LOG.summary(), flush=True)
+            os._exit(3)
+        time.sleep(0.001)
 
 
 # ----------------------------------------------------------------------------- problem setup
@@ -150,6 +173,7 @@ class Problem:
 
     def __init__(self, shape: Shape, causal: bool, dtype: torch.dtype, device: str) -> None:
         self.shape, self.causal, self.dtype, self.device = shape, causal, dtype, device
+        self.timing = False  # inside timing loops the watchdog waits once per loop
         self.scale = 1.0 / math.sqrt(shape.head_dim)
         self.inputs = make_inputs(shape, dtype, device)
         with torch.no_grad():
@@ -185,6 +209,8 @@ class Problem:
             causal=self.causal, softmax_scale=self.scale, deterministic=deterministic,
             dynamic=sched.dispatch is Dispatch.DYNAMIC, timeout_ns=timeout_ns,
         )  # fmt: skip
+        if not self.timing:
+            wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
         return (dq_acc * self.scale).to(self.dtype), dk, dv, status
 
 
@@ -234,6 +260,7 @@ class Log:
         row = {"kind": kind, "case": label, **row, "secs": round(time.monotonic() - start, 2)}
         self.rows.append(row)
         print(json.dumps(row, default=str), flush=True)
+        self.write()  # incremental: a later hang or kill keeps what ran
 
     def write(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +307,7 @@ def numerics_and_repeats(log: Log, workers: int, dtype: torch.dtype, repeats: in
 
                 def det_case(sched: Schedule = sched, prob: Problem = prob, refs: dict = refs):
                     first = prob.run(sched, True)
-                    torch.cuda.synchronize()
+                    wait_gpu(60.0, "check")
                     row = check_numerics(prob, first, refs)
                     same = True
                     for _ in range(repeats - 1):
@@ -315,7 +342,7 @@ def forced_timeout(log: Log, workers: int, dtype: torch.dtype) -> None:
         broken = dataclasses.replace(sched, step_rank=rank)
         start = time.monotonic()
         dq, dk, dv, status = prob.run(broken, True, timeout_ns=50_000_000)
-        torch.cuda.synchronize()
+        wait_gpu(60.0, "check")
         secs = time.monotonic() - start
         flag = int(status[1].item())
         nan = bool(torch.isnan(dq).any())
@@ -329,13 +356,13 @@ def forced_timeout(log: Log, workers: int, dtype: torch.dtype) -> None:
 def bench_ms(fn: Callable[[], Any], iters: int = 10) -> float:
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    wait_gpu(120.0, "timing warm-up")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
         fn()
     end.record()
-    torch.cuda.synchronize()
+    wait_gpu(120.0, "timing loop")
     return start.elapsed_time(end) / iters
 
 
@@ -358,6 +385,7 @@ def timing(log: Log, workers: int, dtype: torch.dtype) -> None:
             except Exception as exc:
                 log.rows.append({"kind": "setup", "case": tag, "ok": False, "error": repr(exc)})
                 continue
+            prob.timing = True
             name = "symmetric_shift" if causal else "shift"
             sched = schedule_for(shape, causal, name, workers)
             for det in (True, False):
@@ -452,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--skip-timing", action="store_true")
     args = parser.parse_args(argv)
+    global _LOG
     start = time.monotonic()
-    log = Log(args.out, start + TIME_BUDGET_S)
+    log = _LOG = Log(args.out, start + TIME_BUDGET_S)
     dtype = getattr(torch, args.dtype)
     if args.dry_run:
         dry_run(log)
@@ -488,7 +517,7 @@ def _smoke(workers: int, dtype: torch.dtype) -> dict:
     }
     start = time.monotonic()
     got = prob.run(schedule_for(shape, False, "shift", workers), True)
-    torch.cuda.synchronize()
+    wait_gpu(60.0, "check")
     row = check_numerics(prob, got, refs)
     row["first_call_s"] = round(time.monotonic() - start, 2)
     return row

@@ -42,10 +42,12 @@ def _tool(name: str) -> str | None:
     return str(path) if path.exists() else None
 
 
-def _fake_inputs(head_dim: int, dtype: torch.dtype) -> tuple:
+def _fake_inputs(
+    head_dim: int, dtype: torch.dtype, batch: int = 2, seqlen: int = 100, heads: int = 4,
+    kv_heads: int = 2,
+) -> tuple:  # fmt: skip
     """CPU tensors that only carry types and ranks (shapes are compiled as runtime values);
-    deliberately not tile multiples and with GQA."""
-    batch, seqlen, heads, kv_heads = 2, 100, 4, 2
+    by default not tile multiples and with GQA."""
     q = torch.zeros(batch, seqlen, heads, head_dim, dtype=dtype)
     k = torch.zeros(batch, seqlen, kv_heads, head_dim, dtype=dtype)
     lse2 = torch.zeros(batch * heads, 128)
@@ -126,11 +128,20 @@ def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
 
 
 def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
+    """One kernel per configuration serves every shape: a different batch, sequence length
+    and head count (and other strides) hit the cache."""
     config = CONFIGS[0]
     first = _compile(config, tmp_path)
-    again = _compile(config, tmp_path)
-    assert first is again
-    assert COMPILE_TIMES[config] < 0.5
+    head_dim, dtype, causal, det = config
+    start = time.perf_counter()
+    again = bwd_launch.compile_bwd(
+        *_fake_inputs(head_dim, dtype, batch=3, seqlen=4099, heads=6, kv_heads=6),
+        causal=causal,
+        deterministic=det,
+        extra_options=f"--keep-ptx --keep-cubin --dump-dir {tmp_path}",
+    )
+    assert again is first
+    assert time.perf_counter() - start < 0.5
 
 
 def test_unsupported_head_dim_raises() -> None:

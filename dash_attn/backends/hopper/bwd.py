@@ -388,81 +388,92 @@ class HopperAttnBwd:
     ):
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
         lane = cute.arch.lane_idx()
-        # One thread drives the whole ring: table reads, metadata, mbarriers and TMA issue.
-        if lane == 0:
-            worker, _, _ = cute.arch.block_idx()
-            ticket = Int32(0)
-            end = Int32(0)
-            if dynamic != 0:
-                ticket = cute.arch.atomic_add(mFlags.iterator, Int32(1), sem="relaxed", scope="gpu")
-                end = num_chains
-            else:
-                ticket = mWorkerStart[worker]
-                end = mWorkerStart[worker + 1]
-            stage = Int32(0)
-            phase = Int32(0)
-            kv_phase = Int32(0)
-            while ticket < end:
-                chain = mOrder[ticket]
-                kvt = chain % kv_tiles
-                rest = chain // kv_tiles
-                kvh = rest % kv_heads
-                b = rest // kv_heads
-                lo = mChainStart[chain]
-                hi = mChainStart[chain + 1]
-                for step in cutlass.range(lo, hi, unroll=1):
-                    qh = mStepHead[step]
-                    qt = mStepTile[step]
-                    rank = mStepRank[step]
+        # The whole warp runs the loop (cute.copy of a TMA atom elects one lane with
+        # elect.sync over the full warp, so every lane must reach it); lane 0 alone takes
+        # tickets, writes the metadata and arrives on the mbarriers.
+        worker, _, _ = cute.arch.block_idx()
+        ticket = Int32(0)
+        end = Int32(0)
+        if dynamic != 0:
+            ticket = self._take_ticket(mFlags, lane)
+            end = num_chains
+        else:
+            ticket = mWorkerStart[worker]
+            end = mWorkerStart[worker + 1]
+        stage = Int32(0)
+        phase = Int32(0)
+        kv_phase = Int32(0)
+        while ticket < end:
+            chain = mOrder[ticket]
+            kvt = chain % kv_tiles
+            rest = chain // kv_tiles
+            kvh = rest % kv_heads
+            b = rest // kv_heads
+            lo = mChainStart[chain]
+            hi = mChainStart[chain + 1]
+            for step in cutlass.range(lo, hi, unroll=1):
+                full = storage.full_bar.data_ptr() + stage
+                cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                qh = mStepHead[step]
+                qt = mStepTile[step]
+                if lane == 0:
                     flags = Int32(0)
                     if step == lo:
                         flags = flags | _F_FIRST
                     if step == hi - 1:
                         flags = flags | _F_LAST
-                    full = storage.full_bar.data_ptr() + stage
-                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
                     sInfo[_I_BATCH, stage] = b
                     sInfo[_I_KVH, stage] = kvh
                     sInfo[_I_KVT, stage] = kvt
                     sInfo[_I_QH, stage] = qh
                     sInfo[_I_QT, stage] = qt
-                    sInfo[_I_RANK, stage] = rank
+                    sInfo[_I_RANK, stage] = mStepRank[step]
                     sInfo[_I_FLAGS, stage] = flags
                     # The arrive releases the metadata stores above to the consumers.
                     cute.arch.mbarrier_arrive_and_expect_tx(full, self.bytes_step)
-                    gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
-                    gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
-                    gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
-                    gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
-                    self._tma_load(tma_q, gQ, sQ, stage, full, 2)
-                    self._tma_load(tma_do, gdO, sdO, stage, full, 2)
-                    self._tma_load(tma_lse, gL, sLSE, stage, full, 1)
-                    self._tma_load(tma_delta, gD, sDelta, stage, full, 1)
-                    if step == lo:
-                        # K/V after the first Q/dO of the chain, so that those are not queued
-                        # behind the wait for the previous chain to end.
-                        cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
-                        kv_full = storage.kv_full.data_ptr()
+                cute.arch.sync_warp()
+                gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
+                gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
+                gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
+                gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
+                self._tma_load(tma_q, gQ, sQ, stage, full, 2)
+                self._tma_load(tma_do, gdO, sdO, stage, full, 2)
+                self._tma_load(tma_lse, gL, sLSE, stage, full, 1)
+                self._tma_load(tma_delta, gD, sDelta, stage, full, 1)
+                if step == lo:
+                    # K/V after the first Q/dO of the chain, so that those are not queued
+                    # behind the wait for the previous chain to end.
+                    cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
+                    kv_full = storage.kv_full.data_ptr()
+                    if lane == 0:
                         cute.arch.mbarrier_arrive_and_expect_tx(kv_full, self.bytes_kv)
-                        gK = cute.local_tile(mK[None, None, kvh, b], (bn, hd), (kvt, 0))
-                        gV = cute.local_tile(mV[None, None, kvh, b], (bn, hd), (kvt, 0))
-                        self._tma_load_single(tma_k, gK, sK, kv_full)
-                        self._tma_load_single(tma_v, gV, sV, kv_full)
-                        kv_phase = kv_phase ^ 1
-                    stage = stage + 1
-                    if stage == self.stages:
-                        stage = Int32(0)
-                        phase = phase ^ 1
-                if dynamic != 0:
-                    ticket = cute.arch.atomic_add(
-                        mFlags.iterator, Int32(1), sem="relaxed", scope="gpu"
-                    )
-                else:
-                    ticket = ticket + 1
-            # Terminator slot: consumers leave their loop when they read it.
-            cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                    cute.arch.sync_warp()
+                    gK = cute.local_tile(mK[None, None, kvh, b], (bn, hd), (kvt, 0))
+                    gV = cute.local_tile(mV[None, None, kvh, b], (bn, hd), (kvt, 0))
+                    self._tma_load_single(tma_k, gK, sK, kv_full)
+                    self._tma_load_single(tma_v, gV, sV, kv_full)
+                    kv_phase = kv_phase ^ 1
+                stage = stage + 1
+                if stage == self.stages:
+                    stage = Int32(0)
+                    phase = phase ^ 1
+            if dynamic != 0:  # noqa: SIM108 (a runtime branch: no ternary in device code)
+                ticket = self._take_ticket(mFlags, lane)
+            else:
+                ticket = ticket + 1
+        # Terminator slot: consumers leave their loop when they read it.
+        cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+        if lane == 0:
             sInfo[_I_FLAGS, stage] = Int32(_F_DONE)
             cute.arch.mbarrier_arrive(storage.full_bar.data_ptr() + stage)
+
+    @cute.jit
+    def _take_ticket(self, mFlags: cute.Tensor, lane: Int32) -> Int32:
+        """Next dynamic ticket: one atomic by lane 0, broadcast to the warp."""
+        ticket = Int32(0)
+        if lane == 0:
+            ticket = cute.arch.atomic_add(mFlags.iterator, Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(ticket, 0)
 
     @cute.jit
     def _tma_load(
@@ -531,32 +542,34 @@ class HopperAttnBwd:
                         if lane == 0:
                             mFlags[1] = Int32(1)
                     cute.arch.sync_warp()
-                if lane == 0:
-                    gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
-                    ts, tg = cpasync.tma_partition(
-                        tma_dq, 0, cute.make_layout(1),
-                        cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
-                    )  # fmt: skip
-                    cute.copy(tma_dq, ts, tg)
-                    cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                # The whole warp issues the copy (it elects one lane itself); bulk groups are
+                # per thread, so every lane commits and waits (empty groups for the others).
+                gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
+                ts, tg = cpasync.tma_partition(
+                    tma_dq, 0, cute.make_layout(1),
+                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
+                )  # fmt: skip
+                cute.copy(tma_dq, ts, tg)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
                 # sdQ (and sDqInfo, already read) may be overwritten from here on.
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
                 if const_expr(self.deterministic):
+                    # Release only once the adds have been performed in global memory (the wait
+                    # for the shared-memory read alone is too weak), ordered before the
+                    # generic-proxy release by the proxy fence. Every lane waits for its own
+                    # groups (whichever lane was elected), then lane 0 releases.
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_proxy("async.global")
+                    cute.arch.sync_warp()
                     if lane == 0:
-                        # Release only once the adds have been performed in global memory (the
-                        # wait for the shared-memory read alone is too weak), ordered before
-                        # the generic-proxy release by the proxy fence.
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        cute.arch.fence_proxy("async.global")
                         cute.arch.red(
                             sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
                         )
                     cute.arch.sync_warp()
-        if lane == 0:
-            # Bulk reductions must be complete before the CTA exits.
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
+        # Bulk reductions must be complete before the CTA exits.
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:

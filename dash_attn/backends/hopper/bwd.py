@@ -31,7 +31,17 @@ WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
 
 Synchronisation: mbarriers for the load ring (full: 1 arrival + TMA bytes; empty: 256 MMA
 threads) and for K/V; named barriers for dS (the 256 MMA threads) and for the dQ buffer
-(256 MMA threads + the dQ warp, "empty" and "full").
+(256 MMA threads + the dQ warp, "empty" and "full"). TMA copies are issued by whole warps
+(``cute.copy`` elects the issuing lane with a full-mask elect.sync).
+
+Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpgroup 0 and
+240 for each MMA warpgroup (24 + 2 x 240 = 504 <= 512; a larger producer budget would leave
+the MMA increase unable to allocate). Launched with ``min_blocks_per_mp=1`` so that ptxas keeps
+setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatch needs).
+
+Not done yet: 128 x 128 tiles (hd 64) compile but spill in the MMA warpgroups, so only
+64 x 128 is accepted; hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup
+overlap of the next step's S/dP with this step's pointwise work.
 """
 
 from __future__ import annotations

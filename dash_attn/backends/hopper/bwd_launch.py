@@ -195,6 +195,22 @@ def hopper_bwd_main(
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    expected_chains = q.shape[0] * k.shape[2] * kv_tiles
+    if num_chains != expected_chains:
+        raise ValueError(
+            f"num_chains={num_chains} but batch * kv_heads * kv_tiles = {expected_chains}"
+        )
+    # Table sizes are metadata (no device sync); wrong sizes would make the kernel read past them.
+    if tables["chain_start"].numel() != num_chains + 1 or tables["order"].numel() != num_chains:
+        raise ValueError(
+            f"tables['chain_start'] must have num_chains + 1 = {num_chains + 1} entries and "
+            f"tables['order'] num_chains = {num_chains}"
+        )
+    if not dynamic and tables["worker_start"].numel() < num_workers + 1:
+        raise ValueError(
+            f"tables['worker_start'] has {tables['worker_start'].numel()} entries, static dispatch "
+            f"on {num_workers} workers needs at least {num_workers + 1}"
+        )
     if timeout_ns < 1:
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
     batch, seqlen_q, heads, head_dim = q.shape

@@ -171,6 +171,12 @@ def test_launcher_rejects_bad_arguments() -> None:
         bwd_launch.hopper_bwd_main(q, k, v, dout[:, :50], lse2, delta, tables, **kwargs)
     with pytest.raises(ValueError, match="q_tiles"):
         bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **{**kwargs, "q_tiles": 3})
+    with pytest.raises(ValueError, match="num_chains=5"):
+        bwd_launch.hopper_bwd_main(
+            q, k, v, dout, lse2, delta, tables, **{**kwargs, "num_chains": 5}
+        )
+    with pytest.raises(ValueError, match="num_chains \\+ 1"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs)
     with pytest.raises(ValueError, match="chain_start"):
         bad = {name: t for name, t in tables.items() if name != "chain_start"}
         bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, bad, **kwargs)

@@ -1,0 +1,69 @@
+"""Small CuTe-DSL helpers for the Hopper kernels (layout views and a WGMMA issue loop).
+
+Everything here runs at trace time inside ``cute.jit`` code; nothing touches a GPU at import.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """The same shared-memory tensor with its first two modes swapped (no data movement)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
+    """A view of ``t`` with its modes reordered (e.g. (b, s, h, d) -> (s, d, h, b))."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, modes))
+
+
+def acc_to_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """View a WGMMA accumulator fragment (fp32 or already converted to 16 bits) as the register
+    A operand of the next WGMMA whose K mode is the accumulator's N mode.
+
+    A Hopper accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N); a 16-bit register A fragment
+    wants ((2, 2, 2), MMA_M, K/16) per k-block, so every pair of 8-column groups becomes one
+    k-block of 16. The element order in registers is unchanged: only the view differs.
+    """
+    layout = acc.layout
+    split = cute.logical_divide(layout, ((None, None, 2), None, None))
+    view = cute.make_layout(
+        (
+            (split.shape[0][0], split.shape[0][1], split.shape[0][2][0]),
+            split.shape[1],
+            (split.shape[0][2][1], split.shape[2]),
+        ),
+        stride=(
+            (split.stride[0][0], split.stride[0][1], split.stride[0][2][0]),
+            split.stride[1],
+            (split.stride[0][2][1], split.stride[2]),
+        ),
+    )
+    return cute.make_tensor(acc.iterator, view)
+
+
+@cute.jit
+def wgmma(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    frag_a: cute.Tensor,
+    frag_b: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool],
+) -> None:
+    """Issue one warpgroup MMA (all k-blocks) as one commit group; the caller waits for it.
+
+    A fresh MMA atom carries the ACCUMULATE flag so that the tiled MMA shared by several GEMMs
+    is never mutated.
+    """
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
+        cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()

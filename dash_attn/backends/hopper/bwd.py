@@ -1,0 +1,769 @@
+"""Hopper (sm_90a) attention backward in CuTe DSL that executes dash-attn schedule tables.
+
+Same semantics, tables and error contract as the Triton kernel ``attn_bwd_kernel`` (see the
+glossary of ``dash_attn/kernels/bwd.py``): a persistent grid of workers, each running chains
+(one KV tile of one (batch, kv head): K, V loaded once, dK, dV kept in registers) made of steps
+(q head, Q tile, rank). The dQ partial of every step is added into an fp32 accumulator; in
+deterministic mode the addition of dQ tile (b, h, i) waits until its semaphore equals the step's
+rank and increments it afterwards.
+
+CTA layout (384 threads, 3 warpgroups)
+--------------------------------------
+warp 0       producer: the only reader of the schedule tables (and of the dynamic ticket
+             counter). For every step it waits for a free stage of a 2-stage ring, writes the
+             step's metadata into that stage's shared-memory slot, and issues TMA loads of Q, dO
+             and the step's LSE2/delta rows; at the first step of a chain it also loads K and V
+             (single-buffered, freed by the consumers at the chain's end). After the last chain
+             it publishes a "done" slot.
+warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (deterministic)
+             spins until the dQ tile's semaphore equals the rank (bounded by %globaltimer; a
+             timeout raises status[1] and poisons the partial with NaN), issues one TMA tensor
+             reduce-add into dq_acc (rows past seqlen_q clipped by the TMA unit), frees the
+             buffer once the TMA unit has read it, then waits for the adds' full completion
+             and releases the semaphore (red.release.gpu). Non-deterministic mode skips the
+             wait and the release.
+warps 2-3    idle (they only give registers back).
+WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
+             S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
+             the masks, dS^T = P^T (dP^T - delta), dV += P^T dO and dK += dS^T Q (RS WGMMA from
+             registers), dS to shared memory, dQ = dS K (SS, the two WGs split the head dim or
+             the rows), then the dQ partial goes to the dQ writer's buffer.
+
+Synchronisation: mbarriers for the load ring (full: 1 arrival + TMA bytes; empty: 256 MMA
+threads) and for K/V; named barriers for dS (the 256 MMA threads) and for the dQ buffer
+(256 MMA threads + the dQ warp, "empty" and "full"). TMA copies are issued by whole warps
+(``cute.copy`` elects the issuing lane with a full-mask elect.sync).
+
+Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpgroup 0 and
+240 for each MMA warpgroup (24 + 2 x 240 = 504 <= 512; a larger producer budget would leave
+the MMA increase unable to allocate). Launched with ``min_blocks_per_mp=1`` so that ptxas keeps
+setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatch needs).
+
+Not done yet: 128 x 128 tiles (hd 64) compile but spill in the MMA warpgroups, so only
+64 x 128 is accepted; hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup
+overlap of the next step's S/dP with this step's pointwise work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_helpers
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_TILES = ((64, 128),)
+
+# Named barrier ids (0 is __syncthreads).
+_BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
+_BAR_DQ_EMPTY = 2  # dQ buffer free (dQ warp arrives, MMA threads wait)
+_BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
+
+# Step metadata slot (int32 words per stage).
+_INFO_WORDS = 8
+_I_BATCH, _I_KVH, _I_KVT, _I_QH, _I_QT, _I_RANK, _I_FLAGS = range(7)
+_F_FIRST = 1  # first step of its chain: K/V of the chain arrive with it
+_F_LAST = 2  # last step of its chain: epilogue and K/V release after it
+_F_DONE = 4  # no more work: leave the loop
+
+
+class HopperAttnBwd:
+    """One compiled backward per (dtype, head dim, causal, deterministic, tiles).
+
+    All shapes (batch, sequence lengths, heads), strides and the schedule tables are runtime
+    values, so one compiled kernel serves every problem and every schedule.
+    """
+
+    num_threads = 384
+    num_mma_threads = 256
+    producer_regs = 24
+    mma_regs = 240
+
+    def __init__(
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        causal: bool,
+        deterministic: bool,
+        block_m: int = 64,
+        block_n: int = 128,
+        stages: int = 2,
+    ) -> None:
+        if dtype not in (cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise NotImplementedError(
+                f"head_dim={head_dim} is not supported by the Hopper backward "
+                f"(supported: {SUPPORTED_HEAD_DIMS})"
+            )
+        if (block_m, block_n) not in SUPPORTED_TILES:
+            raise NotImplementedError(
+                f"tiles (block_m={block_m}, block_n={block_n}) are not supported "
+                f"(supported: {SUPPORTED_TILES})"
+            )
+        if stages < 2:
+            raise ValueError(f"stages must be >= 2, got {stages}")
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.causal = causal
+        self.deterministic = deterministic
+        self.block_m = block_m
+        self.block_n = block_n
+        self.stages = stages
+
+    # ------------------------------------------------------------------ host-side setup
+
+    def _smem_layout(self, rows: int, cols: int, stages: int | None) -> cute.ComposedLayout:
+        """A 128-byte swizzled K-major layout (cols contiguous) that WGMMA reads both as a
+        K-major operand and, through a transposed view, as an MN-major one. All supported
+        tiles have rows of 128 or 256 bytes, a whole number of 128-byte swizzle atoms."""
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+        shape = (rows, cols) if stages is None else (rows, cols, stages)
+        order = (0, 1) if stages is None else (0, 1, 2)
+        return cute.tile_to_shape(atom, shape, order=order)
+
+    def _tiled_mmas(self):
+        bm, hd = self.block_m, self.head_dim
+        K_major = cute.nvgpu.OperandMajorMode.K
+        MN_major = cute.nvgpu.OperandMajorMode.MN
+        # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
+        mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, K_major, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, bm),
+        )  # fmt: skip
+        # dV += P^T dO and dK += dS^T Q: A from registers, B = dO / Q read MN-major.
+        mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, MN_major, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, hd),
+            a_source=warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        # dQ = dS K: A = dS and B = K, both read MN-major. With 64 Q rows the two WGs split
+        # the head dim; with 128 rows they split the rows.
+        if bm == 64:
+            atom_dq, tiler_dq = (1, 2, 1), (64, hd // 2)
+        else:
+            atom_dq, tiler_dq = (2, 1, 1), (64, hd)
+        mma_dq = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_major, MN_major, Float32,
+            atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
+        )  # fmt: skip
+        return mma_sdp, mma_dkv, mma_dq
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, seqlen_q, heads, hd)
+        mK: cute.Tensor,  # (b, seqlen_k, kv_heads, hd)
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,  # (b * heads, rows_pad) fp32
+        mDelta: cute.Tensor,
+        mdQacc: cute.Tensor,  # (b, seqlen_q, heads, hd) fp32
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mFlags: cute.Tensor,  # int32 [2 + b * heads * q_tiles]: ticket, error, semaphores
+        mChainStart: cute.Tensor,
+        mStepHead: cute.Tensor,
+        mStepTile: cute.Tensor,
+        mStepRank: cute.Tensor,
+        mOrder: cute.Tensor,
+        mWorkerStart: cute.Tensor,
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        num_workers: Int32,
+        dynamic: Int32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        stream: cuda.CUstream,
+    ):
+        bm, bn, hd, st = self.block_m, self.block_n, self.head_dim, self.stages
+        sQ_layout = self._smem_layout(bm, hd, st)
+        sK_layout = self._smem_layout(bn, hd, None)
+        # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
+        # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
+        # it as an MN-major A operand.
+        sdS_layout = self._smem_layout(bn, bm, st)
+        sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
+        sLSE_layout = cute.make_layout((bm, st))
+        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
+
+        # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
+        qkv_modes = [1, 3, 2, 0]
+        mQ_t, mK_t, mV_t, mdO_t, mdQ_t = [
+            select_modes(t, qkv_modes) for t in (mQ, mK, mV, mdO, mdQacc)
+        ]
+        mLSE_t, mDelta_t = [select_modes(t, [1, 0]) for t in (mLSE, mDelta)]
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_tQ = cpasync.make_tiled_tma_atom(
+            g2s, mQ_t, cute.select(sQ_layout, mode=[0, 1]), (bm, hd)
+        )
+        tma_do, tma_tdO = cpasync.make_tiled_tma_atom(
+            g2s, mdO_t, cute.select(sQ_layout, mode=[0, 1]), (bm, hd)
+        )
+        tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
+        tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
+        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, cute.make_layout(bm), (bm,))
+        tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
+            g2s, mDelta_t, cute.make_layout(bm), (bm,)
+        )
+        tma_dq, tma_tdQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_layout, (bm, hd)
+        )
+
+        elem = self.dtype.width // 8
+        self.bytes_step = 2 * bm * hd * elem + 2 * bm * 4
+        self.bytes_kv = 2 * bn * hd * elem
+
+        @cute.struct
+        class Storage:
+            full_bar: cute.struct.MemRange[Int64, st]
+            empty_bar: cute.struct.MemRange[Int64, st]
+            kv_full: cute.struct.MemRange[Int64, 1]
+            kv_empty: cute.struct.MemRange[Int64, 1]
+            info: cute.struct.MemRange[Int32, st * _INFO_WORDS]
+            dq_info: cute.struct.MemRange[Int32, _INFO_WORDS]
+            dq_fail: cute.struct.MemRange[Int32, 4]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
+            sDelta: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd], 1024]
+
+        scale_log2 = softmax_scale * math.log2(math.e)
+        self.kernel(
+            tma_tQ, tma_tK, tma_tV, tma_tdO, tma_tLSE, tma_tDelta, tma_tdQ,
+            tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq,
+            mdK, mdV, mFlags,
+            mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
+            q_tiles, kv_tiles, num_chains, dynamic,
+            scale_log2, softmax_scale, timeout_ns,
+            cute.size(mQ.shape[1]), cute.size(mK.shape[1]),
+            cute.size(mQ.shape[2]), cute.size(mK.shape[2]),
+            sQ_layout, sK_layout, sdS_layout, sdQ_layout, sLSE_layout,
+            mma_sdp, mma_dkv, mma_dq, Storage,
+        ).launch(
+            grid=[num_workers, 1, 1],
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            # setmaxnreg is only honoured with .minnctapersm (ptxas C7508 otherwise).
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ device code
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        mdQ: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_do: cute.CopyAtom,
+        tma_lse: cute.CopyAtom,
+        tma_delta: cute.CopyAtom,
+        tma_dq: cute.CopyAtom,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mFlags: cute.Tensor,
+        mChainStart: cute.Tensor,
+        mStepHead: cute.Tensor,
+        mStepTile: cute.Tensor,
+        mStepRank: cute.Tensor,
+        mOrder: cute.Tensor,
+        mWorkerStart: cute.Tensor,
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        dynamic: Int32,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.Layout,
+        sLSE_layout: cute.Layout,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        Storage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(Storage)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                cute.arch.mbarrier_init(storage.full_bar.data_ptr() + s, 1)
+                cute.arch.mbarrier_init(storage.empty_bar.data_ptr() + s, self.num_mma_threads)
+            cute.arch.mbarrier_init(storage.kv_full.data_ptr(), 1)
+            cute.arch.mbarrier_init(storage.kv_empty.data_ptr(), self.num_mma_threads)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        sLSE = storage.sLSE.get_tensor(sLSE_layout)
+        sDelta = storage.sDelta.get_tensor(sLSE_layout)
+        sInfo = storage.info.get_tensor(cute.make_layout((_INFO_WORDS, self.stages)))
+        sDqInfo = storage.dq_info.get_tensor(cute.make_layout(_INFO_WORDS))
+        sDqFail = storage.dq_fail.get_tensor(cute.make_layout(4))
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.producer(
+                    mQ, mK, mV, mdO, mLSE, mDelta, tma_q, tma_k, tma_v, tma_do, tma_lse,
+                    tma_delta, mFlags, mChainStart, mStepHead, mStepTile, mStepRank, mOrder,
+                    mWorkerStart, kv_tiles, num_chains, dynamic, heads, kv_heads,
+                    sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
+                )  # fmt: skip
+            if warp_idx == 1:
+                self.dq_writer(
+                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqInfo, sDqFail
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            self.mma(
+                mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
+                sQ, sK, sV, sdO, sdS, sdQ, sLSE, sDelta, sInfo, sDqInfo, storage,
+                mma_sdp, mma_dkv, mma_dq, tidx - 128,
+            )  # fmt: skip
+
+    @cute.jit
+    def producer(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_do: cute.CopyAtom,
+        tma_lse: cute.CopyAtom,
+        tma_delta: cute.CopyAtom,
+        mFlags: cute.Tensor,
+        mChainStart: cute.Tensor,
+        mStepHead: cute.Tensor,
+        mStepTile: cute.Tensor,
+        mStepRank: cute.Tensor,
+        mOrder: cute.Tensor,
+        mWorkerStart: cute.Tensor,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        dynamic: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDelta: cute.Tensor,
+        sInfo: cute.Tensor,
+        storage,
+    ):
+        bm, bn, hd = self.block_m, self.block_n, self.head_dim
+        lane = cute.arch.lane_idx()
+        # The whole warp runs the loop (cute.copy of a TMA atom elects one lane with
+        # elect.sync over the full warp, so every lane must reach it); lane 0 alone takes
+        # tickets, writes the metadata and arrives on the mbarriers.
+        worker, _, _ = cute.arch.block_idx()
+        ticket = Int32(0)
+        end = Int32(0)
+        if dynamic != 0:
+            ticket = self._take_ticket(mFlags, lane)
+            end = num_chains
+        else:
+            ticket = mWorkerStart[worker]
+            end = mWorkerStart[worker + 1]
+        stage = Int32(0)
+        phase = Int32(0)
+        kv_phase = Int32(0)
+        while ticket < end:
+            chain = mOrder[ticket]
+            kvt = chain % kv_tiles
+            rest = chain // kv_tiles
+            kvh = rest % kv_heads
+            b = rest // kv_heads
+            lo = mChainStart[chain]
+            hi = mChainStart[chain + 1]
+            for step in cutlass.range(lo, hi, unroll=1):
+                full = storage.full_bar.data_ptr() + stage
+                cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                qh = mStepHead[step]
+                qt = mStepTile[step]
+                if lane == 0:
+                    flags = Int32(0)
+                    if step == lo:
+                        flags = flags | _F_FIRST
+                    if step == hi - 1:
+                        flags = flags | _F_LAST
+                    sInfo[_I_BATCH, stage] = b
+                    sInfo[_I_KVH, stage] = kvh
+                    sInfo[_I_KVT, stage] = kvt
+                    sInfo[_I_QH, stage] = qh
+                    sInfo[_I_QT, stage] = qt
+                    sInfo[_I_RANK, stage] = mStepRank[step]
+                    sInfo[_I_FLAGS, stage] = flags
+                    # The arrive releases the metadata stores above to the consumers.
+                    cute.arch.mbarrier_arrive_and_expect_tx(full, self.bytes_step)
+                cute.arch.sync_warp()
+                gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
+                gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
+                gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
+                gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
+                self._tma_load(tma_q, gQ, sQ, stage, full, 2)
+                self._tma_load(tma_do, gdO, sdO, stage, full, 2)
+                self._tma_load(tma_lse, gL, sLSE, stage, full, 1)
+                self._tma_load(tma_delta, gD, sDelta, stage, full, 1)
+                if step == lo:
+                    # K/V after the first Q/dO of the chain, so that those are not queued
+                    # behind the wait for the previous chain to end.
+                    cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
+                    kv_full = storage.kv_full.data_ptr()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(kv_full, self.bytes_kv)
+                    cute.arch.sync_warp()
+                    gK = cute.local_tile(mK[None, None, kvh, b], (bn, hd), (kvt, 0))
+                    gV = cute.local_tile(mV[None, None, kvh, b], (bn, hd), (kvt, 0))
+                    self._tma_load_single(tma_k, gK, sK, kv_full)
+                    self._tma_load_single(tma_v, gV, sV, kv_full)
+                    kv_phase = kv_phase ^ 1
+                stage = stage + 1
+                if stage == self.stages:
+                    stage = Int32(0)
+                    phase = phase ^ 1
+            if dynamic != 0:  # noqa: SIM108 (a runtime branch: no ternary in device code)
+                ticket = self._take_ticket(mFlags, lane)
+            else:
+                ticket = ticket + 1
+        # Terminator slot: consumers leave their loop when they read it.
+        cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+        if lane == 0:
+            sInfo[_I_FLAGS, stage] = Int32(_F_DONE)
+            cute.arch.mbarrier_arrive(storage.full_bar.data_ptr() + stage)
+
+    @cute.jit
+    def _take_ticket(self, mFlags: cute.Tensor, lane: Int32) -> Int32:
+        """Next dynamic ticket: one atomic by lane 0, broadcast to the warp."""
+        ticket = Int32(0)
+        if lane == 0:
+            ticket = cute.arch.atomic_add(mFlags.iterator, Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(ticket, 0)
+
+    @cute.jit
+    def _tma_load(
+        self,
+        atom: cute.CopyAtom,
+        g: cute.Tensor,
+        s: cute.Tensor,
+        stage: Int32,
+        bar,
+        rank: cutlass.Constexpr[int],
+    ):
+        ts, tg = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(s, 0, rank), cute.group_modes(g, 0, rank)
+        )
+        cute.copy(atom, tg, ts[None, stage], tma_bar_ptr=bar)
+
+    @cute.jit
+    def _tma_load_single(self, atom: cute.CopyAtom, g: cute.Tensor, s: cute.Tensor, bar):
+        ts, tg = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+        )
+        cute.copy(atom, tg, ts, tma_bar_ptr=bar)
+
+    @cute.jit
+    def dq_writer(
+        self,
+        mdQ: cute.Tensor,
+        tma_dq: cute.CopyAtom,
+        mFlags: cute.Tensor,
+        q_tiles: Int32,
+        heads: Int32,
+        timeout_ns: Int64,
+        sdQ: cute.Tensor,
+        sDqInfo: cute.Tensor,
+        sDqFail: cute.Tensor,
+    ):
+        bm, hd = self.block_m, self.head_dim
+        lane = cute.arch.lane_idx()
+        bar_threads = self.num_mma_threads + cute.arch.WARP_SIZE
+        # The buffer starts free; afterwards it is freed as soon as the TMA unit has read it,
+        # so the MMA warpgroups write the next partial while this one's adds complete.
+        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
+        done = Int32(0)
+        while done == 0:
+            cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
+            done = sDqInfo[_I_FLAGS] & _F_DONE
+            if done == 0:
+                b = sDqInfo[_I_BATCH]
+                qh = sDqInfo[_I_QH]
+                qt = sDqInfo[_I_QT]
+                rank = sDqInfo[_I_RANK]
+                sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
+                if const_expr(self.deterministic):
+                    if lane == 0:
+                        sDqFail[0] = self._wait_turn(sem_ptr, rank, timeout_ns)
+                        # Order the bulk reduce (async proxy) after the acquire.
+                        cute.arch.fence_proxy("async.global")
+                    cute.arch.sync_warp()
+                    if sDqFail[0] != 0:
+                        # Never a silent wrong result: poison what this step adds and raise
+                        # the error flag (a plain store: every writer writes 1).
+                        nan = Float32(float("nan"))
+                        for i in cutlass.range(lane, bm * hd, cute.arch.WARP_SIZE, unroll=4):
+                            sdQ[i // hd, i % hd] = nan
+                        cute.arch.fence_view_async_shared()
+                        if lane == 0:
+                            mFlags[1] = Int32(1)
+                    cute.arch.sync_warp()
+                # The whole warp issues the copy (it elects one lane itself); bulk groups are
+                # per thread, so every lane commits and waits (empty groups for the others).
+                gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
+                ts, tg = cpasync.tma_partition(
+                    tma_dq, 0, cute.make_layout(1),
+                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
+                )  # fmt: skip
+                cute.copy(tma_dq, ts, tg)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                # sdQ (and sDqInfo, already read) may be overwritten from here on.
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
+                if const_expr(self.deterministic):
+                    # Release only once the adds have been performed in global memory (the wait
+                    # for the shared-memory read alone is too weak), ordered before the
+                    # generic-proxy release by the proxy fence. Every lane waits for its own
+                    # groups (whichever lane was elected), then lane 0 releases.
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_proxy("async.global")
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.red(
+                            sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
+                        )
+                    cute.arch.sync_warp()
+        # Bulk reductions must be complete before the CTA exits.
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
+        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first."""
+        seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+        failed = Int32(0)
+        if seen != rank:
+            start = cute.arch.globaltimer()
+            waiting = Int32(1)
+            while waiting != 0:
+                seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                if seen == rank:
+                    waiting = Int32(0)
+                else:
+                    if cute.arch.globaltimer() - start > timeout_ns:
+                        failed = Int32(1)
+                        waiting = Int32(0)
+        return failed
+
+    @cute.jit
+    def mma(
+        self,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDelta: cute.Tensor,
+        sInfo: cute.Tensor,
+        sDqInfo: cute.Tensor,
+        storage,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        tidx: Int32,
+    ):
+        bm, bn, hd = self.block_m, self.block_n, self.head_dim
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_base = wg * 128
+        thr_sdp = mma_sdp.get_slice(tidx)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        thr_dq = mma_dq.get_slice(tidx)
+        wg_sdp = mma_sdp.get_slice(wg_base)
+        wg_dkv = mma_dkv.get_slice(wg_base)
+        wg_dq = mma_dq.get_slice(wg_base)
+
+        # Operand fragments (descriptors into shared memory; the stage is the last mode).
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
+        tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
+        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+
+        shape_st = (bn, bm)
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
+        # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
+        tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
+        tSsdS = thr_sdp.partition_C(sdS)
+        tQsdQ = thr_dq.partition_C(sdQ)
+        bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
+
+        stage = Int32(0)
+        phase = Int32(0)
+        kv_phase = Int32(0)
+        done = Int32(0)
+        while done == 0:
+            cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            flags = sInfo[_I_FLAGS, stage]
+            done = flags & _F_DONE
+            if done != 0:
+                # Tell the dQ writer to stop (one more handshake on the dQ buffer).
+                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
+                if tidx == 0:
+                    sDqInfo[_I_FLAGS] = Int32(_F_DONE)
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
+            else:
+                # Step metadata is read from the stage's slot where it is used (it stays valid
+                # until this stage is released), so it does not occupy registers across the MMAs.
+                if flags & _F_FIRST != 0:
+                    cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                    kv_phase = kv_phase ^ 1
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
+
+                # S^T = K Q^T, dP^T = V dO^T (two commit groups).
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, stage], zero_init=True)
+                warpgroup.wait_group(1)
+
+                # P^T = exp2(S^T * scale_log2 - lse2), masked: keys past seqlen_k (TMA gave
+                # zeros there, not -inf) and, causal, keys after the bottom-right diagonal.
+                # Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask.
+                n0 = sInfo[_I_KVT, stage] * bn
+                m0 = sInfo[_I_QT, stage] * bm
+                shift = seqlen_k - seqlen_q
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    n, m = tScS[i]
+                    p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
+                    if n0 + n >= seqlen_k:
+                        p = Float32(0.0)
+                    if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+                        if n0 + n > m0 + m + shift:
+                            p = Float32(0.0)
+                    acc_S[i] = p
+                warpgroup.wait_group(0)
+                for i in cutlass.range_constexpr(cute.size(acc_dP)):
+                    _, m = tScS[i]
+                    acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+
+                # dV += P^T dO from registers.
+                wgmma(
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
+                cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                cute.arch.fence_view_async_shared()
+                # dV done (it overlapped the dS stores): P's registers are free before dQ's
+                # accumulator is needed (keeps hd 128 within 240 registers, no spills).
+                warpgroup.wait_group(0)
+                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
+                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                # dK += dS^T Q from registers.
+                wgmma(
+                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                warpgroup.wait_group(1)  # dQ done, dK may still run
+
+                # Hand the dQ partial to the dQ writer once its buffer is free.
+                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
+                cute.autovec_copy(acc_dQ, tQsdQ)
+                if tidx == 0:
+                    for w in cutlass.range_constexpr(_I_FLAGS):
+                        sDqInfo[w] = sInfo[w, stage]
+                    sDqInfo[_I_FLAGS] = Int32(0)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
+
+                warpgroup.wait_group(0)
+                b = sInfo[_I_BATCH, stage]
+                kvh = sInfo[_I_KVH, stage]
+                kvt = sInfo[_I_KVT, stage]
+                # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+
+                if flags & _F_LAST != 0:
+                    # K/V are free for the next chain; dK/dV leave from registers.
+                    cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                    rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                    rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                    rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                    rdV.store(acc_dV.load().to(self.dtype))
+                    gdK = mdK[b, None, kvh, None]
+                    gdV = mdV[b, None, kvh, None]
+                    for i in cutlass.range_constexpr(cute.size(rdK)):
+                        n, d = tKcK[i]
+                        if kvt * bn + n < seqlen_k:
+                            gdK[kvt * bn + n, d] = rdK[i]
+                            gdV[kvt * bn + n, d] = rdV[i]
+
+                stage = stage + 1
+                if stage == self.stages:
+                    stage = Int32(0)
+                    phase = phase ^ 1

@@ -1,0 +1,234 @@
+"""Torch launcher for the Hopper CuTe-DSL backward (:mod:`.bwd`), with an in-memory compile cache.
+
+Importing this module imports torch and cutlass only; kernels are compiled on first use, one per
+(head dim, dtype, causal, deterministic, tiles), and reused for every shape and schedule.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.runtime import from_dlpack, make_fake_stream
+
+from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
+
+TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
+
+_TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+
+_cache: dict[tuple, Any] = {}
+_cache_lock = threading.Lock()
+
+
+def _cute_tensor(t: torch.Tensor, align: int = 16) -> cute.Tensor:
+    """A cute view of ``t`` whose shape and strides are runtime values (unit last stride), so
+    one compiled kernel takes any shape."""
+    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.ndim - 1)
+
+
+def _check_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse2: torch.Tensor,
+    delta: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+    block_m: int,
+    block_n: int,
+    q_tiles: int,
+    kv_tiles: int,
+) -> None:
+    """Clear errors for arguments the kernel cannot take (never asserts)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D (batch, seqlen, heads, head_dim), got {t.dim()}-D"
+            )
+        if t.dtype not in _TORCH_TO_CUTLASS:
+            raise ValueError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} has dtype {t.dtype}, q has {q.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit stride in its last dimension")
+        if t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
+            raise ValueError(f"{name} must have a 16-byte aligned base and strides (TMA)")
+    batch, seqlen_q, heads, head_dim = q.shape
+    _, seqlen_k, kv_heads, _ = k.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(
+            f"head_dim={head_dim} is not supported by the Hopper backward "
+            f"(supported: {SUPPORTED_HEAD_DIMS})"
+        )
+    if (block_m, block_n) not in SUPPORTED_TILES:
+        raise NotImplementedError(
+            f"tiles block_m={block_m}, block_n={block_n} are not supported (supported: "
+            f"{SUPPORTED_TILES})"
+        )
+    if k.shape[0] != batch or k.shape[3] != head_dim or v.shape != k.shape:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} do not match q {tuple(q.shape)}"
+        )
+    if dout.shape != q.shape:
+        raise ValueError(f"dout {tuple(dout.shape)} must have q's shape {tuple(q.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if q_tiles != -(-seqlen_q // block_m) or kv_tiles != -(-seqlen_k // block_n):
+        raise ValueError(
+            f"q_tiles={q_tiles}, kv_tiles={kv_tiles} do not tile seqlen_q={seqlen_q}, "
+            f"seqlen_k={seqlen_k} with block_m={block_m}, block_n={block_n}"
+        )
+    rows_pad = q_tiles * block_m
+    for name, t in (("lse2", lse2), ("delta", delta)):
+        if t.dtype != torch.float32 or t.dim() != 2 or t.shape[0] != batch * heads:
+            raise ValueError(
+                f"{name} must be fp32 (batch * heads, rows_pad), got {t.dtype} {tuple(t.shape)}"
+            )
+        if t.shape[1] < rows_pad or t.shape[1] % 4 or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous with rows_pad >= {rows_pad} rows, a multiple of 4; "
+                f"got {tuple(t.shape)}"
+            )
+    for name in TABLE_NAMES:
+        if name not in tables:
+            raise ValueError(f"tables is missing {name!r}")
+        t = tables[name]
+        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous() or t.device != q.device:
+            raise ValueError(
+                f"tables[{name!r}] must be a contiguous 1-D int32 tensor on {q.device}"
+            )
+
+
+def compile_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse2: torch.Tensor,
+    delta: torch.Tensor,
+    dq_acc: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    flags: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+    *,
+    causal: bool,
+    deterministic: bool,
+    block_m: int = 64,
+    block_n: int = 128,
+    arch: str = "sm_90a",
+    extra_options: str = "",
+) -> Any:
+    """Compile (or fetch) the kernel for these tensors' (dtype, head dim) and the flags.
+
+    The tensors only provide types and ranks: shapes and strides are compiled as runtime
+    values, so the same kernel serves every shape. Works without a GPU (CPU tensors) for
+    compile-only checks. ``extra_options`` are further CuTe-DSL compile options (e.g.
+    ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
+    """
+    dtype = _TORCH_TO_CUTLASS[q.dtype]
+    head_dim = q.shape[-1]
+    key = (
+        head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
+        extra_options,
+    )  # fmt: skip
+    with _cache_lock:
+        compiled = _cache.get(key)
+    if compiled is not None:
+        return compiled
+    kernel = HopperAttnBwd(dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n)
+    args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
+    compiled = cute.compile(
+        kernel,
+        *args,
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
+        make_fake_stream(),
+        options=f"--gpu-arch {arch} {extra_options}".strip(),
+    )  # fmt: skip
+    with _cache_lock:
+        _cache.setdefault(key, compiled)
+        return _cache[key]
+
+
+def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> list:
+    return [
+        *(_cute_tensor(t) for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv)),
+        _cute_tensor(flags, 4),
+        *(_cute_tensor(tables[name], 4) for name in TABLE_NAMES),
+    ]
+
+
+def hopper_bwd_main(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse2: torch.Tensor,
+    delta: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+    *,
+    block_m: int,
+    block_n: int,
+    num_workers: int,
+    q_tiles: int,
+    kv_tiles: int,
+    num_chains: int,
+    causal: bool,
+    softmax_scale: float,
+    deterministic: bool,
+    dynamic: bool,
+    timeout_ns: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status).
+
+    Same contract as the Triton ``attn_bwd_main``: ``lse2``/``delta`` from the Triton
+    preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
+    ``num_workers`` CTAs co-resident (one per SM); ``status[1] == 1`` after the kernel means a
+    dQ wait timed out and the gradients were poisoned with NaN.
+    """
+    _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    expected_chains = q.shape[0] * k.shape[2] * kv_tiles
+    if num_chains != expected_chains:
+        raise ValueError(
+            f"num_chains={num_chains} but batch * kv_heads * kv_tiles = {expected_chains}"
+        )
+    # Table sizes are metadata (no device sync); wrong sizes would make the kernel read past them.
+    if tables["chain_start"].numel() != num_chains + 1 or tables["order"].numel() != num_chains:
+        raise ValueError(
+            f"tables['chain_start'] must have num_chains + 1 = {num_chains + 1} entries and "
+            f"tables['order'] num_chains = {num_chains}"
+        )
+    if not dynamic and tables["worker_start"].numel() < num_workers + 1:
+        raise ValueError(
+            f"tables['worker_start'] has {tables['worker_start'].numel()} entries, static dispatch "
+            f"on {num_workers} workers needs at least {num_workers + 1}"
+        )
+    if timeout_ns < 1:
+        raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
+    batch, seqlen_q, heads, head_dim = q.shape
+    dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=q.device, dtype=torch.float32)
+    dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
+    # One zeroed buffer: ticket counter, error flag, then one semaphore per dQ tile.
+    flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
+    status = flags[:2]
+    compiled = compile_bwd(
+        q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables,
+        causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
+    )  # fmt: skip
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    compiled(
+        *_kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
+        Int32(q_tiles), Int32(kv_tiles), Int32(num_chains), Int32(num_workers),
+        Int32(1 if dynamic else 0), Float32(softmax_scale), Int64(timeout_ns),
+        stream,
+    )  # fmt: skip
+    return dq_acc, dk, dv, status

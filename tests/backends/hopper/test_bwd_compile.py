@@ -1,0 +1,185 @@
+"""Compile-only checks of the Hopper CuTe-DSL backward (no GPU needed).
+
+Every claimed configuration is compiled for sm_90a from CPU tensors, then the PTX and the SASS
+of the cubin are checked for the properties the design relies on: WGMMA, register
+reallocation that ptxas actually kept, TMA bulk reduce-add of dQ, the acquire spin / release
+protocol only in deterministic mode, and no local-memory spills in the MMA warpgroups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass")
+torch = pytest.importorskip("torch")
+
+from dash_attn.backends.hopper import bwd_launch  # noqa: E402
+from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
+
+CONFIGS = list(
+    itertools.product((64, 128), (torch.bfloat16, torch.float16), (True, False), (True, False))
+)
+COMPILE_TIMES: dict[tuple, float] = {}
+
+
+def _tool(name: str) -> str | None:
+    """A CUDA binary tool from PATH or from the triton wheel, if either has it."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    return str(path) if path.exists() else None
+
+
+def _fake_inputs(
+    head_dim: int, dtype: torch.dtype, batch: int = 2, seqlen: int = 100, heads: int = 4,
+    kv_heads: int = 2,
+) -> tuple:  # fmt: skip
+    """CPU tensors that only carry types and ranks (shapes are compiled as runtime values);
+    by default not tile multiples and with GQA."""
+    q = torch.zeros(batch, seqlen, heads, head_dim, dtype=dtype)
+    k = torch.zeros(batch, seqlen, kv_heads, head_dim, dtype=dtype)
+    lse2 = torch.zeros(batch * heads, 128)
+    dq_acc = torch.zeros(batch, seqlen, heads, head_dim)
+    flags = torch.zeros(2 + batch * heads * 2, dtype=torch.int32)
+    tables = {name: torch.zeros(4, dtype=torch.int32) for name in bwd_launch.TABLE_NAMES}
+    return (
+        q,
+        k,
+        k.clone(),
+        q.clone(),
+        lse2,
+        lse2.clone(),
+        dq_acc,
+        k.clone(),
+        k.clone(),
+        flags,
+        tables,
+    )
+
+
+def _compile(config: tuple, dump_dir: Path):
+    head_dim, dtype, causal, det = config
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    compiled = bwd_launch.compile_bwd(
+        *_fake_inputs(head_dim, dtype),
+        causal=causal,
+        deterministic=det,
+        extra_options=f"--keep-ptx --keep-cubin --dump-dir {dump_dir}",
+    )
+    COMPILE_TIMES[config] = time.perf_counter() - start
+    return compiled
+
+
+@pytest.mark.parametrize(
+    "config",
+    CONFIGS,
+    ids=[f"hd{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-{'det' if c[3] else 'nondet'}"
+         for c in CONFIGS],
+)  # fmt: skip
+def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
+    head_dim, _, _, det = config
+    compiled = _compile(config, tmp_path)
+    ptx = compiled.__ptx__
+    cubin = compiled.__cubin__
+    assert isinstance(ptx, str) and ".target sm_90a" in ptx
+    # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
+    # (block_n/16).
+    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * 64 // 16 + 128 // 16
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert "cp.reduce.async.bulk.tensor" in ptx
+    assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
+    assert "cp.async.bulk.tensor" in ptx  # TMA loads
+    # The semaphore protocol exists in deterministic mode only.
+    assert ("ld.acquire.gpu" in ptx) == det
+    assert ("red.release.gpu" in ptx) == det
+    assert ("%globaltimer" in ptx) == det
+    assert ("fence.proxy.async.global" in ptx) == det
+
+    nvdisasm = _tool("nvdisasm")
+    if nvdisasm is None or not isinstance(cubin, bytes):
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    cubin_path = tmp_path / "kernel.cubin"
+    cubin_path.write_bytes(cubin)
+    sass = subprocess.run(
+        [nvdisasm, "-c", str(cubin_path)], capture_output=True, text=True, check=True
+    ).stdout
+    # ptxas keeps setmaxnreg only with .minnctapersm (else warning C7508 and no USETMAXREG).
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
+    alloc = sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL")
+    assert alloc >= 0
+    # Everything after the register increase is the MMA warpgroups' code: no local memory.
+    assert not re.search(r"\b(STL|LDL)\b", sass[alloc:]), "MMA warpgroups spill"
+    # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
+    assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
+
+
+def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
+    """One kernel per configuration serves every shape: a different batch, sequence length
+    and head count (and other strides) hit the cache."""
+    config = CONFIGS[0]
+    first = _compile(config, tmp_path)
+    head_dim, dtype, causal, det = config
+    start = time.perf_counter()
+    again = bwd_launch.compile_bwd(
+        *_fake_inputs(head_dim, dtype, batch=3, seqlen=4099, heads=6, kv_heads=6),
+        causal=causal,
+        deterministic=det,
+        extra_options=f"--keep-ptx --keep-cubin --dump-dir {tmp_path}",
+    )
+    assert again is first
+    assert time.perf_counter() - start < 0.5
+
+
+def test_unsupported_head_dim_raises() -> None:
+    import cutlass
+
+    with pytest.raises(NotImplementedError, match="head_dim=96"):
+        HopperAttnBwd(cutlass.BFloat16, 96, causal=False, deterministic=True)
+    with pytest.raises(NotImplementedError, match="block_m=128"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=128)
+
+
+def test_launcher_rejects_bad_arguments() -> None:
+    q, k, v, dout, lse2, delta, _, _, _, _, tables = _fake_inputs(64, torch.bfloat16)
+    kwargs = dict(
+        block_m=64, block_n=128, num_workers=4, q_tiles=2, kv_tiles=1, num_chains=4,
+        causal=False, softmax_scale=0.125, deterministic=True, dynamic=False,
+        timeout_ns=10**9,
+    )  # fmt: skip
+    q96 = torch.zeros(*q.shape[:3], 96, dtype=q.dtype)
+    with pytest.raises(NotImplementedError, match="head_dim=96"):
+        bwd_launch.hopper_bwd_main(
+            q96, q96[:, :, :2], q96[:, :, :2], q96, lse2, delta, tables, **kwargs
+        )
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        bwd_launch.hopper_bwd_main(q.float(), k, v, dout, lse2, delta, tables, **kwargs)
+    with pytest.raises(ValueError, match="dout"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout[:, :50], lse2, delta, tables, **kwargs)
+    with pytest.raises(ValueError, match="q_tiles"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **{**kwargs, "q_tiles": 3})
+    with pytest.raises(ValueError, match="num_chains=5"):
+        bwd_launch.hopper_bwd_main(
+            q, k, v, dout, lse2, delta, tables, **{**kwargs, "num_chains": 5}
+        )
+    with pytest.raises(ValueError, match="num_chains \\+ 1"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs)
+    with pytest.raises(ValueError, match="chain_start"):
+        bad = {name: t for name, t in tables.items() if name != "chain_start"}
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, bad, **kwargs)
+    with pytest.raises(ValueError, match="heads"):
+        k3 = torch.zeros(2, 100, 3, 64, dtype=q.dtype)
+        bwd_launch.hopper_bwd_main(q, k3, k3, dout, lse2, delta, tables, **kwargs)

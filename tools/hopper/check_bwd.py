@@ -1,0 +1,535 @@
+"""GPU check of the Hopper CuTe-DSL backward (dash_attn/backends/hopper): numerics, bitwise
+reproducibility per schedule, non-deterministic mode, forced timeouts, and timing.
+
+Run on an H100/H200 from the repository root::
+
+    PYTHONPATH=$PWD python3 tools/hopper/check_bwd.py --out OUT_DIR
+
+``--dry-run`` needs no GPU: it builds every case's schedule tables, compiles the kernels for
+sm_90a from CPU tensors and runs the CPU reference on a small shape. Every case is wrapped so a
+failure is recorded and the rest still run; the end prints a compact table and writes
+``check_bwd.json`` and ``check_bwd.csv`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dash_attn.backends.hopper import bwd_launch
+from dash_attn.schedule import Dispatch, Schedule, ScheduleSpec, applicable_schedules, make_schedule
+
+BLOCK_M, BLOCK_N = 64, 128
+TIMEOUT_NS = 10 * 10**9
+TIME_BUDGET_S = 330.0  # the whole script must stay under 6 minutes
+
+try:  # the lead may move the Triton backend while this branch is open
+    from dash_attn.kernels.bwd import attn_bwd_preprocess
+except ImportError:  # pragma: no cover - depends on the repository layout
+    from dash_attn.backends.triton.bwd import attn_bwd_preprocess  # type: ignore[no-redef]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def label(self) -> str:
+        kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return (
+            f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv} d{self.head_dim}"
+        )
+
+
+# Not tile multiples; GQA; seqlen_q != seqlen_k both ways.
+NUMERIC_SHAPES = [
+    Shape(2, 1000, 1000, 4, 4, 128),
+    Shape(2, 333, 333, 4, 4, 64),
+    Shape(1, 700, 700, 8, 2, 128),
+    Shape(2, 300, 1000, 4, 4, 64),
+    Shape(2, 1000, 300, 4, 2, 128),
+]
+TIMING_SHAPES = [  # 16k tokens each; most informative first (late ones may be skipped)
+    Shape(2, 8192, 8192, 16, 16, 128),
+    Shape(8, 2048, 2048, 16, 16, 128),
+    Shape(8, 2048, 2048, 16, 16, 64),
+    Shape(2, 8192, 8192, 16, 16, 64),
+]
+
+
+# ----------------------------------------------------------------------------- GPU watchdog
+
+_LOG: Log | None = None  # set in main(); flushed if the GPU hangs
+
+
+def wait_gpu(timeout_s: float = 60.0, what: str = "kernel") -> None:
+    """torch.cuda.synchronize() with a deadline: a hang inside a CTA (an mbarrier that never
+    completes has no timeout) writes the log so far and exits instead of burning GPU time."""
+    event = torch.cuda.Event()
+    event.record()
+    start = time.monotonic()
+    while not event.query():
+        if time.monotonic() - start > timeout_s:
+            print(f"HANG: {what} did not finish within {timeout_s} s; exiting", flush=True)
+            if _LOG is not None:
+                _LOG.rows.append({"kind": "hang", "case": what, "ok": False})
+                _LOG.write()
+                print(_LOG.summary(), flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
+# ----------------------------------------------------------------------------- problem setup
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int = 0) -> dict:
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    s = shape
+    return {
+        "q": rand(s.batch, s.seqlen_q, s.heads, s.head_dim),
+        "k": rand(s.batch, s.seqlen_k, s.kv_heads, s.head_dim),
+        "v": rand(s.batch, s.seqlen_k, s.kv_heads, s.head_dim),
+        "dout": rand(s.batch, s.seqlen_q, s.heads, s.head_dim),
+    }
+
+
+def attention_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in the inputs' dtype (upcast them for fp32), returning (out, lse natural log,
+    (batch, heads, seqlen_q)). Rows that see no key give out = 0, lse = -inf."""
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.transpose(1, 2).repeat_interleave(group, dim=1)
+    vt = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = (qt @ kt.transpose(-1, -2)).float() * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(scores - safe[..., None]).to(q.dtype)
+    out = (p @ vt).transpose(1, 2).contiguous()
+    return out, lse
+
+
+def reference_grads(inputs: dict, causal: bool, scale: float, dtype: torch.dtype) -> tuple:
+    """(dq, dk, dv) by autograd through attention_ref computed in ``dtype``."""
+    q, k, v = (inputs[n].detach().to(dtype).requires_grad_() for n in ("q", "k", "v"))
+    out, _ = attention_ref(q, k, v, causal, scale)
+    grads = torch.autograd.grad(out, (q, k, v), inputs["dout"].to(dtype))
+    return tuple(g.float() for g in grads)
+
+
+def schedule_for(shape: Shape, causal: bool, name: str, workers: int) -> Schedule:
+    spec = ScheduleSpec.from_shape(
+        batch=shape.batch, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
+        q_heads=shape.heads, kv_heads=shape.kv_heads, block_m=BLOCK_M, block_n=BLOCK_N,
+        causal=causal, workers=workers,
+    )  # fmt: skip
+    return make_schedule(name, spec)
+
+
+def grid_of(sched: Schedule) -> int:
+    """Worker count to launch, as dash_attn.runtime does."""
+    spec = sched.spec
+    if sched.dispatch is Dispatch.DYNAMIC:
+        return min(spec.workers, spec.num_chains)
+    return int((sched.worker_start[1:] > sched.worker_start[:-1]).sum())
+
+
+def device_tables(sched: Schedule, device: str) -> dict[str, torch.Tensor]:
+    return {
+        name: torch.from_numpy(getattr(sched, name).copy()).to(device)
+        for name in bwd_launch.TABLE_NAMES
+    }
+
+
+class Problem:
+    """Inputs, forward (plain torch, fp32 softmax) and preprocess for one (shape, causal)."""
+
+    def __init__(self, shape: Shape, causal: bool, dtype: torch.dtype, device: str) -> None:
+        self.shape, self.causal, self.dtype, self.device = shape, causal, dtype, device
+        self.timing = False  # inside timing loops the watchdog waits once per loop
+        # Tables uploaded once per schedule: a pageable host-to-device copy per call would
+        # wait for the previous kernel and put host time into the timings.
+        self._tables: dict[int, tuple[Schedule, dict[str, torch.Tensor]]] = {}
+        self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.inputs = make_inputs(shape, dtype, device)
+        with torch.no_grad():
+            out, lse = attention_ref(
+                *(self.inputs[n].float() for n in ("q", "k", "v")), causal, self.scale
+            )
+        self.out = out.to(dtype)
+        self.lse = lse.contiguous()
+        self.q_tiles = -(-shape.seqlen_q // BLOCK_M)
+        self.lse2, self.delta = attn_bwd_preprocess(
+            self.out, self.inputs["dout"], self.lse, self.q_tiles * BLOCK_M
+        )
+
+    def tables(self, sched: Schedule) -> dict[str, torch.Tensor]:
+        if id(sched) not in self._tables:
+            self._tables[id(sched)] = (sched, device_tables(sched, self.device))
+        return self._tables[id(sched)][1]
+
+    def run(
+        self,
+        sched: Schedule,
+        deterministic: bool,
+        timeout_ns: int = TIMEOUT_NS,
+        preprocess: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One backward: (dq in dtype, dk, dv, status). ``preprocess`` re-runs the Triton
+        preprocess (timing of the whole backward)."""
+        spec = sched.spec
+        if preprocess:
+            self.lse2, self.delta = attn_bwd_preprocess(
+                self.out, self.inputs["dout"], self.lse, self.q_tiles * BLOCK_M
+            )
+        dq_acc, dk, dv, status = bwd_launch.hopper_bwd_main(
+            self.inputs["q"], self.inputs["k"], self.inputs["v"], self.inputs["dout"],
+            self.lse2, self.delta, self.tables(sched),
+            block_m=BLOCK_M, block_n=BLOCK_N, num_workers=grid_of(sched),
+            q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
+            causal=self.causal, softmax_scale=self.scale, deterministic=deterministic,
+            dynamic=sched.dispatch is Dispatch.DYNAMIC, timeout_ns=timeout_ns,
+        )  # fmt: skip
+        if not self.timing:
+            wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
+        return (dq_acc * self.scale).to(self.dtype), dk, dv, status
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def check_numerics(prob: Problem, got: tuple, refs: dict) -> dict:
+    """flash-attn rule: error <= 2x the error of the same computation in the low precision
+    dtype by PyTorch, plus the rounding error of the dtype at the gradient's magnitude."""
+    row: dict[str, Any] = {}
+    ok = True
+    for name, g, r32, rlo in zip(
+        ("dq", "dk", "dv"), got[:3], refs["fp32"], refs["low"], strict=True
+    ):
+        err = max_err(g, r32)
+        base = max_err(rlo, r32)
+        rounded = r32.to(prob.dtype)
+        atol = 2 * (rounded + 0.3 - 0.3 - rounded).float().abs().max().item() + 1e-5
+        row[f"{name}_err"] = err
+        row[f"{name}_pt_err"] = base
+        finite = bool(torch.isfinite(g).all())
+        ok = ok and finite and err <= 2 * base + atol
+    row["status"] = int(got[3][1].item())
+    ok = ok and row["status"] == 0
+    row["ok"] = ok
+    return row
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+class Log:
+    def __init__(self, out_dir: Path, deadline: float) -> None:
+        self.out_dir, self.deadline, self.rows = out_dir, deadline, []
+
+    def case(self, kind: str, label: str, fn: Callable[[], dict]) -> None:
+        if time.monotonic() > self.deadline:
+            self.rows.append({"kind": kind, "case": label, "ok": None, "note": "skipped (time)"})
+            return
+        start = time.monotonic()
+        try:
+            row = fn()
+        except Exception as exc:  # one failure must not hide the others
+            row = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        row = {"kind": kind, "case": label, **row, "secs": round(time.monotonic() - start, 2)}
+        self.rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+        self.write()  # incremental: a later hang or kill keeps what ran
+
+    def write(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "check_bwd.json").write_text(json.dumps(self.rows, indent=1, default=str))
+        keys = sorted({k for row in self.rows for k in row})
+        with open(self.out_dir / "check_bwd.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def summary(self) -> str:
+        lines = [f"{'kind':<10} {'case':<58} {'ok':<5} detail"]
+        for row in self.rows:
+            detail = row.get("error") or row.get("note") or ""
+            if "tflops" in row:
+                detail = f"{row['tflops']:.1f} TFLOPS ({row['ms']:.3f} ms)"
+            elif "dq_err" in row:
+                detail = (
+                    f"dq {row['dq_err']:.2e}/{row['dq_pt_err']:.2e} dk {row['dk_err']:.2e}/"
+                    f"{row['dk_pt_err']:.2e} dv {row['dv_err']:.2e}/{row['dv_pt_err']:.2e}"
+                )
+            elif "repeats" in row:
+                detail = f"{row['repeats']} repeats bitwise equal: {row['ok']}"
+            lines.append(f"{row['kind']:<10} {row['case']:<58} {row['ok']!s:<5} {detail}")
+        return "\n".join(lines)
+
+
+def numerics_and_repeats(log: Log, workers: int, dtype: torch.dtype, repeats: int) -> None:
+    for shape in NUMERIC_SHAPES:
+        for causal in (False, True):
+            tag = f"{shape.label} {'causal' if causal else 'full'}"
+            try:
+                prob = Problem(shape, causal, dtype, "cuda")
+                refs = {
+                    "fp32": reference_grads(prob.inputs, causal, prob.scale, torch.float32),
+                    "low": reference_grads(prob.inputs, causal, prob.scale, dtype),
+                }
+            except Exception as exc:
+                log.rows.append({"kind": "setup", "case": tag, "ok": False, "error": repr(exc)})
+                traceback.print_exc()
+                continue
+            for name in applicable_schedules(schedule_for(shape, causal, "fa3", workers).spec):
+                sched = schedule_for(shape, causal, name, workers)
+
+                def det_case(sched: Schedule = sched, prob: Problem = prob, refs: dict = refs):
+                    first = prob.run(sched, True)
+                    wait_gpu(60.0, "check")
+                    row = check_numerics(prob, first, refs)
+                    same = True
+                    for _ in range(repeats - 1):
+                        again = prob.run(sched, True)
+                        same = same and all(
+                            torch.equal(a, b) for a, b in zip(first[:3], again[:3], strict=True)
+                        )
+                    row["repeats"] = repeats
+                    row["bitwise"] = same
+                    row["ok"] = row["ok"] and same
+                    return row
+
+                log.case("det", f"{tag} {name}", det_case)
+
+            sched = schedule_for(shape, causal, "fa3", workers)
+            log.case(
+                "nondet",
+                f"{tag} fa3",
+                lambda s=sched, p=prob, r=refs: check_numerics(p, p.run(s, False), r),
+            )
+
+
+def forced_timeout(log: Log, workers: int, dtype: torch.dtype) -> None:
+    """A rank that never arrives must raise status[1] and poison dQ with NaN, not hang."""
+    shape = Shape(1, 512, 512, 2, 2, 128)
+
+    def case(name: str) -> dict:
+        prob = Problem(shape, False, dtype, "cuda")
+        sched = schedule_for(shape, False, name, workers)
+        rank = sched.step_rank.copy()
+        rank[0] += 1000  # the first step of chain 0 waits for a turn that never comes
+        broken = dataclasses.replace(sched, step_rank=rank)
+        start = time.monotonic()
+        dq, dk, dv, status = prob.run(broken, True, timeout_ns=50_000_000)
+        wait_gpu(60.0, "check")
+        secs = time.monotonic() - start
+        flag = int(status[1].item())
+        nan = bool(torch.isnan(dq).any())
+        return {"status": flag, "dq_has_nan": nan, "wall_s": round(secs, 3),
+                "ok": flag == 1 and nan and secs < 30}  # fmt: skip
+
+    for name in ("shift", "fa3"):
+        log.case("timeout", f"{shape.label} {name} rank+1000, 50 ms", lambda n=name: case(n))
+
+
+def bench_ms(fn: Callable[[], Any], iters: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    wait_gpu(120.0, "timing warm-up")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    wait_gpu(120.0, "timing loop")
+    return start.elapsed_time(end) / iters
+
+
+def timing(log: Log, workers: int, dtype: torch.dtype) -> None:
+    try:
+        from flash_attn.cute import flash_attn_func as fa4_func
+    except Exception as exc:  # FA4 is optional
+        fa4_func = None
+        print(f"FA4 not importable ({exc!r}); timing dash-attn only", flush=True)
+    for shape in TIMING_SHAPES:
+        for causal in (False, True):
+            s = shape
+            # flash-attn convention (as FA4's numbers and the anchors): forward 4*b*h*sq*sk*d
+            # (two matmuls), backward 2.5x that, halved for causal.
+            flops = 2.5 * 4 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim
+            flops = flops / 2 if causal else flops
+            tag = f"{shape.label} {'causal' if causal else 'full'}"
+            try:
+                prob = Problem(shape, causal, dtype, "cuda")
+            except Exception as exc:
+                log.rows.append({"kind": "setup", "case": tag, "ok": False, "error": repr(exc)})
+                continue
+            prob.timing = True
+            name = "symmetric_shift" if causal else "shift"
+            sched = schedule_for(shape, causal, name, workers)
+            for det in (True, False):
+                label = f"{tag} dash {name} {'det' if det else 'nondet'}"
+
+                def ours(
+                    det: bool = det, sched: Schedule = sched, prob: Problem = prob, flops=flops
+                ) -> dict:
+                    ms = bench_ms(lambda: prob.run(sched, det, preprocess=True))
+                    status = int(prob.run(sched, det)[3][1].item())
+                    return {"ms": ms, "tflops": flops / ms / 1e9, "status": status,
+                            "ok": status == 0}  # fmt: skip
+
+                log.case("time", label, ours)
+                if fa4_func is None:
+                    continue
+
+                def fa4(
+                    det: bool = det, prob: Problem = prob, causal: bool = causal, flops=flops
+                ) -> dict:
+                    q, k, v = (prob.inputs[n].detach().requires_grad_() for n in ("q", "k", "v"))
+                    out = fa4_func(q, k, v, causal=causal, deterministic=det)
+                    out = out[0] if isinstance(out, tuple) else out
+                    dout = prob.inputs["dout"]
+                    ms = bench_ms(
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                    )
+                    return {"ms": ms, "tflops": flops / ms / 1e9, "ok": True}
+
+                log.case("time", f"{tag} fa4 {'det' if det else 'nondet'}", fa4)
+            del prob
+            torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- dry run
+
+
+def dry_run(log: Log) -> None:
+    """CPU only: every case's tables, the kernels compiled for sm_90a, the reference."""
+
+    def tables() -> dict:
+        count = 0
+        for shape in NUMERIC_SHAPES + TIMING_SHAPES:
+            for causal in (False, True):
+                spec = schedule_for(shape, causal, "fa3", 132).spec
+                for name in applicable_schedules(spec):
+                    sched = schedule_for(shape, causal, name, 132)
+                    assert grid_of(sched) <= 132
+                    count += 1
+        return {"schedules": count, "ok": True}
+
+    log.case("dry", "schedule tables for every case", tables)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for det in (True, False):
+
+                def compile_case(head_dim: int = head_dim, causal: bool = causal, det: bool = det):
+                    shape = Shape(2, 100, 100, 4, 2, head_dim)
+                    x = make_inputs(shape, torch.bfloat16, "cpu")
+                    q_tiles = 2
+                    lse2 = torch.zeros(8, q_tiles * BLOCK_M)
+                    dq = torch.zeros(x["q"].shape)
+                    flags = torch.zeros(2 + 8 * q_tiles, dtype=torch.int32)
+                    sched = schedule_for(shape, causal, "fa3", 132)
+                    start = time.monotonic()
+                    bwd_launch.compile_bwd(
+                        x["q"], x["k"], x["v"], x["dout"], lse2, lse2.clone(), dq,
+                        x["k"].clone(), x["v"].clone(), flags, device_tables(sched, "cpu"),
+                        causal=causal, deterministic=det,
+                    )  # fmt: skip
+                    return {"compile_s": round(time.monotonic() - start, 2), "ok": True}
+
+                label = f"compile hd{head_dim} {'causal' if causal else 'full'} " + (
+                    "det" if det else "nondet"
+                )
+                log.case("dry", label, compile_case)
+
+    def reference() -> dict:
+        shape = Shape(1, 70, 90, 2, 1, 64)
+        x = make_inputs(shape, torch.float32, "cpu")
+        dq, dk, dv = reference_grads(x, True, 0.125, torch.float32)
+        return {"ok": bool(torch.isfinite(dq).all() and torch.isfinite(dk).all())}
+
+    log.case("dry", "CPU reference grads (causal, GQA, sq != sk)", reference)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON/CSV log")
+    parser.add_argument("--dry-run", action="store_true", help="CPU-only: tables and compiles")
+    parser.add_argument("--repeats", type=int, default=10, help="bitwise repeats per schedule")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--skip-timing", action="store_true")
+    args = parser.parse_args(argv)
+    global _LOG
+    start = time.monotonic()
+    log = _LOG = Log(args.out, start + TIME_BUDGET_S)
+    dtype = getattr(torch, args.dtype)
+    if args.dry_run:
+        dry_run(log)
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: use --dry-run", file=sys.stderr)
+            return 2
+        props = torch.cuda.get_device_properties(0)
+        print(f"device: {props.name}, {props.multi_processor_count} SMs", flush=True)
+        workers = props.multi_processor_count
+        # Order: the cheap, most informative checks first; timing last (skipped when late).
+        log.case("smoke", "first launch (compile + run)", lambda: _smoke(workers, dtype))
+        other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+        log.case("smoke", f"first launch {other}", lambda: _smoke(workers, other))
+        forced_timeout(log, workers, dtype)
+        numerics_and_repeats(log, workers, dtype, args.repeats)
+        if not args.skip_timing:
+            timing(log, workers, dtype)
+    log.write()
+    print(log.summary())
+    print(f"total {time.monotonic() - start:.1f} s; log in {args.out}")
+    failed = [row for row in log.rows if row.get("ok") is False]
+    return 1 if failed else 0
+
+
+def _smoke(workers: int, dtype: torch.dtype) -> dict:
+    shape = Shape(1, 256, 256, 2, 2, 128)
+    prob = Problem(shape, False, dtype, "cuda")
+    refs = {
+        "fp32": reference_grads(prob.inputs, False, prob.scale, torch.float32),
+        "low": reference_grads(prob.inputs, False, prob.scale, dtype),
+    }
+    start = time.monotonic()
+    got = prob.run(schedule_for(shape, False, "shift", workers), True)
+    wait_gpu(60.0, "check")
+    row = check_numerics(prob, got, refs)
+    row["first_call_s"] = round(time.monotonic() - start, 2)
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())

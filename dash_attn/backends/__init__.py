@@ -53,8 +53,9 @@ def choose_backend(
     else triton, and says why; a named backend that cannot run raises NotImplementedError.
     """
     name, reason = _choose(problem, device, requested, "bwd")
-    tiles = hopper.BWD_TILES if name == "hopper" else backward_tiles(problem.headdim, dq_reduce)
-    return name, reason, tiles
+    if name == "hopper":
+        return name, reason, hopper.bwd_tiles(problem.headdim)
+    return name, reason, backward_tiles(problem.headdim, dq_reduce)
 
 
 def choose_forward_backend(problem: Problem, device: DeviceInfo, requested: str) -> tuple[str, str]:

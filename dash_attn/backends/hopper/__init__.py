@@ -18,10 +18,19 @@ if TYPE_CHECKING:
 # What the kernels are written and tested for (register and shared-memory budgets per head dim:
 # README, "Hopper backend").
 FWD_HEADDIMS = (64, 96, 128, 192, 256)
-BWD_HEADDIMS = (64, 128)
+BWD_HEADDIMS = (64, 128)  # the keys of _BWD_TILES
 # One KV tile (block_n rows) is one chain; each of the two MMA warpgroups owns 64 of its rows;
-# block_m query rows per step. num_warps counts the producer/dQ warpgroup too.
-BWD_TILES = BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2)
+# block_m query rows per step. num_warps counts the producer/dQ warpgroup too; num_stages is the
+# depth of the Q/dO ring.
+_BWD_TILES = {
+    64: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    128: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+}
+
+
+def bwd_tiles(headdim: int) -> BackwardTiles:
+    """The backward tiles of the hopper kernels for ``headdim`` (one of BWD_HEADDIMS)."""
+    return _BWD_TILES[headdim]
 
 
 def cutlass_available() -> bool:

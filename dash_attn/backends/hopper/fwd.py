@@ -445,10 +445,16 @@ class HopperFwd:
             # A row that has seen only masked keys keeps max = -inf; use 0 to avoid inf - inf.
             safe = cur if cur != -Float32.inf else Float32(0.0)
             scaled = safe * scale_log2
-            p = cute.math.exp2(row * scale_log2 - scaled, fastmath=True)
+            s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
             row_scale[r] = cute.math.exp2((prev - safe) * scale_log2, fastmath=True)
-            row_sum[r] = p.reduce(cute.ReductionOp.ADD, row_sum[r] * row_scale[r], 0)
-            s_mn[r, None].store(p)
+            # Four independent partial sums: a single running sum would be a 32-deep chain of
+            # dependent FADDs per row.
+            n_cols = cute.size(s_mn, mode=[1])
+            part = [s_mn[r, j] for j in range(4)]
+            for c in cutlass.range_constexpr(4, n_cols, 4):
+                for j in cutlass.range_constexpr(4):
+                    part[j] = part[j] + s_mn[r, c + j]
+            row_sum[r] = row_sum[r] * row_scale[r] + ((part[0] + part[1]) + (part[2] + part[3]))
 
     @cute.jit
     def _rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:
@@ -618,10 +624,13 @@ class HopperFwd:
                 cute.group_modes(sO, 0, 2),
                 cute.group_modes(gO, 0, 2),
             )
-            cute.copy(tma_o, tOs, tOg)
-            cute.arch.cp_async_bulk_commit_group()
-            # smem must stay valid until the bulk store has read it; the CTA may exit after.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # One thread issues the store (a TMA S2G copy is not elected automatically).
+            with cute.arch.elect_one():
+                cute.copy(tma_o, tOs, tOg)
+                cute.arch.cp_async_bulk_commit_group()
+                # smem must stay valid until the bulk store has read it; the CTA (and its
+                # smem) lives until this thread exits.
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _step(

@@ -25,7 +25,10 @@ runtime values (`mark_layout_dynamic`), so a new shape never recompiles.
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 import threading
+import time
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -723,6 +726,16 @@ def _compile_args(
     return (_to_cute(q), _to_cute(k), _to_cute(v), _to_cute(out), lse_c, Float32(scale_log2))
 
 
+def _check_config(head_dim: int, dtype: torch.dtype) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(
+            f"head_dim={head_dim} not supported by the Hopper forward; "
+            f"supported: {SUPPORTED_HEAD_DIMS}"
+        )
+    if dtype not in _TORCH_TO_CUTLASS:
+        raise ValueError(f"dtype={dtype} not supported; use torch.bfloat16 or torch.float16")
+
+
 def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bool = False) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -731,13 +744,7 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bo
     targets sm_90a (explicitly, so this also works on a machine without a GPU).
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
     """
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise NotImplementedError(
-            f"head_dim={head_dim} not supported by the Hopper forward; "
-            f"supported: {SUPPORTED_HEAD_DIMS}"
-        )
-    if dtype not in _TORCH_TO_CUTLASS:
-        raise ValueError(f"dtype={dtype} not supported; use torch.bfloat16 or torch.float16")
+    _check_config(head_dim, dtype)
     key = (head_dim, dtype, bool(causal), keep_ptx)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -751,8 +758,18 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bo
         lse = torch.empty(2, 4, 3, dtype=torch.float32)
         args = _compile_args(q, k, v, torch.empty_like(q), lse, 1.0)
         kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal))
-        options = "--gpu-arch sm_90a" + (" --keep-ptx" if keep_ptx else "")
-        compiled = cute.compile(kernel, *args, cuda.CUstream(0), options=options)
+        options = "--gpu-arch sm_90a"
+        dump_dir = None
+        if keep_ptx:
+            # --keep-ptx also writes a file; keep it out of the caller's cwd and delete it
+            # (the text stays on the result as .__ptx__).
+            dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
+            options += f" --keep-ptx --dump-dir {dump_dir}"
+        try:
+            compiled = cute.compile(kernel, *args, cuda.CUstream(0), options=options)
+        finally:
+            if dump_dir is not None:
+                shutil.rmtree(dump_dir, ignore_errors=True)
         _CACHE[key] = compiled
         return compiled
 
@@ -782,7 +799,14 @@ def hopper_fwd(
     kv_heads = k.shape[2]
     if kv_heads == 0 or heads % kv_heads != 0:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
-    compiled = compile_fwd(head_dim, q.dtype, causal)
+    _check_config(head_dim, q.dtype)
+    if not (q.is_cuda and k.device == q.device and v.device == q.device):
+        raise ValueError(
+            f"q, k, v must be on one CUDA device; got {q.device}, {k.device}, {v.device}"
+        )
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"softmax_scale must be a positive finite float; got {softmax_scale}")
     out = torch.empty((batch, seqlen_q, heads, head_dim), device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0 or k.shape[1] == 0:
@@ -791,7 +815,16 @@ def hopper_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    args = _compile_args(q, k, v, out, lse, softmax_scale * LOG2_E)
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    compiled(*args, stream)
+    compiled = compile_fwd(head_dim, q.dtype, bool(causal))
+    args = _compile_args(q, k, v, out, lse, scale * LOG2_E)
+    with torch.cuda.device(q.device):
+        compiled(*args, cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream))
     return out, lse
+
+
+def compile_report(head_dim: int, dtype_name: str, causal: bool) -> tuple[str, float]:
+    """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
+    run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
+    start = time.perf_counter()
+    compiled = compile_fwd(head_dim, getattr(torch, dtype_name), causal, keep_ptx=True)
+    return compiled.__ptx__ or "", time.perf_counter() - start

@@ -38,10 +38,16 @@ import cutlass.pipeline as cpipe
 import cutlass.utils.hopper_helpers as sm90
 import torch
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack
+from cutlass.cutlass_dsl import T, dsl_user_op
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+# Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
+# for 192/256 so the rings still fit (hd 192: 48+72+72 KiB; hd 256: 64+64+64 KiB) and the
+# O accumulator (hd/2 fp32 registers per thread) leaves room for S and P under 240 registers.
+_TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
+SUPPORTED_HEAD_DIMS = tuple(_TILE_N)
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -116,6 +122,38 @@ def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.make_layout(shape, stride=stride))
 
 
+@dsl_user_op
+def _pack2(lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None) -> Int32:
+    """Two fp32 -> one register of two 16-bit values (lo in the low half), one cvt instruction."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{kind}.f32 $0, $1, $2;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@cute.jit
+def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
+
+    `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
+    16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
+    """
+    bf16 = const_expr(dst.element_type == cutlass.BFloat16)
+    dst32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range_constexpr(cute.size(dst32)):
+        dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
+
+
 def _aligned(t: cute.Tensor) -> cute.Tensor:
     """Promise the compiler that every non-unit stride is a multiple of 16 bytes.
 
@@ -143,7 +181,7 @@ class HopperFwd:
         self.head_dim = head_dim
         self.causal = causal
         self.tile_m = 128  # two consumer warpgroups x 64 rows
-        self.tile_n = 128
+        self.tile_n = _TILE_N[head_dim]
         self.num_stages = 2
         self.num_consumer_wg = 2
         self.num_threads = 128 * (self.num_consumer_wg + 1)
@@ -554,7 +592,7 @@ class HopperFwd:
             pipe_k.consumer_release(kv_state)
             self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
             self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
-            tOrP.store(_acc_as_operand_a(acc_s).load().to(self.dtype))
+            _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
 
             # Blocks left of n_unmasked need no mask: fully inside seqlen_k and left of every
             # row's diagonal.
@@ -608,7 +646,7 @@ class HopperFwd:
 
         # ---- O: registers -> smem (aliasing sQ) -> TMA store of the whole 128-row tile.
         r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
-        r_o.store(acc_o.load().to(self.dtype))
+        _convert_16bit(acc_o, r_o)
         # Both warpgroups must be done reading sQ (their QK^T WGMMAs) before O overwrites it.
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         st_atom = cute.make_copy_atom(
@@ -684,7 +722,7 @@ class HopperFwd:
         self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
         warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
         pipe_v.consumer_release(v_state)
-        tOrP.store(_acc_as_operand_a(acc_s).load().to(self.dtype))
+        _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
         self._rescale(acc_o, row_scale)
         return kv_state
 

@@ -34,6 +34,7 @@ from typing import Any
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as cpipe
 import cutlass.utils.hopper_helpers as sm90
 import torch
@@ -52,7 +53,8 @@ _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Fl
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
-# Named barrier ids (0 is __syncthreads). Epilogue: all consumer threads + the storing warp.
+# Named barrier ids (0 is __syncthreads). Epilogue: the 256 consumer threads, before O
+# overwrites sQ and again before the TMA store reads sO.
 _BAR_EPILOGUE = 1
 # Scheduler barriers: consumer warpgroup w (1 or 2) waits on id _BAR_SCHED_BASE + w - 1.
 _BAR_SCHED_BASE = 2
@@ -186,7 +188,7 @@ class HopperFwd:
         self.num_consumer_wg = 2
         self.num_threads = 128 * (self.num_consumer_wg + 1)
         self.num_consumer_threads = 128 * self.num_consumer_wg
-        # 240 + 240 + 24 = 504 <= 512 regs/thread-slot budget of a 384-thread CTA at 1 CTA/SM.
+        # 128 * (240 + 240 + 24) = 64512 <= 65536 registers of the SM (1 CTA/SM).
         self.consumer_regs = 240
         self.producer_regs = 24
 
@@ -296,7 +298,7 @@ class HopperFwd:
             for atom in (tma_q, tma_k, tma_v, tma_o):
                 cpasync.prefetch_descriptor(atom)
 
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         # PipelineTmaAsync releases with lane 0 of each consumer warp: arrive count = #warps.
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_consumer_threads // 32)

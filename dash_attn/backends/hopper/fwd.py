@@ -152,7 +152,7 @@ def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
     """
     bf16 = const_expr(dst.element_type == cutlass.BFloat16)
     dst32 = cute.recast_tensor(dst, Int32)
-    for i in cutlass.range_constexpr(cute.size(dst32)):
+    for i in cutlass.range(cute.size(dst32), unroll_full=True):
         dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
 
 

@@ -55,6 +55,7 @@ class NumCase:
     heads: int
     kv_heads: int
     layout: str = "contiguous"  # or "packed" (q/k/v slices of one qkv tensor: odd strides)
+    provider: str = "dash-cute"  # or "dash-cute-3wg" (the opt-in 192-row hd-64 variant)
     status: str = "not run"
     out_err: float = float("nan")
     out_ref_err: float = float("nan")
@@ -163,6 +164,11 @@ def numerics_cases() -> list[NumCase]:
             for causal in (False, True):
                 for name, b, sq, sk, h, hk, layout in subset:
                     cases.append(NumCase(name, dtype, hd, causal, b, sq, sk, h, hk, layout))
+        for causal in (False, True):  # the 3-warpgroup hd-64 variant: 192-row tiles
+            for name, b, sq, sk, h, hk, layout in [shapes[i] for i in (0, 1, 3, 4)]:
+                cases.append(
+                    NumCase(name, dtype, 64, causal, b, sq, sk, h, hk, layout, "dash-cute-3wg")
+                )
     return cases
 
 
@@ -172,6 +178,8 @@ def timing_cases(providers: list[str]) -> list[TimeCase]:
     cases = []
     for p in providers:
         for hd in (64, 128):
+            if p == "dash-cute-3wg" and hd != 64:
+                continue
             for causal in (False, True):
                 for s in (2048, 8192, 16384):
                     cases.append(TimeCase(p, hd, causal, 16384 // s, s))
@@ -186,7 +194,10 @@ def load_providers() -> tuple[dict[str, Callable], dict[str, str]]:
     found: dict[str, Callable] = {
         "dash-cute": lambda q, k, v, causal, scale: hopper_fwd(
             q, k, v, causal=causal, softmax_scale=scale
-        )
+        ),
+        "dash-cute-3wg": lambda q, k, v, causal, scale: hopper_fwd(
+            q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=3
+        ),
     }
     missing: dict[str, str] = {}
     try:
@@ -310,17 +321,22 @@ def self_check() -> None:
 def compile_all(report: Report) -> None:
     from dash_attn.backends.hopper.fwd import SUPPORTED_HEAD_DIMS, compile_fwd
 
-    for hd in SUPPORTED_HEAD_DIMS:
-        for dtype in (torch.bfloat16, torch.float16):
-            for causal in (False, True):
-                key = f"hd{hd}-{str(dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
-                start = time.perf_counter()
-                try:
-                    compile_fwd(hd, dtype, causal)
-                    report.compile_s[key] = round(time.perf_counter() - start, 2)
-                except Exception as e:  # noqa: BLE001 - report and go on with the rest
-                    report.compile_s[key] = f"FAILED {type(e).__name__}: {e}"
-                    traceback.print_exc()
+    configs = [
+        (hd, dtype, causal, 2)
+        for hd in SUPPORTED_HEAD_DIMS
+        for dtype in (torch.bfloat16, torch.float16)
+        for causal in (False, True)
+    ] + [(64, dtype, causal, 3) for dtype in (torch.bfloat16, torch.float16) for causal in (0, 1)]
+    for hd, dtype, causal, wgs in configs:
+        key = f"hd{hd}-{str(dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
+        key += "-3wg" if wgs == 3 else ""
+        start = time.perf_counter()
+        try:
+            compile_fwd(hd, dtype, bool(causal), consumer_wgs=wgs)
+            report.compile_s[key] = round(time.perf_counter() - start, 2)
+        except Exception as e:  # noqa: BLE001 - report and go on with the rest
+            report.compile_s[key] = f"FAILED {type(e).__name__}: {e}"
+            traceback.print_exc()
 
 
 def print_tables(report: Report) -> None:
@@ -330,25 +346,29 @@ def print_tables(report: Report) -> None:
     print(
         "\n==== numerics (max abs err vs fp32 ref; 'pt' = PyTorch in the same low precision) ===="
     )
-    print(f"  {'case':14s} {'dtype':9s} {'hd':>3s} {'causal':6s} {'out':>9s} {'out_pt':>9s} "
+    print(f"  {'case':20s} {'dtype':9s} {'hd':>3s} {'causal':6s} {'out':>9s} {'out_pt':>9s} "
           f"{'lse':>9s} {'lse_pt':>9s} {'empty':>5s}  status")  # fmt: skip
     for c in report.numerics:
-        print(f"  {c.name:14s} {c.dtype:9s} {c.head_dim:3d} {c.causal!s:6s} {c.out_err:9.2e} "
+        name = c.name + (" [3wg]" if c.provider == "dash-cute-3wg" else "")
+        print(f"  {name:20s} {c.dtype:9s} {c.head_dim:3d} {c.causal!s:6s} {c.out_err:9.2e} "
               f"{c.out_ref_err:9.2e} {c.lse_err:9.2e} {c.lse_ref_err:9.2e} {c.empty_rows:5d}  "
               f"{c.status} {c.detail}")  # fmt: skip
     print("\n==== bitwise repeat (3 runs) ====")
     for r in report.repeat:
         print(f"  {r['case']:50s} {r.get('bitwise', r.get('error'))}")
     print("\n==== timing, bf16, 16k tokens, h=16 (TFLOPS) ====")
-    providers = sorted({t.provider for t in report.timing}, key=lambda p: p != "dash-cute")
-    print(f"  {'hd':>3s} {'causal':6s} {'seqlen':>6s} " + " ".join(f"{p:>10s}" for p in providers))
+    providers = list(dict.fromkeys(t.provider for t in report.timing))  # in run order
+    print(f"  {'hd':>3s} {'causal':6s} {'seqlen':>6s} " + " ".join(f"{p:>13s}" for p in providers))
     keys = sorted({(t.head_dim, t.causal, t.seqlen) for t in report.timing})
     for hd, causal, s in keys:
         cells = []
         for p in providers:
-            t = next(x for x in report.timing if (x.provider, x.head_dim, x.causal, x.seqlen)
-                     == (p, hd, causal, s))  # fmt: skip
-            cells.append(f"{t.tflops:10.1f}" if t.status == "ok" else f"{t.status[:10]:>10s}")
+            t = next((x for x in report.timing if (x.provider, x.head_dim, x.causal, x.seqlen)
+                      == (p, hd, causal, s)), None)  # fmt: skip
+            if t is None:
+                cells.append(f"{'-':>13s}")
+            else:
+                cells.append(f"{t.tflops:13.1f}" if t.status == "ok" else f"{t.status[:13]:>13s}")
         print(f"  {hd:3d} {causal!s:6s} {s:6d} " + " ".join(cells))
     n_fail = sum(c.status not in ("ok", "dry-run") for c in report.numerics)
     n_rep = sum(not r.get("bitwise", False) for r in report.repeat)
@@ -401,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
 
     compile_all(report)
     if args.dry_run:
-        providers, missing = {"dash-cute": None}, {"fa4": "dry run", "triton": "dry run"}
+        providers, missing = {}, {"fa4": "dry run", "triton": "dry run"}
     else:
         providers, missing = load_providers()
     report.env["missing_providers"] = missing
@@ -414,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             c.status = "dry-run"
             continue
         try:
-            run_numerics(c, providers["dash-cute"])
+            run_numerics(c, providers[c.provider])
         except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
             c.status, c.detail = "ERROR", f"{type(e).__name__}: {e}"[:300]
             traceback.print_exc()
@@ -422,18 +442,19 @@ def main(argv: list[str] | None = None) -> int:
         NumCase("s1000", "bfloat16", 128, True, 2, 1000, 1000, 4, 4),
         NumCase("sq1000>sk333", "float16", 64, True, 1, 1000, 333, 4, 2),
         NumCase("s333-gqa8/2", "bfloat16", 64, False, 1, 333, 333, 8, 2),
+        NumCase("s1000-3wg", "bfloat16", 64, True, 2, 1000, 1000, 4, 4, provider="dash-cute-3wg"),
     ]
     for c in repeat_cases:
         if args.dry_run:
             report.repeat.append({"case": c.name, "bitwise": "dry-run"})
             continue
         try:
-            report.repeat.append(run_repeat(c, providers["dash-cute"]))
+            report.repeat.append(run_repeat(c, providers[c.provider]))
         except Exception as e:  # noqa: BLE001
             report.repeat.append({"case": c.name, "error": f"{type(e).__name__}: {e}"[:300]})
 
     if not args.skip_timing:
-        report.timing = timing_cases(["dash-cute", "fa4", "triton"])
+        report.timing = timing_cases(["dash-cute", "dash-cute-3wg", "fa4", "triton"])
         for t in report.timing:
             if args.dry_run:
                 t.status = "dry-run"

@@ -53,6 +53,10 @@ _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Fl
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
+# (consumer, producer) registers per thread for 2 or 3 consumer warpgroups; both fill the SM's
+# 65536 registers at 1 CTA/SM: 128 * (2*240 + 24) = 64512, 128 * (3*160 + 32) = 65536.
+_CONSUMER_REGS = {2: (240, 24), 3: (160, 32)}
+
 # Named barrier ids (0 is __syncthreads). Epilogue: the 256 consumer threads, before O
 # overwrites sQ and again before the TMA store reads sO.
 _BAR_EPILOGUE = 1
@@ -174,7 +178,9 @@ def _permute(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
 class HopperFwd:
     """Compile-time configuration + host launch + device kernel of the forward."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool) -> None:
+    def __init__(
+        self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool, consumer_wgs: int = 2
+    ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
                 f"head_dim={head_dim} not supported; supported: {SUPPORTED_HEAD_DIMS}"
@@ -182,15 +188,15 @@ class HopperFwd:
         self.dtype = dtype
         self.head_dim = head_dim
         self.causal = causal
-        self.tile_m = 128  # two consumer warpgroups x 64 rows
+        if consumer_wgs not in _CONSUMER_REGS:
+            raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
+        self.tile_m = 64 * consumer_wgs  # each consumer warpgroup owns 64 query rows
         self.tile_n = _TILE_N[head_dim]
         self.num_stages = 2
-        self.num_consumer_wg = 2
+        self.num_consumer_wg = consumer_wgs
         self.num_threads = 128 * (self.num_consumer_wg + 1)
         self.num_consumer_threads = 128 * self.num_consumer_wg
-        # 128 * (240 + 240 + 24) = 64512 <= 65536 registers of the SM (1 CTA/SM).
-        self.consumer_regs = 240
-        self.producer_regs = 24
+        self.consumer_regs, self.producer_regs = _CONSUMER_REGS[consumer_wgs]
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -506,16 +512,18 @@ class HopperFwd:
             o_mn[r, None].store(o_mn[r, None].load() * row_scale[r])
 
     def _sched_sync(self, wg: Int32) -> None:
-        """Wait for my turn on the tensor cores (the other warpgroup arrived on my barrier)."""
-        cute.arch.barrier(
-            barrier_id=_BAR_SCHED_BASE - 1 + wg, number_of_threads=self.num_consumer_threads
-        )
+        """Wait for my turn on the tensor cores (the previous warpgroup arrived on my barrier).
+
+        Each scheduler barrier pairs 128 waiting threads of its owner with 128 arriving
+        threads of the warpgroup before it in the cycle 1 -> 2 (-> 3) -> 1.
+        """
+        cute.arch.barrier(barrier_id=_BAR_SCHED_BASE - 1 + wg, number_of_threads=256)
 
     def _sched_arrive(self, wg: Int32) -> None:
-        """Hand the tensor cores to the other warpgroup (2 consumer WGs: ids 1 <-> 2)."""
-        cute.arch.barrier_arrive(
-            barrier_id=_BAR_SCHED_BASE + 2 - wg, number_of_threads=self.num_consumer_threads
-        )
+        """Hand the tensor cores to the next warpgroup in the cycle."""
+        # Plain Python (trace-time) choice: num_consumer_wg is a compile-time int.
+        nxt = 3 - wg if self.num_consumer_wg == 2 else wg % self.num_consumer_wg + 1
+        cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE - 1 + nxt, number_of_threads=256)
 
     @cute.jit
     def consume(
@@ -575,9 +583,7 @@ class HopperFwd:
 
         # Warpgroup 1 goes first: pre-arrive on its own scheduler barrier.
         if wg == 1:
-            cute.arch.barrier_arrive(
-                barrier_id=_BAR_SCHED_BASE, number_of_threads=self.num_consumer_threads
-            )
+            cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE, number_of_threads=256)
 
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
@@ -730,7 +736,7 @@ class HopperFwd:
 
 
 # ---------------------------------------------------------------------- torch launcher
-_CACHE: dict[tuple[int, torch.dtype, bool, bool], Any] = {}
+_CACHE: dict[tuple[int, torch.dtype, bool, bool, int], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -776,16 +782,32 @@ def _check_config(head_dim: int, dtype: torch.dtype) -> None:
         raise ValueError(f"dtype={dtype} not supported; use torch.bfloat16 or torch.float16")
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bool = False) -> Any:
+def compile_fwd(
+    head_dim: int,
+    dtype: torch.dtype,
+    causal: bool,
+    *,
+    keep_ptx: bool = False,
+    consumer_wgs: int = 2,
+) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
     Compiles from small CPU tensors whose layouts are marked fully dynamic, so the result serves
     every batch / seqlen / heads / stride; the real tensors only differ in runtime values. Always
     targets sm_90a (explicitly, so this also works on a machine without a GPU).
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
+    consumer_wgs=3 is the experimental 192-row tile for hd 64 (FA4's choice there; not yet run
+    on a GPU, hence not the default).
     """
     _check_config(head_dim, dtype)
-    key = (head_dim, dtype, bool(causal), keep_ptx)
+    if consumer_wgs not in _CONSUMER_REGS:
+        raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
+    if consumer_wgs == 3 and head_dim != 64:
+        # 160 registers per consumer thread: hd 96 already spills (ptxas: 240 B), larger worse.
+        raise NotImplementedError(
+            f"consumer_wgs=3 is only implemented for head_dim 64, not {head_dim}"
+        )
+    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -797,7 +819,7 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bo
         v = torch.empty(2, 5, 2, head_dim, dtype=dtype)
         lse = torch.empty(2, 4, 3, dtype=torch.float32)
         args = _compile_args(q, k, v, torch.empty_like(q), lse, 1.0)
-        kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal))
+        kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), consumer_wgs)
         options = "--gpu-arch sm_90a"
         dump_dir = None
         if keep_ptx:
@@ -815,12 +837,19 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, causal: bool, *, keep_ptx: bo
 
 
 def hopper_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    consumer_wgs: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
     q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
     in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
+    consumer_wgs: 2 (default, 128-row tiles) or 3 (experimental 192-row tiles, hd 64 only).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -855,16 +884,20 @@ def hopper_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    compiled = compile_fwd(head_dim, q.dtype, bool(causal))
+    compiled = compile_fwd(head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs)
     args = _compile_args(q, k, v, out, lse, scale * LOG2_E)
     with torch.cuda.device(q.device):
         compiled(*args, cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream))
     return out, lse
 
 
-def compile_report(head_dim: int, dtype_name: str, causal: bool) -> tuple[str, float]:
+def compile_report(
+    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2
+) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
-    compiled = compile_fwd(head_dim, getattr(torch, dtype_name), causal, keep_ptx=True)
+    compiled = compile_fwd(
+        head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs
+    )
     return compiled.__ptx__ or "", time.perf_counter() - start

@@ -22,22 +22,28 @@ from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
 # compiles run serially at ~4 s each) the extra head dims 96/192/256 are compiled in one config
 # each to stay under a minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix there.
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
+# (hd, dtype, causal, consumer warpgroups); the last is the opt-in 3-warpgroup hd-64 variant.
 CONFIGS = [
-    (hd, dtype, causal)
+    (hd, dtype, causal, 2)
     for hd in hfwd.SUPPORTED_HEAD_DIMS
     for dtype in (torch.bfloat16, torch.float16)
     for causal in (False, True)
     if hd in (64, 128) or not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
+] + [
+    (64, dtype, causal, 3)
+    for dtype in (torch.bfloat16, torch.float16)
+    for causal in (False, True)
+    if not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
 ]
 
 
 @pytest.fixture(scope="module")
-def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool], str]]:
+def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
     """PTX of every config, compiled once per module. A compile is ~3-5 s of CPU, so with
     enough cores the configs compile in spawned worker processes (not forked: the parent
     already holds MLIR state); on a small box (< 4 cores) they compile in-process, serially,
     as parallel compiles there only contend."""
-    jobs = [(hd, str(dt).removeprefix("torch."), causal) for hd, dt, causal in CONFIGS]
+    jobs = [(hd, str(dt).removeprefix("torch."), c, wgs) for hd, dt, c, wgs in CONFIGS]
     cores = os.cpu_count() or 1
     if cores >= 4:
         ctx = multiprocessing.get_context("spawn")
@@ -49,14 +55,16 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool], str]]:
         results = [hfwd.compile_report(*job) for job in jobs]
     cache = {cfg: ptx for cfg, (ptx, _) in zip(CONFIGS, results, strict=True)}
     # Shown with `pytest -s`: the compile cost per config (wall time inside its worker).
-    for (hd, dt, causal), (_, sec) in zip(CONFIGS, results, strict=True):
-        print(f"compile hd={hd} {dt} causal={causal}: {sec:.2f}s")
-    yield lambda hd, dtype, causal: cache[(hd, dtype, causal)]
+    for (hd, dt, causal, wgs), (_, sec) in zip(CONFIGS, results, strict=True):
+        print(f"compile hd={hd} {dt} causal={causal} consumer_wgs={wgs}: {sec:.2f}s")
+    yield lambda hd, dtype, causal, wgs: cache[(hd, dtype, causal, wgs)]
 
 
-@pytest.mark.parametrize(("hd", "dtype", "causal"), CONFIGS)
-def test_compiles_with_expected_ptx(ptx_of, hd: int, dtype: torch.dtype, causal: bool) -> None:
-    ptx = ptx_of(hd, dtype, causal)
+@pytest.mark.parametrize(("hd", "dtype", "causal", "wgs"), CONFIGS)
+def test_compiles_with_expected_ptx(
+    ptx_of, hd: int, dtype: torch.dtype, causal: bool, wgs: int
+) -> None:
+    ptx = ptx_of(hd, dtype, causal, wgs)
     ab = "bf16" if dtype == torch.bfloat16 else "f16"
     # QK^T: 64 x tile_n per warpgroup, k = head_dim; PV: 64 x head_dim, k = tile_n.
     qk = f"wgmma.mma_async.sync.aligned.m64n{hfwd._TILE_N[hd]}k16.f32.{ab}.{ab}"
@@ -66,10 +74,11 @@ def test_compiles_with_expected_ptx(ptx_of, hd: int, dtype: torch.dtype, causal:
     # PV reads P from registers (RS): its A operand is a register list, not a descriptor.
     assert re.search(re.escape(pv) + r"\s*\{[^}]*\},\s*\{", ptx), "PV is not RS"
     # Warp specialisation: producer gives registers away, consumers take them.
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    consumer_regs, producer_regs = hfwd._CONSUMER_REGS[wgs]
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer_regs};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs};", ptx)
     assert re.search(r"\.minnctapersm\s+1\b", ptx)
-    assert re.search(r"\.reqntid\s+384, 1, 1\b", ptx)
+    assert re.search(rf"\.reqntid\s+{128 * (wgs + 1)}, 1, 1\b", ptx)
     # TMA loads of Q/K/V completing on mbarriers, and the TMA store of O.
     assert "cp.async.bulk.tensor.4d.shared::cta.global.tile.mbarrier::complete_tx::bytes" in ptx
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in ptx
@@ -111,6 +120,13 @@ def test_unsupported_head_dim_raises(hd: int) -> None:
     q = torch.empty(1, 8, 2, hd, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="head_dim"):
         hfwd.hopper_fwd(q, q, q, causal=False, softmax_scale=1.0)
+
+
+def test_three_warpgroups_only_for_hd64() -> None:
+    with pytest.raises(NotImplementedError, match="consumer_wgs=3"):
+        hfwd.compile_fwd(128, torch.bfloat16, False, consumer_wgs=3)
+    with pytest.raises(ValueError, match="consumer_wgs"):
+        hfwd.compile_fwd(64, torch.bfloat16, False, consumer_wgs=4)
 
 
 def test_unsupported_dtype_raises() -> None:

@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
 
-# Every (head_dim, dtype, causal) the backend claims. On a small box (< 4 cores, where the
-# compiles run serially at ~4 s each) the extra head dims 96/192/256 are compiled in one config
-# each to stay under a minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix there.
+# Every (head_dim, dtype, causal) the backend claims. On a small box (< 4 cores: ~4 s of CPU
+# per compile) the extra head dims 96/192/256 and the 3-warpgroup variant are compiled in one
+# config each to stay under a minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix.
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
 # (hd, dtype, causal, consumer warpgroups); the last is the opt-in 3-warpgroup hd-64 variant.
 CONFIGS = [
@@ -39,17 +39,14 @@ CONFIGS = [
 
 @pytest.fixture(scope="module")
 def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
-    """PTX of every config, compiled once per module. A compile is ~3-5 s of CPU, so with
-    enough cores the configs compile in spawned worker processes (not forked: the parent
-    already holds MLIR state); on a small box (< 4 cores) they compile in-process, serially,
-    as parallel compiles there only contend."""
+    """PTX of every config, compiled once per module. A compile is ~3-5 s of single-threaded
+    CPU, so the configs compile in one spawned worker process per core (spawned, not forked:
+    the parent already holds MLIR state); on a single core, in-process."""
     jobs = [(hd, str(dt).removeprefix("torch."), c, wgs) for hd, dt, c, wgs in CONFIGS]
-    cores = os.cpu_count() or 1
-    if cores >= 4:
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers > 1:
         ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(
-            min(len(jobs), cores // 2), mp_context=ctx
-        ) as pool:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             results = list(pool.map(hfwd.compile_report, *zip(*jobs, strict=True)))
     else:
         results = [hfwd.compile_report(*job) for job in jobs]

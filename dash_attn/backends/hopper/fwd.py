@@ -4,12 +4,14 @@ Same function as the Triton forward (`dash_attn.kernels.fwd`): out like q and a 
 (batch, heads, seqlen_q) in fp32; causal is bottom-right aligned; rows that see no key get
 out = 0 and lse = -inf.
 
-Layout of one CTA (384 threads, one (m_block, head, batch) tile of 128 query rows):
+Layout of one CTA (384 threads, one (m_block, head, batch) tile of 128 query rows; causal
+launches the longest tiles, i.e. the highest m_block, first):
 
 - warpgroup 0 (producer): drops to 24 registers; its warp 0 issues TMA loads of Q once and of
   K and V through two 2-stage mbarrier rings. K runs one block ahead of V because the consumers
   issue QK^T of block j before PV of block j+1 (see below).
-- warpgroups 1 and 2 (consumers): 240 registers each; each owns 64 query rows. Per key block:
+- warpgroups 1 and 2 (consumers): 240 registers each; each owns 64 query rows (opt-in for hd
+  64: three consumer warpgroups at 160 registers, 192-row tiles). Per key block:
   S = Q K^T (SS WGMMA), mask, online softmax in base 2, P -> bf16/fp16 registers, O += P V
   (RS WGMMA, P never touches smem).
 - Overlap: inside a warpgroup the QK^T of the next key block and the PV of the previous one are
@@ -18,8 +20,10 @@ Layout of one CTA (384 threads, one (m_block, head, batch) tile of 128 query row
 - Epilogue: O / rowsum -> 16-bit -> smem (aliasing sQ, after both warpgroups are done with Q)
   -> one TMA store (TMA clips rows past seqlen_q); LSE straight from registers.
 
-One compiled kernel per (head_dim, dtype, causal): batch, seqlens, heads and all strides are
-runtime values (`mark_layout_dynamic`), so a new shape never recompiles.
+Head dims 64, 96, 128 use 128-wide key blocks, 192 uses 96 and 256 uses 64 (smem: Q + 2-stage
+K and V must fit in 227 KiB). One compiled kernel per (head_dim, dtype, causal) (and the
+opt-in warpgroup count): batch, seqlens, heads and all strides are runtime values
+(`mark_layout_dynamic`), so a new shape never recompiles.
 """
 
 from __future__ import annotations
@@ -551,7 +555,7 @@ class HopperFwd:
         shift: Int32,
     ) -> None:
         tm, tn, hd = self.tile_m, self.tile_n, self.head_dim
-        wg = cute.arch.make_warp_uniform(tidx // 128) + 1  # 1 or 2
+        wg = cute.arch.make_warp_uniform(tidx // 128) + 1  # 1 .. num_consumer_wg
         # Per-warpgroup slices issue the WGMMAs (descriptors over this WG's 64 rows of Q);
         # per-thread slices give coordinates for masking and the epilogue.
         wg_qk = tiled_mma_qk.get_slice((wg - 1) * 128)
@@ -627,8 +631,9 @@ class HopperFwd:
             self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(kv_state)
-        # Balance the scheduler barriers: WG1's pre-arrive pairs with this final sync; every
-        # in-loop sync of one WG pairs with an in-loop arrive of the other.
+        # Balance the scheduler barriers: WG1's pre-arrive pairs with this final sync (which
+        # absorbs the last WG's last arrive); every other in-loop sync of a WG pairs with an
+        # in-loop arrive of the WG before it in the cycle.
         if wg == 1:
             self._sched_sync(wg)
 
@@ -652,10 +657,10 @@ class HopperFwd:
                 if row < seqlen_q:
                     mLSE[batch, head, row] = lse[r]
 
-        # ---- O: registers -> smem (aliasing sQ) -> TMA store of the whole 128-row tile.
+        # ---- O: registers -> smem (aliasing sQ) -> one TMA store of the whole tile_m-row tile.
         r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
         _convert_16bit(acc_o, r_o)
-        # Both warpgroups must be done reading sQ (their QK^T WGMMAs) before O overwrites it.
+        # All consumer warpgroups must be done reading sQ (QK^T WGMMAs) before O overwrites it.
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         st_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype

@@ -42,10 +42,9 @@ import cutlass.memory
 import cutlass.pipeline as cpipe
 import cutlass.utils.hopper_helpers as sm90
 import torch
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.cute.runtime import from_dlpack
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
@@ -164,15 +163,19 @@ def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
         dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
 
 
-def _aligned(t: cute.Tensor) -> cute.Tensor:
-    """Promise the compiler that every non-unit stride is a multiple of 16 bytes.
+def _gmem_tensor(
+    dtype: type[cutlass.Numeric], addr: Int64, shape: tuple, strides: tuple[Int64, Int64, Int64]
+) -> cute.Tensor:
+    """(b, s, h, d) global tensor from an address and the three outer strides (elements).
 
-    TMA descriptors need 16-B strides; the caller (the lead's dispatcher) checks this before
-    choosing this backend, and the launcher fixes up strides of size-1 dims.
+    Promises the compiler 16-byte alignment of the base and of every outer stride, which TMA
+    descriptors need: the caller (the dispatcher) checks this before choosing this backend,
+    and the launcher substitutes an aligned stride for size-1 dims (whose stride is unused).
     """
-    divby = 128 // t.element_type.width
-    strides = tuple(s if isinstance(s, int) else cute.assume(s, divby=divby) for s in t.stride[:-1])
-    return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=(*strides, t.stride[-1])))
+    ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=16)
+    divby = 128 // dtype.width
+    aligned = tuple(cute.assume(s, divby=divby) for s in strides)
+    return cute.make_tensor(ptr, cute.make_layout(shape, stride=(*aligned, 1)))
 
 
 def _permute(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
@@ -206,17 +209,56 @@ class HopperFwd:
     @cute.jit
     def __call__(
         self,
-        mQ_in: cute.Tensor,  # (b, s_q, h, d)
-        mK_in: cute.Tensor,  # (b, s_k, h_kv, d)
-        mV_in: cute.Tensor,  # (b, s_k, h_kv, d)
-        mO_in: cute.Tensor,  # (b, s_q, h, d)
-        mLSE: cute.Tensor,  # (b, h, s_q) fp32
+        q_addr: Int64,
+        k_addr: Int64,
+        v_addr: Int64,
+        o_addr: Int64,
+        lse_addr: Int64,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        q_stride_b: Int64,
+        q_stride_s: Int64,
+        q_stride_h: Int64,
+        k_stride_b: Int64,
+        k_stride_s: Int64,
+        k_stride_h: Int64,
+        v_stride_b: Int64,
+        v_stride_s: Int64,
+        v_stride_h: Int64,
         scale_log2: Float32,
         stream: cuda.CUstream,
     ) -> None:
-        # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
-        mQ, mK, mV, mO = [_permute(_aligned(t), [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
+        """Host side. Takes raw addresses, sizes and strides (elements) rather than tensors: a
+        call then marshals plain ints (~1 us each) instead of five DLPack conversions (~50 us
+        each), which would otherwise dominate short launches. q/k/v are (b, s, h, d) with a
+        unit-stride d; out is compact (b, s_q, h, d) and lse compact (b, h, s_q) fp32."""
         dt = self.dtype
+        hd = self.head_dim
+        o_stride_h = Int64(hd)
+        o_stride_s = Int64(heads) * hd
+        o_stride_b = Int64(seqlen_q) * o_stride_s
+        mQ_in, mK_in, mV_in, mO_in = [
+            _gmem_tensor(dt, addr, (batch, s, h, hd), strides)
+            for addr, s, h, strides in (
+                (q_addr, seqlen_q, heads, (q_stride_b, q_stride_s, q_stride_h)),
+                (k_addr, seqlen_k, kv_heads, (k_stride_b, k_stride_s, k_stride_h)),
+                (v_addr, seqlen_k, kv_heads, (v_stride_b, v_stride_s, v_stride_h)),
+                (o_addr, seqlen_q, heads, (o_stride_b, o_stride_s, o_stride_h)),
+            )
+        ]
+        lse_ptr = cute.make_ptr(Float32, lse_addr, cute.AddressSpace.gmem, assumed_align=4)
+        lse_stride_h = Int64(seqlen_q)
+        mLSE = cute.make_tensor(
+            lse_ptr,
+            cute.make_layout(
+                (batch, heads, seqlen_q), stride=(Int64(heads) * lse_stride_h, lse_stride_h, 1)
+            ),
+        )
+        # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
+        mQ, mK, mV, mO = [_permute(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
         tm, tn, hd, st = self.tile_m, self.tile_n, self.head_dim, self.num_stages
 
         tiled_mma_qk = sm90.make_trivial_tiled_mma(
@@ -745,26 +787,16 @@ _CACHE: dict[tuple[int, torch.dtype, bool, bool, int], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def _to_cute(t: torch.Tensor, align: int = 16) -> Any:
-    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
+def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """Strides of the (b, s, h) dims in elements; a size-1 dim gets a 16-byte stride instead
+    of whatever torch reports (never used for addressing, but TMA and the compiler's
+    alignment assumption require every stride to be a 16-B multiple)."""
+    aligned = 16 // t.element_size()
+    b, s, h = (st if n != 1 else aligned for n, st in zip(t.shape[:3], t.stride()[:3], strict=True))
+    return b, s, h
 
 
-def _fix_unit_strides(t: torch.Tensor) -> torch.Tensor:
-    """Give size-1 dims a 16-byte stride: their stride is never used but TMA descriptors and
-    the compiler's alignment assumption require every stride to be a 16-B multiple."""
-    if all(
-        s != 1 or st * t.element_size() % 16 == 0
-        for s, st in zip(t.shape[:-1], t.stride()[:-1], strict=True)
-    ):
-        return t
-    strides = [
-        st if s != 1 else 16 // t.element_size() for s, st in zip(t.shape, t.stride(), strict=True)
-    ]
-    strides[-1] = t.stride(-1)
-    return t.as_strided(t.shape, strides)
-
-
-def _compile_args(
+def _launch_args(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -772,9 +804,14 @@ def _compile_args(
     lse: torch.Tensor,
     scale_log2: float,
 ) -> tuple:
-    q, k, v, out = (_fix_unit_strides(t) for t in (q, k, v, out))
-    lse_c = from_dlpack(lse.detach(), assumed_align=4).mark_layout_dynamic(leading_dim=2)
-    return (_to_cute(q), _to_cute(k), _to_cute(v), _to_cute(out), lse_c, Float32(scale_log2))
+    """The host function's arguments: addresses, sizes, strides, scale (all plain numbers)."""
+    batch, seqlen_q, heads, _ = q.shape
+    return (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        batch, seqlen_q, k.shape[1], heads, k.shape[2],
+        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v),
+        scale_log2,
+    )  # fmt: skip
 
 
 def _check_config(head_dim: int, dtype: torch.dtype) -> None:
@@ -817,13 +854,14 @@ def compile_fwd(
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
-        # Representative shapes with every dim > 1 and distinct strides: nothing gets
-        # specialised on a size-1 or coinciding value.
-        q = torch.empty(2, 3, 4, head_dim, dtype=dtype)
-        k = torch.empty(2, 5, 2, head_dim, dtype=dtype)
-        v = torch.empty(2, 5, 2, head_dim, dtype=dtype)
-        lse = torch.empty(2, 4, 3, dtype=torch.float32)
-        args = _compile_args(q, k, v, torch.empty_like(q), lse, 1.0)
+        # Every argument is a typed runtime value (no tensor needed, so this runs without a
+        # GPU); the values themselves are placeholders that nothing is specialised on.
+        args = (
+            *(Int64(0) for _ in range(5)),  # q, k, v, out, lse addresses
+            *(Int32(1) for _ in range(5)),  # batch, seqlen_q, seqlen_k, heads, kv_heads
+            *(Int64(8) for _ in range(9)),  # (b, s, h) strides of q, k, v
+            Float32(1.0),
+        )
         kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), consumer_wgs)
         options = "--gpu-arch sm_90a"
         dump_dir = None
@@ -890,9 +928,13 @@ def hopper_fwd(
         lse.fill_(float("-inf"))
         return out, lse
     compiled = compile_fwd(head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs)
-    args = _compile_args(q, k, v, out, lse, scale * LOG2_E)
-    with torch.cuda.device(q.device):
-        compiled(*args, cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream))
+    args = _launch_args(q, k, v, out, lse, scale * LOG2_E)
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    if q.device.index == torch.cuda.current_device():
+        compiled(*args, stream)
+    else:  # the module must load / launch in q's device context
+        with torch.cuda.device(q.device):
+            compiled(*args, stream)
     return out, lse
 
 

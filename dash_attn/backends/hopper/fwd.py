@@ -1,0 +1,950 @@
+"""Hopper (sm_90a) attention forward in CuTe DSL: warp-specialised, TMA + WGMMA.
+
+Same function as the Triton forward (`dash_attn.kernels.fwd`): out like q and a natural-log LSE
+(batch, heads, seqlen_q) in fp32; causal is bottom-right aligned; rows that see no key get
+out = 0 and lse = -inf.
+
+Layout of one CTA (384 threads, one (m_block, head, batch) tile of 128 query rows; causal
+launches the longest tiles, i.e. the highest m_block, first):
+
+- warpgroup 0 (producer): drops to 24 registers; its warp 0 issues TMA loads of Q once and of
+  K and V through two 2-stage mbarrier rings. K runs one block ahead of V because the consumers
+  issue QK^T of block j before PV of block j+1 (see below).
+- warpgroups 1 and 2 (consumers): 240 registers each; each owns 64 query rows (opt-in for hd
+  64: three consumer warpgroups at 160 registers, 192-row tiles). Per key block:
+  S = Q K^T (SS WGMMA), mask, online softmax in base 2, P -> bf16/fp16 registers, O += P V
+  (RS WGMMA, P never touches smem).
+- Overlap: inside a warpgroup the QK^T of the next key block and the PV of the previous one are
+  in flight while the softmax of the next block runs; between warpgroups two named barriers
+  hand the tensor cores back and forth so one warpgroup's softmax hides under the other's GEMMs.
+- Epilogue: O / rowsum -> 16-bit -> smem (aliasing sQ, after both warpgroups are done with Q)
+  -> one TMA store (TMA clips rows past seqlen_q); LSE straight from registers.
+
+Head dims 64, 96, 128 use 128-wide key blocks, 192 uses 96 and 256 uses 64 (smem: Q + 2-stage
+K and V must fit in 227 KiB). One compiled kernel per (head_dim, dtype, causal) (and the
+opt-in warpgroup count): batch, seqlens, heads and all strides are runtime values
+(`mark_layout_dynamic`), so a new shape never recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.pipeline as cpipe
+import cutlass.utils.hopper_helpers as sm90
+import torch
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+# Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
+# for 192/256 so the rings still fit (hd 192: 48+72+72 KiB; hd 256: 64+64+64 KiB) and the
+# O accumulator (hd/2 fp32 registers per thread) leaves room for S and P under 240 registers.
+_TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
+SUPPORTED_HEAD_DIMS = tuple(_TILE_N)
+_TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+# (consumer, producer) registers per thread for 2 or 3 consumer warpgroups; both fill the SM's
+# 65536 registers at 1 CTA/SM: 128 * (2*240 + 24) = 64512, 128 * (3*160 + 32) = 65536.
+_CONSUMER_REGS = {2: (240, 24), 3: (160, 32)}
+
+# Named barrier ids (0 is __syncthreads). Epilogue: the 256 consumer threads, before O
+# overwrites sQ and again before the TMA store reads sO.
+_BAR_EPILOGUE = 1
+# Scheduler barriers: consumer warpgroup w (1 or 2) waits on id _BAR_SCHED_BASE + w - 1.
+_BAR_SCHED_BASE = 2
+
+
+def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None) -> Any:
+    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile.
+
+    The swizzle width is the widest that divides a row (128 B for hd 64/128 in 16-bit), which
+    is what both TMA and WGMMA descriptors want for bank-conflict-free access.
+    """
+    row_bits = cols * dtype.width
+    kind = warpgroup.SmemLayoutAtomKind
+    if row_bits % 1024 == 0:
+        atom_kind = kind.K_SW128
+    elif row_bits % 512 == 0:
+        atom_kind = kind.K_SW64
+    elif row_bits % 256 == 0:
+        atom_kind = kind.K_SW32
+    else:
+        atom_kind = kind.K_INTER
+    atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def _mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """View a WGMMA accumulator ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols) of this thread.
+
+    Element (2, 2, V) = (column pair, row half, column group of 8); rows are (row half, MMA_M),
+    columns (pair, V, MMA_N). Same storage, re-indexed, so softmax can loop row by row.
+    """
+    lay = cute.make_layout(acc.layout.shape)  # column-major over the fragment's own modes
+    shape = (
+        (lay.shape[0][1], lay.shape[1]),
+        (lay.shape[0][0], lay.shape[0][2], lay.shape[2]),
+    )
+    stride = (
+        (lay.stride[0][1], lay.stride[1]),
+        (lay.stride[0][0], lay.stride[0][2], lay.stride[2]),
+    )
+    return cute.make_tensor(
+        acc.iterator, cute.composition(acc.layout, cute.make_layout(shape, stride=stride))
+    )
+
+
+def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """Re-view an fp32 S accumulator ((2, 2, N/8), M, N) as an RS A-fragment
+    ((2, 2, 2), M, (N/16, N)).
+
+
+    For 16-bit WGMMA the C fragment of QK^T and the A fragment of PV put the same (row, col) in
+    the same thread, so converting P needs no shuffles, only this regrouping of the N/8 mode.
+    """
+    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    shape = (
+        (lay.shape[0][0], lay.shape[0][1], lay.shape[0][2][0]),
+        lay.shape[1],
+        (lay.shape[0][2][1], lay.shape[2]),
+    )
+    stride = (
+        (lay.stride[0][0], lay.stride[0][1], lay.stride[0][2][0]),
+        lay.stride[1],
+        (lay.stride[0][2][1], lay.stride[2]),
+    )
+    return cute.make_tensor(acc.iterator, cute.make_layout(shape, stride=stride))
+
+
+@dsl_user_op
+def _pack2(lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None) -> Int32:
+    """Two fp32 -> one register of two 16-bit values (lo in the low half), one cvt instruction."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{kind}.f32 $0, $1, $2;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@cute.jit
+def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
+
+    `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
+    16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
+    """
+    bf16 = const_expr(dst.element_type == cutlass.BFloat16)
+    dst32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range(cute.size(dst32), unroll_full=True):
+        dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
+
+
+def _gmem_tensor(
+    dtype: type[cutlass.Numeric], addr: Int64, shape: tuple, strides: tuple[Int64, Int64, Int64]
+) -> cute.Tensor:
+    """(b, s, h, d) global tensor from an address and the three outer strides (elements).
+
+    Promises the compiler 16-byte alignment of the base and of every outer stride, which TMA
+    descriptors need: the caller (the dispatcher) checks this before choosing this backend,
+    and the launcher substitutes an aligned stride for size-1 dims (whose stride is unused).
+    """
+    ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=16)
+    divby = 128 // dtype.width
+    aligned = tuple(cute.assume(s, divby=divby) for s in strides)
+    return cute.make_tensor(ptr, cute.make_layout(shape, stride=(*aligned, 1)))
+
+
+def _permute(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+class HopperFwd:
+    """Compile-time configuration + host launch + device kernel of the forward."""
+
+    def __init__(
+        self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool, consumer_wgs: int = 2
+    ) -> None:
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise NotImplementedError(
+                f"head_dim={head_dim} not supported; supported: {SUPPORTED_HEAD_DIMS}"
+            )
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.causal = causal
+        if consumer_wgs not in _CONSUMER_REGS:
+            raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
+        self.tile_m = 64 * consumer_wgs  # each consumer warpgroup owns 64 query rows
+        self.tile_n = _TILE_N[head_dim]
+        self.num_stages = 2
+        self.num_consumer_wg = consumer_wgs
+        self.num_threads = 128 * (self.num_consumer_wg + 1)
+        self.num_consumer_threads = 128 * self.num_consumer_wg
+        self.consumer_regs, self.producer_regs = _CONSUMER_REGS[consumer_wgs]
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        q_addr: Int64,
+        k_addr: Int64,
+        v_addr: Int64,
+        o_addr: Int64,
+        lse_addr: Int64,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        q_stride_b: Int64,
+        q_stride_s: Int64,
+        q_stride_h: Int64,
+        k_stride_b: Int64,
+        k_stride_s: Int64,
+        k_stride_h: Int64,
+        v_stride_b: Int64,
+        v_stride_s: Int64,
+        v_stride_h: Int64,
+        scale_log2: Float32,
+        stream: cuda.CUstream,
+    ) -> None:
+        """Host side. Takes raw addresses, sizes and strides (elements) rather than tensors: a
+        call then marshals plain ints (~1 us each) instead of five DLPack conversions (~50 us
+        each), which would otherwise dominate short launches. q/k/v are (b, s, h, d) with a
+        unit-stride d; out is compact (b, s_q, h, d) and lse compact (b, h, s_q) fp32."""
+        dt = self.dtype
+        hd = self.head_dim
+        o_stride_h = Int64(hd)
+        o_stride_s = Int64(heads) * hd
+        o_stride_b = Int64(seqlen_q) * o_stride_s
+        mQ_in, mK_in, mV_in, mO_in = [
+            _gmem_tensor(dt, addr, (batch, s, h, hd), strides)
+            for addr, s, h, strides in (
+                (q_addr, seqlen_q, heads, (q_stride_b, q_stride_s, q_stride_h)),
+                (k_addr, seqlen_k, kv_heads, (k_stride_b, k_stride_s, k_stride_h)),
+                (v_addr, seqlen_k, kv_heads, (v_stride_b, v_stride_s, v_stride_h)),
+                (o_addr, seqlen_q, heads, (o_stride_b, o_stride_s, o_stride_h)),
+            )
+        ]
+        lse_ptr = cute.make_ptr(Float32, lse_addr, cute.AddressSpace.gmem, assumed_align=4)
+        lse_stride_h = Int64(seqlen_q)
+        mLSE = cute.make_tensor(
+            lse_ptr,
+            cute.make_layout(
+                (batch, heads, seqlen_q), stride=(Int64(heads) * lse_stride_h, lse_stride_h, 1)
+            ),
+        )
+        # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
+        mQ, mK, mV, mO = [_permute(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
+        tm, tn, hd, st = self.tile_m, self.tile_n, self.head_dim, self.num_stages
+
+        tiled_mma_qk = sm90.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, tn),
+        )  # fmt: skip
+        # PV: A = P from registers; B = V^T, i.e. V in smem read N-major (MN).
+        tiled_mma_pv = sm90.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, hd),
+            a_source=warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+
+        sQ_layout = _smem_layout(dt, tm, hd, None)
+        sK_layout = _smem_layout(dt, tn, hd, st)
+        sV_layout = _smem_layout(dt, tn, hd, st)
+        sO_layout = sQ_layout
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * st]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * st]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.bytes_q = cute.size_in_bytes(dt, sQ_layout)
+        self.bytes_kv = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (tm, hd))
+        tma_k, tK = cpasync.make_tiled_tma_atom(
+            g2s, mK, cute.select(sK_layout, mode=[0, 1]), (tn, hd)
+        )
+        tma_v, tV = cpasync.make_tiled_tma_atom(
+            g2s, mV, cute.select(sV_layout, mode=[0, 1]), (tn, hd)
+        )
+        tma_o, tO = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (tm, hd)
+        )
+
+        seqlen_q = mQ.shape[0]
+        grid = (cute.ceil_div(seqlen_q, tm), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(
+            tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o, scale_log2,
+            sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            # Without this ptxas ignores setmaxnreg (C7508) and the consumers starve for registers.
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_o: cute.CopyAtom,
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+    ) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bid_m, head, batch = cute.arch.block_idx()
+        num_m_blocks, _, _ = cute.arch.grid_dim()
+        m_block = bid_m
+        if const_expr(self.causal):
+            # Causal work grows with m_block: launch the longest tiles first so the short ones
+            # fill the tail of the wave instead of one long tile running alone at the end.
+            m_block = num_m_blocks - 1 - bid_m
+
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
+        # PipelineTmaAsync releases with lane 0 of each consumer warp: arrive count = #warps.
+        consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_consumer_threads // 32)
+        pipe_q = cpipe.PipelineTmaAsync.create(
+            num_stages=1, producer_group=producer, consumer_group=consumers,
+            tx_count=self.bytes_q, barrier_storage=storage.mbar_q.data_ptr(), defer_sync=True,
+        )  # fmt: skip
+        pipe_k = cpipe.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=self.bytes_kv, barrier_storage=storage.mbar_k.data_ptr(), defer_sync=True,
+        )  # fmt: skip
+        pipe_v = cpipe.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=self.bytes_kv, barrier_storage=storage.mbar_v.data_ptr(), defer_sync=True,
+        )  # fmt: skip
+        # One fence + CTA barrier for all three rings instead of one per ring.
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        # O reuses Q's buffer: both consumer warpgroups pass the epilogue barrier before writing.
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        # Bottom-right causal: key n is visible to row m iff n <= m + shift.
+        shift = seqlen_k - seqlen_q
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        if const_expr(self.causal):
+            last_key = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + shift)
+            n_block_max = cutlass.max(last_key, 0)
+            n_block_max = (n_block_max + self.tile_n - 1) // self.tile_n
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(
+                    mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
+                    m_block, head, batch, n_block_max,
+                )  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(
+                mO, mLSE, sQ, sK, sV, sO, tma_o, pipe_q, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
+                scale_log2, tidx - 128, m_block, head, batch, n_block_max, seqlen_q, seqlen_k,
+                shift,
+            )  # fmt: skip
+
+    @cute.jit
+    def load(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        pipe_q: cpipe.PipelineTmaAsync,
+        pipe_k: cpipe.PipelineTmaAsync,
+        pipe_v: cpipe.PipelineTmaAsync,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_block_max: Int32,
+    ) -> None:
+        hd = self.head_dim
+        group = cute.size(mQ.shape[2]) // cute.size(mK.shape[2])
+        head_kv = head // group  # GQA: q head h reads kv head h // (heads // kv_heads)
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, hd), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
+        # Single CTA (no cluster): coordinate 0 in a trivial CTA layout.
+        one = cute.make_layout(1)
+        tQs, tQg = cpasync.tma_partition(
+            tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        tKs, tKg = cpasync.tma_partition(
+            tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVs, tVg = cpasync.tma_partition(
+            tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1)
+        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
+        # Q is waited on by the consumers even for tiles that see no key, so always load it.
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQg, tQs, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        if n_block_max > 0:
+            # Key blocks are walked high -> low (masked diagonal blocks first). K of block j is
+            # issued before V of block j+1, the order in which the consumers need them.
+            n_block = n_block_max - 1
+            pipe_k.producer_acquire(kv_state)
+            cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))  # fmt: skip
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n_prev = n_block_max - 1 - i
+                prev_state = kv_state.clone()
+                kv_state.advance()
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_k, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))  # fmt: skip
+                pipe_v.producer_acquire(prev_state)
+                cute.copy(tma_v, tVg[None, n_prev], tVs[None, prev_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))  # fmt: skip
+            pipe_v.producer_acquire(kv_state)
+            cute.copy(tma_v, tVg[None, 0], tVs[None, kv_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))  # fmt: skip
+
+    # --------------------------------------------------------------- consumer helpers
+    @cute.jit
+    def _gemm(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        frag_a: cute.Tensor,
+        frag_b: cute.Tensor,
+        zero_init: cutlass.Constexpr[bool],
+    ) -> None:
+        """Issue one warpgroup's WGMMAs over the k-blocks and commit them as one group (no wait)."""
+        warpgroup.fence()
+        # A fresh atom per call: flipping ACCUMULATE on a shared atom breaks SSA dominance.
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
+            cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _mask(
+        self,
+        acc_s: cute.Tensor,
+        t_coord: cute.Tensor,
+        t0_coord: cute.Tensor,
+        m_block: Int32,
+        n_block: Int32,
+        seqlen_k: Int32,
+        shift: Int32,
+    ) -> None:
+        """-inf where key >= seqlen_k (TMA zero-fill would give score 0) or, if causal,
+        key > row + shift.
+
+
+        Compares the compile-time column of thread 0 against a per-row limit shifted by this
+        thread's own column offset, so the inner test is one compare per element.
+        """
+        s_mn = _mn_view(acc_s)
+        c_mn = _mn_view(t_coord)
+        c0_mn = _mn_view(t0_coord)
+        col_base = n_block * self.tile_n + c_mn[0, 0][1]
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            limit = seqlen_k - col_base
+            if const_expr(self.causal):
+                row = m_block * self.tile_m + c_mn[r, 0][0]
+                limit = cutlass.min(limit, row + shift + 1 - col_base)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                if c0_mn[0, c][1] >= limit:
+                    s_mn[r, c] = -Float32.inf
+
+    @cute.jit
+    def _online_softmax(
+        self,
+        acc_s: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        row_scale: cute.Tensor,
+        scale_log2: Float32,
+    ) -> None:
+        """Base-2 online softmax on S in place (S -> P) and the factor to rescale O by.
+
+        row_max is kept in raw score units (one FFMA per element: s * scale_log2 - max_scaled);
+        row_sum stays a per-thread partial sum and is reduced over the quad only at the end.
+        """
+        s_mn = _mn_view(acc_s)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            row = s_mn[r, None].load()
+            cur = row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
+            cur = cute.arch.warp_reduction_max(cur, threads_in_group=4)  # the 4 threads of a row
+            prev = row_max[r]
+            row_max[r] = cur
+            # A row that has seen only masked keys keeps max = -inf; use 0 to avoid inf - inf.
+            safe = cur if cur != -Float32.inf else Float32(0.0)
+            scaled = safe * scale_log2
+            s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
+            row_scale[r] = cute.math.exp2((prev - safe) * scale_log2, fastmath=True)
+            # Four independent partial sums: a single running sum would be a 32-deep chain of
+            # dependent FADDs per row.
+            n_cols = cute.size(s_mn, mode=[1])
+            part = [s_mn[r, j] for j in range(4)]
+            for c in cutlass.range_constexpr(4, n_cols, 4):
+                for j in cutlass.range_constexpr(4):
+                    part[j] = part[j] + s_mn[r, c + j]
+            row_sum[r] = row_sum[r] * row_scale[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+
+    @cute.jit
+    def _rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:
+        o_mn = _mn_view(acc_o)
+        for r in cutlass.range_constexpr(cute.size(row_scale)):
+            o_mn[r, None].store(o_mn[r, None].load() * row_scale[r])
+
+    def _sched_sync(self, wg: Int32) -> None:
+        """Wait for my turn on the tensor cores (the previous warpgroup arrived on my barrier).
+
+        Each scheduler barrier pairs 128 waiting threads of its owner with 128 arriving
+        threads of the warpgroup before it in the cycle 1 -> 2 (-> 3) -> 1.
+        """
+        cute.arch.barrier(barrier_id=_BAR_SCHED_BASE - 1 + wg, number_of_threads=256)
+
+    def _sched_arrive(self, wg: Int32) -> None:
+        """Hand the tensor cores to the next warpgroup in the cycle."""
+        # Plain Python (trace-time) choice: num_consumer_wg is a compile-time int.
+        nxt = 3 - wg if self.num_consumer_wg == 2 else wg % self.num_consumer_wg + 1
+        cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE - 1 + nxt, number_of_threads=256)
+
+    @cute.jit
+    def consume(
+        self,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sO: cute.Tensor,
+        tma_o: cute.CopyAtom,
+        pipe_q: cpipe.PipelineTmaAsync,
+        pipe_k: cpipe.PipelineTmaAsync,
+        pipe_v: cpipe.PipelineTmaAsync,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        scale_log2: Float32,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_block_max: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        shift: Int32,
+    ) -> None:
+        tm, tn, hd = self.tile_m, self.tile_n, self.head_dim
+        wg = cute.arch.make_warp_uniform(tidx // 128) + 1  # 1 .. num_consumer_wg
+        # Per-warpgroup slices issue the WGMMAs (descriptors over this WG's 64 rows of Q);
+        # per-thread slices give coordinates for masking and the epilogue.
+        wg_qk = tiled_mma_qk.get_slice((wg - 1) * 128)
+        wg_pv = tiled_mma_pv.get_slice((wg - 1) * 128)
+        thr_qk = tiled_mma_qk.get_slice(tidx)
+        thr_pv = tiled_mma_pv.get_slice(tidx)
+
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        sVt = cute.composition(
+            sV, cute.make_ordered_layout((hd, tn, self.num_stages), order=(1, 0, 2))
+        )
+        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
+        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((tm, tn)))
+        acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((tm, hd)), Float32)
+        acc_o.fill(0.0)
+        acc_s_shape = wg_qk.partition_shape_C((tm, tn))
+
+        c_s = cute.make_identity_tensor((tm, tn))
+        t_coord = thr_qk.partition_C(c_s)
+        t0_coord = tiled_mma_qk.get_slice(0).partition_C(c_s)
+
+        n_rows = cute.size(_mn_view(acc_o), mode=[0])
+        row_max = cute.make_rmem_tensor(n_rows, Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, Float32)
+        row_scale = cute.make_rmem_tensor(n_rows, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        # Warpgroup 1 goes first: pre-arrive on its own scheduler barrier.
+        if wg == 1:
+            cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE, number_of_threads=256)
+
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+
+        if n_block_max > 0:
+            # First block (highest n): S only; always masked (it holds the seqlen_k edge and,
+            # if causal, the diagonal).
+            n_block = n_block_max - 1
+            pipe_k.consumer_wait(kv_state)
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(kv_state)
+            self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
+            self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
+            _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+
+            # Blocks left of n_unmasked need no mask: fully inside seqlen_k and left of every
+            # row's diagonal.
+            n_unmasked = seqlen_k // tn
+            if const_expr(self.causal):
+                diag = cutlass.max(m_block * tm + shift + 1, 0)
+                n_unmasked = cutlass.min(n_unmasked, diag // tn)
+            n_unmasked = cutlass.min(n_unmasked, n_block_max - 1)
+            n_masked = n_block_max - 1 - n_unmasked
+            for i in cutlass.range(n_masked, unroll=1):
+                kv_state = self._step(
+                    n_block_max - 2 - i, True, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
+                    acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
+                    row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                )  # fmt: skip
+            for i in cutlass.range(n_unmasked, unroll=1):
+                kv_state = self._step(
+                    n_unmasked - 1 - i, False, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
+                    acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
+                    row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                )  # fmt: skip
+            # Last PV (block 0) on its own.
+            pipe_v.consumer_wait(kv_state)
+            self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(kv_state)
+        # Balance the scheduler barriers: WG1's pre-arrive pairs with this final sync (which
+        # absorbs the last WG's last arrive); every other in-loop sync of a WG pairs with an
+        # in-loop arrive of the WG before it in the cycle.
+        if wg == 1:
+            self._sched_sync(wg)
+
+        # ---- finalize: quad-reduce the sums, LSE in natural log, O /= sum.
+        lse = cute.make_rmem_tensor(n_rows, Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            empty = total == 0.0
+            row_scale[r] = cute.arch.rcp_approx(total if not empty else Float32(1.0))
+            lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+            if empty:
+                lse[r] = -Float32.inf  # row saw no key: out = 0 (acc is 0), lse = -inf
+        self._rescale(acc_o, row_scale)
+
+        # ---- LSE: the quad leader of each row writes it, rows past seqlen_q skipped.
+        c_o = cute.make_identity_tensor((tm, hd))
+        tOcO = _mn_view(thr_pv.partition_C(c_o))
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(n_rows):
+                row = m_block * tm + tOcO[r, 0][0]
+                if row < seqlen_q:
+                    mLSE[batch, head, row] = lse[r]
+
+        # ---- O: registers -> smem (aliasing sQ) -> one TMA store of the whole tile_m-row tile.
+        r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        _convert_16bit(acc_o, r_o)
+        # All consumer warpgroups must be done reading sQ (QK^T WGMMAs) before O overwrites it.
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        st_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(st_atom, st_copy.retile(r_o), st_copy.partition_D(sO))
+        cute.arch.fence_view_async_shared()  # make the generic-proxy smem writes visible to TMA
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        if tidx < 32:
+            gO = cute.local_tile(mO[None, None, head, batch], (tm, hd), (m_block, 0))
+            tOs, tOg = cpasync.tma_partition(
+                tma_o,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sO, 0, 2),
+                cute.group_modes(gO, 0, 2),
+            )
+            # One thread issues the store (a TMA S2G copy is not elected automatically).
+            with cute.arch.elect_one():
+                cute.copy(tma_o, tOs, tOg)
+                cute.arch.cp_async_bulk_commit_group()
+                # smem must stay valid until the bulk store has read it; the CTA (and its
+                # smem) lives until this thread exits.
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _step(
+        self,
+        n_block: Int32,
+        masked: cutlass.Constexpr[bool],
+        kv_state: Any,
+        wg: Int32,
+        acc_o: cute.Tensor,
+        tOrP: cute.Tensor,
+        tOrVt: cute.Tensor,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        acc_s_shape: Any,
+        pipe_k: cpipe.PipelineTmaAsync,
+        pipe_v: cpipe.PipelineTmaAsync,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        t_coord: cute.Tensor,
+        t0_coord: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        row_scale: cute.Tensor,
+        scale_log2: Float32,
+        m_block: Int32,
+        seqlen_k: Int32,
+        shift: Int32,
+    ) -> Any:
+        """One overlapped step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight, then the
+        softmax of S_j.
+
+
+        tOrP holds P of the previous (higher) block on entry and P of block j on exit.
+        """
+        v_state = kv_state.clone()
+        kv_state.advance()
+        pipe_k.consumer_wait(kv_state)
+        self._sched_sync(wg)
+        acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+        self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+        pipe_v.consumer_wait(v_state)
+        self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+        self._sched_arrive(wg)
+        warpgroup.wait_group(1)  # S_j is ready; PV may still run
+        pipe_k.consumer_release(kv_state)
+        if const_expr(masked):
+            self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
+        self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
+        warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
+        pipe_v.consumer_release(v_state)
+        _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+        self._rescale(acc_o, row_scale)
+        return kv_state
+
+
+# ---------------------------------------------------------------------- torch launcher
+_CACHE: dict[tuple[int, torch.dtype, bool, bool, int], Any] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """Strides of the (b, s, h) dims in elements; a size-1 dim gets a 16-byte stride instead
+    of whatever torch reports (never used for addressing, but TMA and the compiler's
+    alignment assumption require every stride to be a 16-B multiple)."""
+    aligned = 16 // t.element_size()
+    b, s, h = (st if n != 1 else aligned for n, st in zip(t.shape[:3], t.stride()[:3], strict=True))
+    return b, s, h
+
+
+def _launch_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale_log2: float,
+) -> tuple:
+    """The host function's arguments: addresses, sizes, strides, scale (all plain numbers)."""
+    batch, seqlen_q, heads, _ = q.shape
+    return (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        batch, seqlen_q, k.shape[1], heads, k.shape[2],
+        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v),
+        scale_log2,
+    )  # fmt: skip
+
+
+def _check_config(head_dim: int, dtype: torch.dtype) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(
+            f"head_dim={head_dim} not supported by the Hopper forward; "
+            f"supported: {SUPPORTED_HEAD_DIMS}"
+        )
+    if dtype not in _TORCH_TO_CUTLASS:
+        raise ValueError(f"dtype={dtype} not supported; use torch.bfloat16 or torch.float16")
+
+
+def compile_fwd(
+    head_dim: int,
+    dtype: torch.dtype,
+    causal: bool,
+    *,
+    keep_ptx: bool = False,
+    consumer_wgs: int = 2,
+) -> Any:
+    """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
+
+    Compiles from small CPU tensors whose layouts are marked fully dynamic, so the result serves
+    every batch / seqlen / heads / stride; the real tensors only differ in runtime values. Always
+    targets sm_90a (explicitly, so this also works on a machine without a GPU).
+    keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
+    consumer_wgs=3 is the experimental 192-row tile for hd 64 (FA4's choice there; not yet run
+    on a GPU, hence not the default).
+    """
+    _check_config(head_dim, dtype)
+    if consumer_wgs not in _CONSUMER_REGS:
+        raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
+    if consumer_wgs == 3 and head_dim != 64:
+        # 160 registers per consumer thread: hd 96 already spills (ptxas: 240 B), larger worse.
+        raise NotImplementedError(
+            f"consumer_wgs=3 is only implemented for head_dim 64, not {head_dim}"
+        )
+    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        # Every argument is a typed runtime value (no tensor needed, so this runs without a
+        # GPU); the values themselves are placeholders that nothing is specialised on.
+        args = (
+            *(Int64(0) for _ in range(5)),  # q, k, v, out, lse addresses
+            *(Int32(1) for _ in range(5)),  # batch, seqlen_q, seqlen_k, heads, kv_heads
+            *(Int64(8) for _ in range(9)),  # (b, s, h) strides of q, k, v
+            Float32(1.0),
+        )
+        kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), consumer_wgs)
+        options = "--gpu-arch sm_90a"
+        dump_dir = None
+        if keep_ptx:
+            # --keep-ptx also writes a file; keep it out of the caller's cwd and delete it
+            # (the text stays on the result as .__ptx__).
+            dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
+            options += f" --keep-ptx --dump-dir {dump_dir}"
+        try:
+            compiled = cute.compile(kernel, *args, cuda.CUstream(0), options=options)
+        finally:
+            if dump_dir is not None:
+                shutil.rmtree(dump_dir, ignore_errors=True)
+        _CACHE[key] = compiled
+        return compiled
+
+
+def hopper_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    consumer_wgs: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward on Hopper.
+
+    q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
+    in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
+    consumer_wgs: 2 (default, 128-row tiles) or 3 (experimental 192-row tiles, hd 64 only).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D (batch, seqlen, heads, head_dim); got shape {tuple(t.shape)}"
+            )
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit-stride last dim; got strides {t.stride()}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}.dtype={t.dtype} differs from q.dtype={q.dtype}")
+    batch, seqlen_q, heads, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k shape {tuple(k.shape)} incompatible with q shape {tuple(q.shape)}")
+    kv_heads = k.shape[2]
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
+    _check_config(head_dim, q.dtype)
+    if not (q.is_cuda and k.device == q.device and v.device == q.device):
+        raise ValueError(
+            f"q, k, v must be on one CUDA device; got {q.device}, {k.device}, {v.device}"
+        )
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"softmax_scale must be a positive finite float; got {softmax_scale}")
+    out = torch.empty((batch, seqlen_q, heads, head_dim), device=q.device, dtype=q.dtype)
+    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+    if out.numel() == 0 or k.shape[1] == 0:
+        # Nothing to launch (a TMA descriptor cannot describe an empty dim): no keys means
+        # every row is empty, out = 0 and lse = -inf by the contract.
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    compiled = compile_fwd(head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs)
+    args = _launch_args(q, k, v, out, lse, scale * LOG2_E)
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    if q.device.index == torch.cuda.current_device():
+        compiled(*args, stream)
+    else:  # the module must load / launch in q's device context
+        with torch.cuda.device(q.device):
+            compiled(*args, stream)
+    return out, lse
+
+
+def compile_report(
+    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2
+) -> tuple[str, float]:
+    """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
+    run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
+    start = time.perf_counter()
+    compiled = compile_fwd(
+        head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs
+    )
+    return compiled.__ptx__ or "", time.perf_counter() - start

@@ -8,7 +8,10 @@ says which layout it wants.
 Providers (the columns of every table, in this order):
 
 * ``dash_auto``, ``dash_<schedule>`` (one per schedule that applies to the mask), ``dash_nondet``:
-  this package, deterministic with the ``"auto"`` rule or a named schedule, and with atomic dQ.
+  this package's Triton backend, deterministic with the ``"auto"`` schedule rule or a named
+  schedule, and non-deterministic (dQ added in arrival order).
+* ``dash_hopper_auto``, ``dash_hopper_<schedule>``, ``dash_hopper_nondet``: the same with the
+  Hopper (CuTe-DSL) backend; unavailable where it does not cover the case.
 * ``fa4_det``, ``fa4_nondet``: FlashAttention-4 (``flash_attn.cute``), when it imports.
 * ``flex``: ``torch.compile(flex_attention)``; a causal ``BlockMask`` for causal, none for full.
   Deterministic by construction (its backward computes dQ in a separate pass, no atomics).
@@ -38,7 +41,11 @@ AttnFn = Callable[[Any, Any, Any], Any]
 
 def provider_names() -> list[str]:
     """Every provider name in table order (dash schedules from the schedule registry)."""
-    dash = ["dash_auto", *(f"dash_{name}" for name in schedule_names()), "dash_nondet"]
+    dash = [
+        f"dash_{prefix}{name}"
+        for prefix in ("", "hopper_")
+        for name in ("auto", *schedule_names(), "nondet")
+    ]
     return [*dash, "fa4_det", "fa4_nondet", "flex", "sdpa_flash_det", "sdpa_flash", "sdpa_cudnn"]
 
 
@@ -130,14 +137,30 @@ def torch_deterministic() -> Iterator[None]:
 # dash-attn
 
 
-def _dash(schedule: str, deterministic: bool) -> Callable[[Case, Any], AttnFn]:
+def _dash(schedule: str, deterministic: bool, backend: str) -> Callable[[Case, Any], AttnFn]:
     def make(case: Case, device: Any) -> AttnFn:
         from dash_attn import dash_attn_func
 
+        if backend == "hopper":
+            from dash_attn.backends import hopper_unsupported
+            from dash_attn.device import device_info
+            from dash_attn.plan import CAUSAL, FULL, Problem
+
+            mask = CAUSAL if case.causal else FULL
+            problem = Problem(
+                case.batch, case.seqlen, case.seqlen, case.heads, case.kv_heads, case.headdim, mask
+            )
+            import torch
+
+            gap = hopper_unsupported(problem, device_info(torch.device(device)))
+            if gap is not None:
+                raise ProviderUnavailable(f"hopper backend: {gap}")
+
         def fn(q: Any, k: Any, v: Any) -> Any:
             return dash_attn_func(
-                q, k, v, causal=case.causal, deterministic=deterministic, schedule=schedule
-            )
+                q, k, v, causal=case.causal, deterministic=deterministic, schedule=schedule,
+                backend=backend,
+            )  # fmt: skip
 
         return fn
 
@@ -152,11 +175,17 @@ def dash_schedules(case: Case, workers: int) -> list[str]:
 
 
 def dash_providers(case: Case, workers: int) -> list[Provider]:
-    """``dash_auto``, one deterministic provider per applicable schedule, and ``dash_nondet``."""
-    out = [Provider("dash_auto", "dash", True, _dash("auto", True), schedule="auto")]
-    for name in dash_schedules(case, workers):
-        out.append(Provider(f"dash_{name}", "dash", True, _dash(name, True), schedule=name))
-    out.append(Provider("dash_nondet", "dash", False, _dash("auto", False), schedule="auto"))
+    """Per backend (Triton: ``dash_``, Hopper: ``dash_hopper_``): ``auto``, one deterministic
+    provider per applicable schedule, and ``nondet``."""
+    out = []
+    for backend, prefix in (("triton", "dash_"), ("hopper", "dash_hopper_")):
+        make = _dash("auto", True, backend)
+        out.append(Provider(f"{prefix}auto", "dash", True, make, schedule="auto"))
+        for name in dash_schedules(case, workers):
+            make = _dash(name, True, backend)
+            out.append(Provider(f"{prefix}{name}", "dash", True, make, schedule=name))
+        make = _dash("auto", False, backend)
+        out.append(Provider(f"{prefix}nondet", "dash", False, make, schedule="auto"))
     return out
 
 

@@ -77,6 +77,7 @@ _FLOAT_FIELDS = {
 BASELINE_SCHEDULE = "dash_fa3"
 AUTO = "dash_auto"
 NONDET = "dash_nondet"
+HOPPER_AUTO = "dash_hopper_auto"
 
 Row = dict[str, Any]
 
@@ -259,6 +260,10 @@ def summary_ratios(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, st
         ("dash auto / flex", AUTO, "flex"),
         ("dash auto / dash fa3", AUTO, BASELINE_SCHEDULE),
         ("dash auto / dash nondet", AUTO, NONDET),
+        ("hopper auto / fa4_det", HOPPER_AUTO, "fa4_det"),
+        ("hopper auto / hopper fa3", HOPPER_AUTO, "dash_hopper_fa3"),
+        ("hopper auto / hopper nondet", HOPPER_AUTO, "dash_hopper_nondet"),
+        ("hopper auto / dash auto", HOPPER_AUTO, AUTO),
         ("fa4_det / fa4_nondet", "fa4_det", "fa4_nondet"),
     )
     groups: dict[tuple[str, bool, int], list[dict[str, Mapping[str, Any]]]] = {}

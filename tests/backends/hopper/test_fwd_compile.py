@@ -145,6 +145,8 @@ def _t(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         (_t(2, 8, 4, 64), _t(2, 8, 4, 128), _t(2, 8, 4, 128), "incompatible"),
         (_t(2, 8, 4, 64), _t(2, 8, 4, 64, dtype=torch.float16), _t(2, 8, 4, 64), "k.dtype"),
         (_t(2, 8, 4, 128)[..., ::2], _t(2, 8, 4, 64), _t(2, 8, 4, 64), "unit-stride"),
+        # Misaligned for TMA: 2-byte offset base and a 130-byte head stride.
+        (_t(2, 8, 4, 65)[..., 1:], _t(2, 8, 4, 64), _t(2, 8, 4, 64), "16-byte aligned"),
         # Valid shapes but CPU tensors: refused before any compile or launch.
         (_t(2, 8, 4, 64), _t(2, 8, 2, 64), _t(2, 8, 2, 64), "CUDA device"),
     ],

@@ -83,7 +83,7 @@ def test_compiles_with_expected_ptx(
     # Named barriers between the consumer warpgroups (GEMM hand-off) and O staged by stmatrix.
     assert re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)
     assert "stmatrix.sync.aligned" in ptx
-    # P and O are converted pairwise (one cvt per two values), never one value at a time.
+    # P and O are converted with the paired cvt (one instruction per two values).
     assert f"cvt.rn.{ab}x2.f32" in ptx
     # exp2-based softmax; no local memory (a stack array or spill in PTX would show up here).
     assert "ex2.approx" in ptx

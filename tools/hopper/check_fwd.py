@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-TIME_BUDGET_S = 225.0  # the lead's limit is 4 minutes for the whole script, compiles included
+TIME_BUDGET_S = 210.0  # the lead's limit is 4 minutes for the whole script, compiles included
 _T0 = time.perf_counter()
 
 
@@ -372,6 +372,9 @@ def print_tables(report: Report) -> None:
         print(f"  {hd:3d} {causal!s:6s} {s:6d} " + " ".join(cells))
     n_fail = sum(c.status not in ("ok", "dry-run") for c in report.numerics)
     n_rep = sum(not r.get("bitwise", False) for r in report.repeat)
+    if all(c.status == "dry-run" for c in report.numerics):
+        print(f"\ndry run: {len(report.numerics)} numerics cases listed, nothing launched")
+        return
     print(f"\nnumerics: {len(report.numerics) - n_fail}/{len(report.numerics)} ok; "
           f"bitwise repeat failures: {n_rep}; elapsed {_elapsed():.0f}s")  # fmt: skip
 

@@ -912,6 +912,14 @@ def hopper_fwd(
     if kv_heads == 0 or heads % kv_heads != 0:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
     _check_config(head_dim, q.dtype)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # TMA needs a 16-byte aligned base and 16-byte multiple strides (size-1 dims excepted,
+        # see _outer_strides); a violation would fault or read garbage, not raise.
+        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in _outer_strides(t)):
+            raise ValueError(
+                f"{name} must be 16-byte aligned with 16-byte multiple strides for TMA; got "
+                f"data_ptr % 16 = {t.data_ptr() % 16}, strides {t.stride()}"
+            )
     if not (q.is_cuda and k.device == q.device and v.device == q.device):
         raise ValueError(
             f"q, k, v must be on one CUDA device; got {q.device}, {k.device}, {v.device}"

@@ -83,7 +83,7 @@ def test_compiles_with_expected_ptx(
     # Named barriers between the consumer warpgroups (GEMM hand-off) and O staged by stmatrix.
     assert re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)
     assert "stmatrix.sync.aligned" in ptx
-    # P and O are converted pairwise (one cvt per two values), never one value at a time.
+    # P and O are converted with the paired cvt (one instruction per two values).
     assert f"cvt.rn.{ab}x2.f32" in ptx
     # exp2-based softmax; no local memory (a stack array or spill in PTX would show up here).
     assert "ex2.approx" in ptx
@@ -145,6 +145,8 @@ def _t(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         (_t(2, 8, 4, 64), _t(2, 8, 4, 128), _t(2, 8, 4, 128), "incompatible"),
         (_t(2, 8, 4, 64), _t(2, 8, 4, 64, dtype=torch.float16), _t(2, 8, 4, 64), "k.dtype"),
         (_t(2, 8, 4, 128)[..., ::2], _t(2, 8, 4, 64), _t(2, 8, 4, 64), "unit-stride"),
+        # Misaligned for TMA: 2-byte offset base and a 130-byte head stride.
+        (_t(2, 8, 4, 65)[..., 1:], _t(2, 8, 4, 64), _t(2, 8, 4, 64), "16-byte aligned"),
         # Valid shapes but CPU tensors: refused before any compile or launch.
         (_t(2, 8, 4, 64), _t(2, 8, 2, 64), _t(2, 8, 2, 64), "CUDA device"),
     ],

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
 BACKEND_NAMES = ("triton", "hopper")
 
-# Where ``auto`` takes the hopper kernels once they cover the call: only directions for which a
-# committed side-by-side run measured them faster than the Triton ones (benchmarks/results/h200/).
-AUTO_PREFERS_HOPPER = {"fwd": True, "bwd": False}
+# Where ``auto`` takes the hopper kernels (when they cover the call): the head dims for which a
+# committed side-by-side run measured them faster than the Triton ones, per direction
+# (benchmarks/results/h200/). Elsewhere they run when asked for by name.
+AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": ()}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:
@@ -39,8 +40,8 @@ def _choose(
         return "triton", "asked for by name"
     if gap is not None:
         return "triton", f"auto: hopper {gap}"
-    if not AUTO_PREFERS_HOPPER[direction]:
-        return "triton", f"auto: the hopper {direction} is opt-in until measured faster"
+    if problem.headdim not in AUTO_HOPPER_HEADDIMS[direction]:
+        return "triton", f"auto: the hopper {direction} at head dim {problem.headdim} is opt-in"
     return "hopper", "auto: covered, and measured faster than triton"
 
 
@@ -49,8 +50,9 @@ def choose_backend(
 ) -> tuple[str, str, BackwardTiles]:
     """``(backend, why, tiles)`` of the backward for ``"auto"``, ``"triton"`` or ``"hopper"``.
 
-    ``auto`` takes hopper where it covers the problem and is preferred (AUTO_PREFERS_HOPPER),
-    else triton, and says why; a named backend that cannot run raises NotImplementedError.
+    ``auto`` takes hopper where it covers the problem and was measured faster
+    (``AUTO_HOPPER_HEADDIMS``), else triton, and says why; a named backend that cannot run
+    raises NotImplementedError.
     """
     name, reason = _choose(problem, device, requested, "bwd")
     if name == "hopper":

@@ -30,8 +30,8 @@ def test_docstring_example() -> None:
 
 
 def test_plan_holds_what_the_kernel_runs() -> None:
-    plan = make_backward_plan(PROBLEM, device=H200)
-    assert plan.backend == "triton" and plan.backend_reason.startswith("auto: ")
+    plan = make_backward_plan(PROBLEM, device=H200, backend="triton")
+    assert plan.backend == "triton" and plan.backend_reason == "asked for by name"
     assert plan.tiles == backward_tiles(128, "tma")
     assert plan.dq_reduce == "tma" and plan.deterministic
     assert plan.schedule_name == "shift" and plan.dispatch is Dispatch.STATIC
@@ -47,13 +47,13 @@ def test_plan_holds_what_the_kernel_runs() -> None:
 
 def test_plans_are_cached_per_arguments() -> None:
     assert make_backward_plan(PROBLEM, device=H200) is make_backward_plan(PROBLEM, device=H200)
-    other = make_backward_plan(PROBLEM, device=H200, sm_margin=8)
+    other = make_backward_plan(PROBLEM, device=H200, sm_margin=8, backend="triton")
     assert other.workers == 124 and other.schedule.spec.workers == 124
 
 
 def test_dynamic_schedules_launch_at_most_one_program_per_sm() -> None:
     causal = Problem(4, 4096, 4096, 16, 16, 64, mask=CAUSAL)
-    plan = make_backward_plan(causal, device=H200, schedule="descending")
+    plan = make_backward_plan(causal, device=H200, schedule="descending", backend="triton")
     assert plan.dispatch is Dispatch.DYNAMIC and plan.grid == 132
 
 
@@ -66,14 +66,14 @@ def test_dq_reduce_follows_the_device() -> None:
     with pytest.raises(ValueError, match="dq_reduce must be one of"):
         make_backward_plan(PROBLEM, device=H200, dq_reduce="bulk")
     # The atomics path keeps two stages at head dim 128 (the block sizes are the same).
-    atomic = make_backward_plan(PROBLEM, device=H200, dq_reduce="atomic")
+    atomic = make_backward_plan(PROBLEM, device=H200, dq_reduce="atomic", backend="triton")
     assert atomic.tiles.num_stages == 2
-    assert atomic.spec == make_backward_plan(PROBLEM, device=H200).spec
+    assert atomic.spec == make_backward_plan(PROBLEM, device=H200, backend="triton").spec
 
 
 def test_explicit_tiles_are_recorded_and_set_the_schedule() -> None:
     tiles = parse_tiles("64x64w8s2")
-    plan = make_backward_plan(PROBLEM, device=H200, tiles=tiles)
+    plan = make_backward_plan(PROBLEM, device=H200, tiles=tiles, backend="triton")
     assert plan.tiles == tiles and plan.spec.kv_tiles == 11 and plan.spec.tile_ratio == 1
 
 
@@ -96,8 +96,9 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
     pytest.importorskip("cutlass")
     plan = make_backward_plan(PROBLEM, device=H200, backend="hopper")
     assert plan.backend == "hopper" and plan.tiles.block_n == 128 and plan.tiles.num_warps == 12
-    # auto keeps the Triton backward until the hopper one is measured faster.
-    assert make_backward_plan(PROBLEM, device=H200).backend == "triton"
+    # auto takes it at the head dims where it was measured faster, with the reason.
+    auto = make_backward_plan(PROBLEM, device=H200)
+    assert auto.backend == "hopper" and auto.backend_reason.startswith("auto: covered")
     with pytest.raises(NotImplementedError, match="backend='hopper' cannot run this bwd: needs"):
         make_backward_plan(PROBLEM, device=INTERPRETER, backend="hopper")
     odd = Problem(1, 100, 100, 2, 2, 96)
@@ -108,6 +109,17 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
         make_backward_plan(unaligned, device=H200, backend="hopper")
     reason = make_backward_plan(unaligned, device=H200).backend_reason
     assert reason.startswith("auto: hopper needs 16-byte aligned")
+
+
+def test_auto_without_cutlass_runs_triton_and_says_why(monkeypatch) -> None:
+    from dash_attn.backends import hopper
+
+    monkeypatch.setattr(hopper, "cutlass_available", lambda: False)
+    other = Problem(3, 100, 100, 2, 2, 64)  # not cached by the tests above
+    plan = make_backward_plan(other, device=H200)
+    assert plan.backend == "triton" and "nvidia-cutlass-dsl is not installed" in plan.backend_reason
+    with pytest.raises(NotImplementedError, match="nvidia-cutlass-dsl is not installed"):
+        make_backward_plan(other, device=H200, backend="hopper")
 
 
 def test_bad_problems_raise() -> None:

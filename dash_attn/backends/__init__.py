@@ -20,7 +20,7 @@ BACKEND_NAMES = ("triton", "hopper")
 # Where ``auto`` takes the hopper kernels (when they cover the call): the head dims for which a
 # committed side-by-side run measured them faster than the Triton ones, per direction
 # (benchmarks/results/h200/). Elsewhere they run when asked for by name.
-AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": ()}
+AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:

@@ -243,6 +243,19 @@ def attn_bwd_kernel(
             # table load's round trip (and lets the pipeliner keep a third buffer).
             h_next = tl.load(STEP_HEAD + step_lo, mask=step_lo < step_hi, other=0)
             q_tile_next = tl.load(STEP_TILE + step_lo, mask=step_lo < step_hi, other=0)
+        # One step, and where the deterministic protocol sits in it (fragments marked [D1]..[D5]):
+        #   table entries (head, Q tile) -> loads of Q, dO, LSE2, delta
+        #   [D1] release the previous step's dQ tile (barrier, then +1 with release semantics)
+        #        here, or with RELEASE_AFTER_QK after the first matmul
+        #   S^T = K Q^T, P^T = exp2(S^T * scale - LSE2), masks; dV += P^T dO; dP^T = V dO^T
+        #   dS^T = P^T (dP^T - delta)
+        #   [D2] read this step's semaphore (acquire), two matmuls before it is needed
+        #   dK += dS^T Q; dQ partial = dS K
+        #   [D3] wait until the semaphore equals this step's rank (bounded; on timeout the
+        #        partial becomes NaN and the error flag is raised)
+        #   [D4] add the partial into the fp32 dQ accumulator (TMA bulk reduction or atomics)
+        #   [D5] remember the semaphore: its release is [D1] of the next step or the chain's end
+        # Non-deterministic mode skips [D1]-[D3] and [D5]: the same adds in arrival order.
         for step in range(step_lo, step_hi):
             if TABLES_AHEAD:
                 h = h_next
@@ -277,7 +290,7 @@ def attn_bwd_kernel(
                 # this measured fastest (after the first matmul 1-9% slower, after later ones
                 # 5-10% slower); at 192/256 the early release costs spills and after the first
                 # matmul is faster (benchmarks/NOTES.md, attempts 11 and 14).
-                if not RELEASE_AFTER_QK:
+                if not RELEASE_AFTER_QK:  # [D1]
                     _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
                 rank = tl.load(STEP_RANK + step)
                 sem_ptr = SEM + (b * q_heads + h) * q_tiles + q_tile
@@ -290,7 +303,7 @@ def attn_bwd_kernel(
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
             p_t = tl.where(keep, p_t, 0.0)
             if DETERMINISTIC:
-                if RELEASE_AFTER_QK:
+                if RELEASE_AFTER_QK:  # [D1], late
                     _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
             dv += tl.dot(p_t.to(do.dtype), do)
             dp_t = tl.dot(v, tl.trans(do))
@@ -299,7 +312,7 @@ def attn_bwd_kernel(
             if DETERMINISTIC:
                 # Read the semaphore two matmuls before it is needed: the predecessor is
                 # usually done by then, and the read's L2 round trip hides behind the matmuls.
-                seen = _load_acquire(sem_ptr, TIMED_WAIT)
+                seen = _load_acquire(sem_ptr, TIMED_WAIT)  # [D2]
             dk += tl.dot(ds_t, q)
             dq_part = tl.dot(tl.trans(ds_t), k)
 
@@ -308,15 +321,15 @@ def attn_bwd_kernel(
                 + offs_d[None, :]
             )  # fmt: skip
             if DETERMINISTIC:
-                failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)
+                failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)  # [D3]
                 # Never a silent wrong result: a step that gave up poisons what it adds and
                 # raises the error flag (a plain store: every writer writes 1).
                 dq_part = tl.where(failed, float("nan"), dq_part)
                 tl.store(STATUS + 1, 1, mask=failed)
-                _add_dq(
+                _add_dq(  # [D4]
                     DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, DQ_TMA
                 )
-                pending_sem = sem_ptr
+                pending_sem = sem_ptr  # [D5]
                 has_pending = 1
             else:
                 _add_dq(

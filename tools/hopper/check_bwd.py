@@ -157,7 +157,7 @@ def schedule_for(shape: Shape, causal: bool, name: str, workers: int) -> Schedul
 
 
 def grid_of(sched: Schedule) -> int:
-    """Worker count to launch, as dash_attn.runtime does."""
+    """Worker count to launch, as dash_attn.plan does."""
     spec = sched.spec
     if sched.dispatch is Dispatch.DYNAMIC:
         return min(spec.workers, spec.num_chains)

@@ -209,7 +209,7 @@ def load_providers() -> tuple[dict[str, Callable], dict[str, str]]:
     except Exception as e:  # noqa: BLE001 - optional comparison, any import failure skips it
         missing["fa4"] = f"{type(e).__name__}: {e}"
     triton_fwd = None
-    for mod in ("dash_attn.kernels.fwd", "dash_attn.backends.triton.fwd"):
+    for mod in ("dash_attn.backends.triton.fwd",):
         try:
             triton_fwd = __import__(mod, fromlist=["attn_fwd"]).attn_fwd
             break

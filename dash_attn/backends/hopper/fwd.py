@@ -1,6 +1,6 @@
 """Hopper (sm_90a) attention forward in CuTe DSL: warp-specialised, TMA + WGMMA.
 
-Same function as the Triton forward (`dash_attn.kernels.fwd`): out like q and a natural-log LSE
+Same function as the Triton forward (`dash_attn.backends.triton.fwd`): out like q and a natural-log LSE
 (batch, heads, seqlen_q) in fp32; causal is bottom-right aligned; rows that see no key get
 out = 0 and lse = -inf.
 

@@ -1,8 +1,8 @@
 """Hopper (sm_90a) attention forward in CuTe DSL: warp-specialised, TMA + WGMMA.
 
-Same function as the Triton forward (`dash_attn.backends.triton.fwd`): out like q and a natural-log LSE
-(batch, heads, seqlen_q) in fp32; causal is bottom-right aligned; rows that see no key get
-out = 0 and lse = -inf.
+Same function as the Triton forward (`dash_attn.backends.triton.fwd`): out like q and a
+natural-log LSE (batch, heads, seqlen_q) in fp32; causal is bottom-right aligned; rows that see
+no key get out = 0 and lse = -inf.
 
 Layout of one CTA (384 threads, one (m_block, head, batch) tile of 128 query rows; causal
 launches the longest tiles, i.e. the highest m_block, first):

@@ -260,8 +260,10 @@ def make_backward_plan(
 
     Raises:
         ValueError: sm_margin leaves no SM, an option out of range, or a schedule that does not
-            fit the mask; NotImplementedError: a head dim the backend has no tiles for, or a
-            backend asked for by name that cannot run here.
+            fit the mask; NotImplementedError: a head dim the backend has no tiles for, a
+            backend asked for by name that cannot run here, or (Triton's interpreter) a
+            deterministic static schedule that would block there, where ``auto`` takes
+            ``INTERPRETER_AUTO_SCHEDULE`` instead.
     """
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
         raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")

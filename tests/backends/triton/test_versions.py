@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -33,10 +36,25 @@ def test_installed_triton_is_supported() -> None:
     assert _versions.triton_problem(triton.__version__) is None, triton.__version__
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
 def test_range_matches_pyproject() -> None:
     # One range, three places: the check, pyproject's dependency and the README.
-    from pathlib import Path
+    assert f'"{_versions.TRITON_RANGE}"' in (ROOT / "pyproject.toml").read_text()
+    assert _versions.TRITON_RANGE in (ROOT / "README.md").read_text()
 
-    root = Path(__file__).resolve().parents[3]
-    assert f'"{_versions.TRITON_RANGE}"' in (root / "pyproject.toml").read_text()
-    assert _versions.TRITON_RANGE in (root / "README.md").read_text()
+
+def test_ci_runs_both_ends_of_the_range() -> None:
+    ci = ROOT / ".ci" / "run"
+    if not ci.is_file():
+        pytest.skip("not a source checkout")
+    pins = dict(re.findall(r"^triton_(oldest|newest)=(\S+)$", ci.read_text(), re.MULTILINE))
+    oldest, newest = (tuple(map(int, pins[end].split(".")[:2])) for end in ("oldest", "newest"))
+    assert oldest == _versions.TRITON_OLDEST
+    assert _versions.TRITON_OLDEST <= newest < _versions.TRITON_FIRST_UNSUPPORTED
+    # The minor release just below the bound, so the top of the range is what CI checks (a bound
+    # like 4.0 has no such minor: then only the range check above applies).
+    major, minor = _versions.TRITON_FIRST_UNSUPPORTED
+    if minor > 0:
+        assert newest == (major, minor - 1)

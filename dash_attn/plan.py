@@ -44,6 +44,7 @@ __all__ = [
     "Problem",
     "analysis_device",
     "backward_spec",
+    "first_blocked_program",
     "make_backward_plan",
 ]
 
@@ -52,6 +53,8 @@ __all__ = [
 DEFAULT_TIMEOUT_S = float(os.environ.get("DASH_ATTN_TIMEOUT_S", "10"))
 DQ_REDUCE_MODES = ("auto", "atomic", "tma")
 DTYPES = ("float16", "bfloat16")
+# What ``auto`` runs in Triton's interpreter when its static schedule would block there.
+INTERPRETER_AUTO_SCHEDULE = "descending"
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,26 @@ def backward_spec(problem: Problem, tiles: BackwardTiles, workers: int) -> Sched
     )
 
 
+def first_blocked_program(schedule: Schedule) -> int | None:
+    """The first program of a deterministic backward by ``schedule`` that would wait forever if
+    programs ran one after another in program-id order, as Triton's interpreter runs them; None
+    if every wait is met (always so for dynamic dispatch: a chain only waits on chains with a
+    smaller ticket, which ran earlier). Replays the tables: program ``p`` runs static worker
+    ``p``'s chains; a step whose dQ tile has not yet received ``rank`` contributions blocks."""
+    if schedule.dispatch is Dispatch.DYNAMIC:
+        return None
+    dq_tile, rank, start = schedule.step_dq_tile(), schedule.step_rank, schedule.chain_start
+    added: dict[int, int] = {}
+    for program in range(len(schedule.worker_start) - 1):
+        for chain in schedule.worker_chains(program):
+            for step in range(int(start[chain]), int(start[chain + 1])):
+                tile = int(dq_tile[step])
+                if added.get(tile, 0) != int(rank[step]):
+                    return program
+                added[tile] = added.get(tile, 0) + 1
+    return None
+
+
 def _grid(schedule: Schedule) -> int:
     spec = schedule.spec
     if schedule.dispatch is Dispatch.DYNAMIC:
@@ -242,8 +265,10 @@ def make_backward_plan(
 
     Raises:
         ValueError: sm_margin leaves no SM, an option out of range, or a schedule that does not
-            fit the mask; NotImplementedError: a head dim the backend has no tiles for, or a
-            backend asked for by name that cannot run here.
+            fit the mask; NotImplementedError: a head dim the backend has no tiles for, a
+            backend asked for by name that cannot run here, or (Triton's interpreter) a
+            deterministic static schedule that would block there, where ``auto`` takes
+            ``INTERPRETER_AUTO_SCHEDULE`` instead.
     """
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
         raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")
@@ -271,6 +296,21 @@ def make_backward_plan(
     tiles = default_tiles if tiles is None else tiles.for_dq_reduce(dq_reduce)
     spec = backward_spec(problem, tiles, workers)
     sched = make_schedule(schedule, spec)
+    if device.is_interpreter and deterministic:
+        # The interpreter runs programs one after another, so a static worker that waits for a
+        # later worker's dQ contribution waits forever (the bounded wait then gives up). Dynamic
+        # dispatch never does; ``auto`` takes one, a named static schedule is refused.
+        blocked = first_blocked_program(sched)
+        if blocked is not None and schedule == "auto":
+            sched = make_schedule(INTERPRETER_AUTO_SCHEDULE, spec)
+        elif blocked is not None:
+            raise NotImplementedError(
+                f"schedule {schedule!r} cannot run deterministically in Triton's interpreter for "
+                f"this shape: the interpreter runs the programs one after another, and program "
+                f"{blocked} would wait for a dQ contribution of a later program, which cannot run "
+                "before it ends. Use a dynamic schedule ('fa3', 'descending'), 'auto', or "
+                "deterministic=False."
+            )
     return BackwardPlan(
         problem=problem,
         device=device,

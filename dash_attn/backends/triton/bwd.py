@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import _versions  # noqa: F401  (an unsupported Triton fails here, clearly)
 from .tiles import BackwardTiles
 from .utils import next_power_of_2
 

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _versions  # noqa: F401  (an unsupported Triton fails here, clearly)
 from .utils import cdiv, next_power_of_2
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ...device import is_interpreter
 from ...errors import record_status
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from ..tables import device_tables
+from . import _versions  # noqa: F401  (first: an unsupported Triton fails here, clearly)
 from .bwd import attn_bwd_main, attn_bwd_preprocess
 from .fwd import attn_fwd
 
@@ -19,15 +21,38 @@ from .fwd import attn_fwd
 INTERPRETER_MAX_POLLS = 512
 
 
+def refuse_interpreter_bf16(dtype: torch.dtype, interpret: bool) -> None:
+    """Triton's interpreter computes bf16 ``tl.dot`` wrong (errors ~1e8, no warning): refuse
+    rather than return silently wrong results (``dash_attn_func`` refuses first, with the same
+    reason; this guards direct calls of the custom ops)."""
+    if interpret and dtype == torch.bfloat16:
+        raise NotImplementedError(
+            "dash-attn: bfloat16 is not supported in Triton's CPU interpreter "
+            "(TRITON_INTERPRET=1), whose bf16 matmuls give wrong results; use float16 there "
+            "(bf16 runs on the GPU)"
+        )
+
+
 def run_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
+    refuse_interpreter_bf16(q.dtype, is_interpreter())
     return attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 def timeout_error(plan: BackwardPlan) -> str:
     """The RuntimeError text of a deterministic launch whose dQ wait gave up."""
+    if plan.device.is_interpreter:
+        # No concurrent kernel here: the interpreter runs programs one after another, so a wait
+        # for a later program can never be met (the plan refuses the static schedules that do
+        # that; what is left is a broken table).
+        return (
+            f"dash-attn backward: a dQ wait timed out after {INTERPRETER_MAX_POLLS} polls in "
+            f"Triton's interpreter ({plan.describe()}); its gradients were poisoned with NaN. The "
+            "interpreter runs programs one after another, so a wait for a contribution of a later "
+            "program never ends: the schedule's tables do not fit that order (a broken schedule)."
+        )
     return (
         f"dash-attn backward: a dQ wait timed out after {plan.timeout_s:g} s ({plan.describe()}); "
         "its gradients were poisoned with NaN. Likely causes: SMs held by a concurrent kernel "
@@ -55,6 +80,7 @@ def run_backward(
     """
     spec, tiles = plan.spec, plan.tiles
     interpret = plan.device.is_interpreter
+    refuse_interpreter_bf16(q.dtype, interpret)
     lse2, delta = attn_bwd_preprocess(out, dout, lse, spec.q_tiles * tiles.block_m)
     dq_acc, dk, dv, status = attn_bwd_main(
         q, k, v, dout, lse2, delta, device_tables(plan.schedule, q.device),

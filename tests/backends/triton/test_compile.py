@@ -1,10 +1,17 @@
 """The GPU kernels compiled for Hopper on the CPU (no GPU needed): ptxas accepts the inline PTX of
 the wait/release protocol, every head dimension fits the SM, and the structure the speed depends
-on (a software-pipelined step loop, no fence in the wait) stays in place."""
+on (a software-pipelined step loop, no fence in the wait) stays in place.
+
+The checks are on properties, not on one Triton version's spelling: Triton 3.6 writes the release
+as ``atom.global.gpu.release.add.u32`` while later versions order the qualifiers differently or
+emit ``red``, and the bulk reduction's state spaces changed names (``shared::cta`` vs
+``shared::cluster``). CI runs this file against the oldest and the newest supported Triton.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -15,10 +22,49 @@ pytestmark = pytest.mark.skipif(
     reason="compiles real kernels; the interpreter replaces them",
 )
 
-compile_report = pytest.importorskip("dash_attn.kernels.compile_report")
+# Skip only when triton itself is missing: a failing import of the report tool (a moved module)
+# must fail here, not skip the whole file silently.
+pytest.importorskip("triton")
+from tools import compile_report  # noqa: E402
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most dynamic shared memory one block can have on sm_90
 REGISTER_LIMIT = 255
+
+# One PTX instruction's opcode with its dot-separated qualifiers, e.g.
+# "atom.global.gpu.release.add.u32" or "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add".
+_INSTRUCTION = re.compile(r"(?<![\w.%])([a-z][a-z0-9_]*(?:\.[a-z0-9_:]+)+)")
+
+
+def ptx_instructions(ptx: str, opcode: str) -> list[set[str]]:
+    """The qualifier sets of every PTX instruction whose opcode is ``opcode`` (``"atom"``,
+    ``"red"``, ``"ld"``, ``"cp.reduce.async.bulk.tensor"``): order-free, so a check reads
+    "a release add exists" whatever order a Triton version writes the qualifiers in."""
+    head = opcode.split(".")
+    found = []
+    for match in _INSTRUCTION.finditer(ptx):
+        parts = match.group(1).split(".")
+        if parts[: len(head)] == head:
+            found.append(set(parts[len(head) :]))
+    return found
+
+
+def has_release_add(ptx: str) -> bool:
+    """A GPU-scope (or wider) release-ordered integer add: the hand-off of a dQ turn."""
+    return any(
+        "release" in q and "add" in q and not q & {"cta", "cluster"}
+        for op in ("atom", "red")
+        for q in ptx_instructions(ptx, op)
+    )
+
+
+def has_acquire_load(ptx: str) -> bool:
+    """A GPU-scope acquire load from global memory: the poll of the wait."""
+    return any({"acquire", "gpu", "global"} <= q for q in ptx_instructions(ptx, "ld"))
+
+
+def has_bulk_tensor_add(ptx: str) -> bool:
+    """A TMA bulk tensor reduction that adds (any dimension, any state-space spelling)."""
+    return any("add" in q for q in ptx_instructions(ptx, "cp.reduce.async.bulk.tensor"))
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +81,25 @@ def _report(reports: dict, headdim: int, deterministic: bool, **kwargs):
     return reports[key]
 
 
+def test_property_checks_read_both_spellings() -> None:
+    # The spellings seen so far, and near misses that must not count.
+    assert has_release_add("atom.global.gpu.release.add.u32 %r1, [%rd2], 1;")
+    assert has_release_add("red.release.gpu.global.add.u32 [%rd2], 1;")
+    assert has_release_add("@%p1 atom.release.gpu.global.add.u32 %r1, [%rd2], %r3;")
+    assert not has_release_add("atom.global.gpu.relaxed.add.u32 %r1, [%rd2], 1;")
+    assert not has_release_add("red.release.cta.global.add.u32 [%rd2], 1;")
+    assert not has_release_add("atom.global.gpu.release.exch.b32 %r1, [%rd2], 1;")
+    assert has_bulk_tensor_add(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.bulk_group [%rd1, {%r1}], [%r2];"
+    )
+    assert has_bulk_tensor_add(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%rd1], [%r2];"
+    )
+    assert not has_bulk_tensor_add("cp.async.bulk.tensor.4d.shared::cluster.global.tile [%r1];")
+    assert has_acquire_load("ld.acquire.gpu.global.b32 %seen, [$1];")
+    assert not has_acquire_load("ld.global.b32 %r1, [%rd1];")
+
+
 @pytest.mark.parametrize("headdim", SUPPORTED_HEADDIMS)
 def test_deterministic_kernel_compiles_and_fits(reports: dict, headdim: int) -> None:
     report = _report(reports, headdim, True)
@@ -43,11 +108,11 @@ def test_deterministic_kernel_compiles_and_fits(reports: dict, headdim: int) -> 
     assert report.sass_counts["HGMMA"] > 0  # the matmuls run on wgmma, not mma.sync
     # The wait: acquire polls in a PTX loop bounded by %globaltimer, and no fence.acq_rel (a
     # full memory barrier per thread per step, ~10% at head dim 128).
-    assert "ld.acquire.gpu.global.b32" in report.ptx
+    assert has_acquire_load(report.ptx)
     assert "%globaltimer" in report.ptx
     assert "fence.acq_rel" not in report.ptx
-    # The release: one release atomic per step, after a CTA barrier.
-    assert "atom.global.gpu.release.add" in report.ptx or "red.release.gpu" in report.ptx
+    # The release: a release-ordered add per step, after a CTA barrier.
+    assert has_release_add(report.ptx)
 
 
 @pytest.mark.parametrize("headdim", SUPPORTED_HEADDIMS)
@@ -55,10 +120,12 @@ def test_nondeterministic_kernel_has_no_wait(reports: dict, headdim: int) -> Non
     report = _report(reports, headdim, False, dynamic=True, causal=False)
     assert report.registers <= REGISTER_LIMIT
     assert report.shared_bytes <= HOPPER_SHARED_BYTES
-    assert "ld.acquire" not in report.ptx and "%globaltimer" not in report.ptx
+    assert not has_acquire_load(report.ptx) and "%globaltimer" not in report.ptx
+    assert not has_release_add(report.ptx)
     assert report.sass_counts["CCTL"] == 0
-    # dQ partials are added with vector fp32 reductions (red.global.add.v4.f32 or wider).
-    assert report.sass_counts["REDG"] > 0
+    # dQ partials are added with fp32 reductions at L2 (red.global.add.v4.f32 or wider): REDG,
+    # or ATOMG where ptxas keeps a returning form.
+    assert report.sass_counts["REDG"] + report.sass_counts["ATOMG"] > 0
 
 
 def test_deterministic_step_loop_is_software_pipelined(reports: dict) -> None:
@@ -76,36 +143,22 @@ def test_one_stage_tiles_do_not_prefetch(reports: dict) -> None:
 @pytest.mark.parametrize("headdim", [96, 128])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
 def test_tma_dq_reduction_compiles(reports: dict, headdim: int, deterministic: bool) -> None:
-    # DASH_ATTN_DQ_REDUCE=tma: one bulk tensor reduction per step instead of per-thread atomics.
+    # dq_reduce="tma": one bulk tensor reduction per step instead of per-thread atomics.
     report = _report(reports, headdim, deterministic, dq_tma=True)
     assert report.registers <= REGISTER_LIMIT
     assert report.shared_bytes <= HOPPER_SHARED_BYTES
-    assert "cp.reduce.async.bulk.tensor" in report.ptx and ".add" in report.ptx
+    assert has_bulk_tensor_add(report.ptx)
     # The adds are no longer per-thread vector atomics (REDG left: the releases, if any) ...
     assert report.sass_counts["REDG"] <= 2
     # ... and they are complete (not only read from shared memory) before the program releases a
-    # turn or ends: a full wait on the bulk group, then a proxy fence.
+    # turn or ends: a full wait on the bulk group, then a proxy fence (our inline asm, the same
+    # text in every Triton version).
     assert "cp.async.bulk.wait_group 0; fence.proxy.async.global;" in report.ptx
     if deterministic:
+        assert has_release_add(report.ptx)
         # Without 8 vector atomics' 64-bit addresses, head dim 128 no longer spills much.
         atomic = _report(reports, headdim, deterministic)
         assert report.stack_bytes < atomic.stack_bytes
-
-
-@pytest.mark.parametrize("headdim", [64, 128])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
-def test_tma_loads_compile(reports: dict, headdim: int, deterministic: bool) -> None:
-    # DASH_ATTN_QO_LOAD=tma: Q, dO, LSE and delta come in by TMA (mbarrier-completed bulk tensor
-    # copies), so no cp.async is left in the step loop, and the loads are still prefetched by
-    # the software pipeliner (more than one buffer of each in shared memory).
-    report = _report(reports, headdim, deterministic, dq_tma=True, qo_tma=True)
-    assert report.registers <= REGISTER_LIMIT
-    assert report.shared_bytes <= HOPPER_SHARED_BYTES
-    assert "cp.async.bulk.tensor.4d.shared::cluster.global" in report.ptx  # Q and dO
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in report.ptx  # LSE and delta
-    assert report.sass_counts["LDGSTS"] == 0
-    pointer = _report(reports, headdim, deterministic, dq_tma=True)
-    assert report.shared_bytes >= pointer.shared_bytes  # same multi-buffering as cp.async
 
 
 def test_outline_shows_where_the_step_loop_loads_and_waits(reports: dict) -> None:

@@ -43,9 +43,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ...plan import BackwardPlan
+from ...schedule import Dispatch
 from . import _versions  # noqa: F401  (an unsupported Triton fails here, clearly)
-from .tiles import BackwardTiles
 from .utils import next_power_of_2
+
+# The interpreter has no clock: it bounds the number of polls instead (checked every 256 polls).
+INTERPRETER_MAX_POLLS = 512
 
 # Spin in PTX until *sem == rank or the deadline passes; $0 = 1 if it gave up. $4 is a value read
 # earlier with acquire semantics: if it already is the turn, there is no poll at all. Every poll is
@@ -423,6 +427,7 @@ def attn_bwd_preprocess(
 
 
 def attn_bwd_main(
+    plan: BackwardPlan,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -430,27 +435,23 @@ def attn_bwd_main(
     lse2: torch.Tensor,
     delta: torch.Tensor,
     tables: dict[str, torch.Tensor],
-    *,
-    tiles: BackwardTiles,
-    num_workers: int,
-    q_tiles: int,
-    kv_tiles: int,
-    num_chains: int,
-    causal: bool,
     softmax_scale: float,
-    deterministic: bool,
-    dynamic: bool,
-    timed_wait: bool,
-    timeout: int,
-    cooperative: bool,
-    dq_tma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the persistent backward. Returns (dq_accum fp32 unscaled, dk, dv, status).
+    """Launch the persistent backward of ``plan``. Returns (dq_accum fp32 unscaled, dk, dv,
+    status).
 
-    ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows.
-    ``dq_tma`` adds the dQ partials with TMA bulk reductions through a tensor descriptor of the
-    accumulator (Hopper; not in the interpreter) instead of per-thread vector atomics.
+    ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows;
+    ``tables`` are the plan's schedule tables on q's device. With ``plan.dq_reduce == "tma"`` the
+    dQ partials are added by TMA bulk reductions through a tensor descriptor of the accumulator
+    (Hopper), else by per-thread vector atomics. Static schedules launch as a cooperative grid
+    (all workers co-resident, or the launch fails); the interpreter bounds waits by polls.
     """
+    spec, tiles = plan.spec, plan.tiles
+    interpret = plan.device.is_interpreter
+    q_tiles, kv_tiles, num_chains = spec.q_tiles, spec.kv_tiles, spec.num_chains
+    dq_tma = plan.dq_reduce == "tma"
+    timeout = INTERPRETER_MAX_POLLS if interpret else int(plan.timeout_s * 1e9)
+    cooperative = plan.dispatch is Dispatch.STATIC and not interpret
     batch, seqlen_q, heads, headdim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
     dq_acc = torch.zeros((batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
@@ -469,7 +470,7 @@ def attn_bwd_main(
         )  # fmt: skip
     else:
         dq_desc = dq_acc  # unused by the kernel
-    attn_bwd_kernel[(num_workers,)](
+    attn_bwd_kernel[(plan.grid,)](
         q, k, v, dout, lse2, delta, dq_acc, dq_desc, dk, dv,
         sem, status,
         tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
@@ -485,8 +486,9 @@ def attn_bwd_main(
         seqlen_q, seqlen_k, seqlen_k - seqlen_q,
         softmax_scale * math.log2(math.e), softmax_scale, timeout,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
-        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal,
-        DETERMINISTIC=deterministic, DYNAMIC=dynamic, TIMED_WAIT=timed_wait, DQ_TMA=dq_tma,
+        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=spec.mask.causal,
+        DETERMINISTIC=plan.deterministic, DYNAMIC=plan.dispatch is Dispatch.DYNAMIC,
+        TIMED_WAIT=not interpret, DQ_TMA=dq_tma,
         TABLES_AHEAD=tiles.tables_ahead, RELEASE_AFTER_QK=tiles.release_after_qk,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **launch_options,

@@ -12,7 +12,7 @@ Interpreter limits these tests are shaped around:
   ``descending``) always completes: a chain only waits on chains with a smaller ticket, which ran
   earlier. A ``static`` schedule (``shift``, ``symmetric_shift``) completes only if its worker
   lists, run back to back, happen to meet every dQ rank in order; otherwise a wait can never be
-  satisfied, gives up after ``launch.INTERPRETER_MAX_POLLS`` polls, raises the error flag and the
+  satisfied, gives up after ``INTERPRETER_MAX_POLLS`` polls (dash_attn/backends/triton/bwd.py), raises the error flag and the
   backward raises RuntimeError. Which case a shape is in follows from the tables alone
   (``_static_completes_in_program_order``); the static tests assert it before relying on it.
 * Tiles are 64/128 rows, so shapes stay small (seqlens 1..300) and deliberately not tile multiples.

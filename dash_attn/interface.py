@@ -106,7 +106,9 @@ def dash_attn_func(
             ``"symmetric_shift"`` (causal only): which DASH schedule the backward runs. ``"auto"``
             is a pure function of the shape: the DAG model's fastest applicable schedule (ties
             to the mask's shift schedule) up to 2048 tile tasks, else ``shift`` for the full mask
-            and ``symmetric_shift`` for causal; never a timing-based choice.
+            and ``symmetric_shift`` for causal; never a timing-based choice. (In Triton's CPU
+            interpreter, which runs programs one after another, ``"auto"`` takes a dynamic
+            schedule where a static one would wait for a later program.)
         sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
             the persistent backward runs on ``SM count - sm_margin`` workers.
         return_lse: also return the log-sum-exp of each query row.

@@ -7,7 +7,7 @@ import torch
 from ...device import is_interpreter
 from ...plan import BackwardPlan
 from .. import backward
-from . import _versions  # noqa: F401  (first: an unsupported Triton fails here, clearly)
+from . import _versions  # noqa: F401  (an unsupported Triton fails at this import, clearly)
 from .bwd import attn_bwd_main
 from .fwd import attn_fwd
 

@@ -11,10 +11,11 @@ Interpreter limits these tests are shaped around:
 * Programs run one after another, in program-id order. A ``dynamic`` schedule (``fa3``,
   ``descending``) always completes: a chain only waits on chains with a smaller ticket, which ran
   earlier. A ``static`` schedule (``shift``, ``symmetric_shift``) completes only if its worker
-  lists, run back to back, happen to meet every dQ rank in order; otherwise a wait can never be
-  satisfied, gives up after ``INTERPRETER_MAX_POLLS`` polls (dash_attn/backends/triton/bwd.py), raises the error flag and the
-  backward raises RuntimeError. Which case a shape is in follows from the tables alone
-  (``_static_completes_in_program_order``); the static tests assert it before relying on it.
+  lists, run back to back, meet every dQ rank in order; otherwise the plan refuses it in
+  deterministic mode (``auto`` takes ``descending``). Which case a shape is in follows from the
+  tables alone (``_static_completes_in_program_order``); the static tests assert it first. A wait
+  that can never be met (a broken table) gives up after ``INTERPRETER_MAX_POLLS`` polls and
+  raises RuntimeError.
 * Tiles are 64/128 rows, so shapes stay small (seqlens 1..300) and deliberately not tile multiples.
 """
 

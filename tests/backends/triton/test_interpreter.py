@@ -285,6 +285,16 @@ def test_broadcast_dout_gives_the_bits_of_its_copy():
         assert bitwise_equal(broadcast[name], copied[name]), name
 
 
+def test_bf16_is_refused_with_the_reason():
+    # The interpreter's bf16 tl.dot is wrong (max error ~8e8 on this shape), with no warning.
+    q, k, v = make_qkv(1, 70, 90, 2, 2, 64, torch.bfloat16, "cpu", 0, requires_grad=False)
+    with pytest.raises(NotImplementedError, match=r"bfloat16 .*interpreter.*float16"):
+        dash_attn_func(q, k, v, causal=True)
+    # The custom ops refuse too (callers that skip dash_attn_func).
+    with pytest.raises(NotImplementedError, match=r"bfloat16 .*interpreter"):
+        torch.ops.dash_attn.fwd(q, k, v, True, 0.125)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. static schedules: one that would block in program order is refused, never timed out
 

@@ -95,6 +95,9 @@ class HopperAttnBwd:
         block_m: int = 64,
         block_n: int = 128,
         stages: int = 2,
+        *,
+        dq_swizzle: bool = False,
+        vec_epilogue: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -117,6 +120,14 @@ class HopperAttnBwd:
         self.block_m = block_m
         self.block_n = block_n
         self.stages = stages
+        # Performance options (compile-time; the defaults are the GPU-verified kernel):
+        # dq_swizzle: the fp32 dQ staging tile in shared memory is 128-byte swizzled (4 TMA
+        #   boxes of 32 columns) instead of row-major: the accumulator's 64-bit stores hit 8
+        #   rows with the same bank set otherwise (8-way conflicts, 4x the wavefronts).
+        # vec_epilogue: dK/dV leave as 32-bit stores of two neighbouring bf16 (the accumulator
+        #   holds column pairs) instead of 16-bit scalar stores: half the store instructions.
+        self.dq_swizzle = dq_swizzle
+        self.vec_epilogue = vec_epilogue
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -191,7 +202,16 @@ class HopperAttnBwd:
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
         sdS_layout = self._smem_layout(bn, bm, st)
-        sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
+        if const_expr(self.dq_swizzle):
+            # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
+            # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
+            # covers over all 32 banks.
+            dq_atom = warpgroup.make_smem_layout_atom(
+                warpgroup.SmemLayoutAtomKind.K_SW128, Float32
+            )
+            sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
+        else:
+            sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
         sLSE_layout = cute.make_layout((bm, st))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
@@ -302,7 +322,7 @@ class HopperAttnBwd:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
-        sdQ_layout: cute.Layout,
+        sdQ_layout,
         sLSE_layout: cute.Layout,
         mma_sdp: cute.TiledMma,
         mma_dkv: cute.TiledMma,
@@ -332,7 +352,15 @@ class HopperAttnBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        if const_expr(self.dq_swizzle):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+            # The MMA warpgroups store through a flat view with the swizzle computed by hand
+            # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
+            # register per store (the XOR hides that they differ by constants) and spills.
+            sdQ_mma = storage.sdQ.get_tensor(cute.make_layout(self.block_m * self.head_dim))
+        else:
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            sdQ_mma = sdQ
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((_INFO_WORDS, self.stages)))
@@ -356,7 +384,7 @@ class HopperAttnBwd:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
-                sQ, sK, sV, sdO, sdS, sdQ, sLSE, sDelta, sInfo, sDqInfo, storage,
+                sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, sDqInfo, storage,
                 mma_sdp, mma_dkv, mma_dq, tidx - 128,
             )  # fmt: skip
 
@@ -600,6 +628,33 @@ class HopperAttnBwd:
         return failed
 
     @cute.jit
+    def _store_dq_swizzled(
+        self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
+    ):
+        """acc_dQ into the 128-byte swizzled fp32 tile (layout of __call__'s sdQ_layout with
+        dq_swizzle), addressed by hand so that all stores share four address registers.
+
+        Element (r, c) lives at float offset (c // 32) * bm * 32 + r * 32 + ((c % 32) ^ 4 *
+        (r % 8)) (atoms of 8 rows x 32 fp32 stacked down the rows first, then the 16-byte
+        chunk index XORed with the row). A thread's elements are (r0 + dr, c0 + dc) with (r0,
+        c0) its first one and (dr, dc) the same for every thread (those of thread 0): dr is a
+        multiple of 8 and dc of 8 or odd by one, r0 % 8 is fixed and c0 % 32 < 8, so the XOR
+        only mixes the per-thread row bits with dc % 32 (four values per thread).
+        """
+        bm = self.block_m
+        coords0 = mma_dq.get_slice(0).partition_C(cute.make_identity_tensor((bm, self.head_dim)))
+        r0, c0 = tQcdQ[0]
+        x = (r0 % 8) * 4
+        base = (c0 // 32) * (bm * 32) + r0 * 32 + ((c0 % 32) ^ (x & 4))
+        heads = [base + ((8 * m) ^ (x & 24)) for m in range(4)]
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+            dr, dc = coords0[i]
+            off = heads[(dc % 32) // 8] + (dc // 32) * (bm * 32) + dr * 32
+            dst = cute.make_tensor(flat.iterator + cute.assume(off, divby=2), cute.make_layout(2))
+            dst[0] = acc[i]
+            dst[1] = acc[i + 1]
+
+    @cute.jit
     def mma(
         self,
         mdK: cute.Tensor,
@@ -651,7 +706,10 @@ class HopperAttnBwd:
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
         tSsdS = thr_sdp.partition_C(sdS)
-        tQsdQ = thr_dq.partition_C(sdQ)
+        if const_expr(self.dq_swizzle):
+            tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
+        else:
+            tQsdQ = thr_dq.partition_C(sdQ)
         bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 
         stage = Int32(0)
@@ -733,7 +791,10 @@ class HopperAttnBwd:
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
-                cute.autovec_copy(acc_dQ, tQsdQ)
+                if const_expr(self.dq_swizzle):
+                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                else:
+                    cute.autovec_copy(acc_dQ, tQsdQ)
                 if tidx == 0:
                     for w in cutlass.range_constexpr(_I_FLAGS):
                         sDqInfo[w] = sInfo[w, stage]

@@ -20,6 +20,17 @@ from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 
 TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
 
+# Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor). "base"
+# is the GPU-verified kernel; tools/hopper/check_bwd.py --variants times and checks the others
+# side by side so that the default can be flipped to whatever measured best and correct.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "dqswz": {"dq_swizzle": True},
+    "vecepi": {"vec_epilogue": True},
+    "fast": {"dq_swizzle": True, "vec_epilogue": True},
+}
+DEFAULT_VARIANT = "base"
+
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 
 _cache: dict[tuple, Any] = {}
@@ -124,6 +135,7 @@ def compile_bwd(
     block_n: int = 128,
     arch: str = "sm_90a",
     extra_options: str = "",
+    variant: str = DEFAULT_VARIANT,
 ) -> Any:
     """Compile (or fetch) the kernel for these tensors' (dtype, head dim) and the flags.
 
@@ -132,17 +144,22 @@ def compile_bwd(
     compile-only checks. ``extra_options`` are further CuTe-DSL compile options (e.g.
     ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     dtype = _TORCH_TO_CUTLASS[q.dtype]
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options,
+        extra_options, variant,
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
     if compiled is not None:
         return compiled
-    kernel = HopperAttnBwd(dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n)
+    kernel = HopperAttnBwd(
+        dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
+        **VARIANTS[variant],
+    )  # fmt: skip
     args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
     compiled = cute.compile(
         kernel,
@@ -184,6 +201,7 @@ def hopper_bwd_main(
     deterministic: bool,
     dynamic: bool,
     timeout_ns: int,
+    variant: str = DEFAULT_VARIANT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status).
 
@@ -223,6 +241,7 @@ def hopper_bwd_main(
     compiled = compile_bwd(
         q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables,
         causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
+        variant=variant,
     )  # fmt: skip
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     compiled(

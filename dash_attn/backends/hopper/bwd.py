@@ -206,9 +206,7 @@ class HopperAttnBwd:
             # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
             # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
             # covers over all 32 banks.
-            dq_atom = warpgroup.make_smem_layout_atom(
-                warpgroup.SmemLayoutAtomKind.K_SW128, Float32
-            )
+            dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
         else:
             sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))

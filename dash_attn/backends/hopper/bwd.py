@@ -59,7 +59,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_TILES = ((64, 128),)
+SUPPORTED_TILES = ((64, 128), (128, 128))
 
 # Named barrier ids (0 is __syncthreads).
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
@@ -97,7 +97,6 @@ class HopperAttnBwd:
         stages: int = 2,
         *,
         dq_swizzle: bool = False,
-        vec_epilogue: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -106,10 +105,10 @@ class HopperAttnBwd:
                 f"head_dim={head_dim} is not supported by the Hopper backward "
                 f"(supported: {SUPPORTED_HEAD_DIMS})"
             )
-        if (block_m, block_n) not in SUPPORTED_TILES:
+        if (block_m, block_n) not in SUPPORTED_TILES or (block_m == 128 and head_dim != 64):
             raise NotImplementedError(
-                f"tiles (block_m={block_m}, block_n={block_n}) are not supported "
-                f"(supported: {SUPPORTED_TILES})"
+                f"tiles (block_m={block_m}, block_n={block_n}) are not supported at "
+                f"head_dim={head_dim} (supported: {SUPPORTED_TILES}, 128 x 128 at hd 64 only)"
             )
         if stages < 2:
             raise ValueError(f"stages must be >= 2, got {stages}")
@@ -124,10 +123,7 @@ class HopperAttnBwd:
         # dq_swizzle: the fp32 dQ staging tile in shared memory is 128-byte swizzled (4 TMA
         #   boxes of 32 columns) instead of row-major: the accumulator's 64-bit stores hit 8
         #   rows with the same bank set otherwise (8-way conflicts, 4x the wavefronts).
-        # vec_epilogue: dK/dV leave as 32-bit stores of two neighbouring bf16 (the accumulator
-        #   holds column pairs) instead of 16-bit scalar stores: half the store instructions.
         self.dq_swizzle = dq_swizzle
-        self.vec_epilogue = vec_epilogue
 
     # ------------------------------------------------------------------ host-side setup
 

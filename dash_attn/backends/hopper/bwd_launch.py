@@ -20,16 +20,31 @@ from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 
 TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
 
-# Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor). "base"
-# is the GPU-verified kernel; tools/hopper/check_bwd.py --variants times and checks the others
-# side by side so that the default can be flipped to whatever measured best and correct.
+# Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
+# per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
+# with the same tiles). "base" is the GPU-verified kernel; tools/hopper/check_bwd.py --variants
+# times and checks the others side by side so that the default can be flipped to whatever
+# measured best and correct.
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {},
     "dqswz": {"dq_swizzle": True},
-    "vecepi": {"vec_epilogue": True},
-    "fast": {"dq_swizzle": True, "vec_epilogue": True},
+    # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128.
+    "t128": {"dq_swizzle": True, "tiles": {64: (128, 128)}},
 }
 DEFAULT_VARIANT = "base"
+DEFAULT_TILES = (64, 128)
+
+
+def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of ``variant`` at ``head_dim``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
+    return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
+
+
+def _variant_options(variant: str) -> dict[str, Any]:
+    return {k: v for k, v in VARIANTS[variant].items() if k != "tiles"}
+
 
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 
@@ -150,7 +165,7 @@ def compile_bwd(
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, variant,
+        extra_options, tuple(sorted(_variant_options(variant).items())),
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
@@ -158,7 +173,7 @@ def compile_bwd(
         return compiled
     kernel = HopperAttnBwd(
         dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
-        **VARIANTS[variant],
+        **_variant_options(variant),
     )  # fmt: skip
     args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
     compiled = cute.compile(

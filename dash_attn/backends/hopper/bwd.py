@@ -56,7 +56,7 @@ import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
+from ._cute_utils import acc_to_operand_a, gmem_tensor, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (128, 128))
@@ -176,6 +176,81 @@ class HopperAttnBwd:
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mFlags: cute.Tensor,  # int32 [2 + b * heads * q_tiles]: ticket, error, semaphores
+        mChainStart: cute.Tensor,
+        mStepHead: cute.Tensor,
+        mStepTile: cute.Tensor,
+        mStepRank: cute.Tensor,
+        mOrder: cute.Tensor,
+        mWorkerStart: cute.Tensor,
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        num_workers: Int32,
+        dynamic: Int32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        stream: cuda.CUstream,
+    ):
+        self._host(
+            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags,
+            mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
+            q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
+            stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def call_from_ints(
+        self,
+        addrs: tuple,  # q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, then TABLE_NAMES
+        sizes: tuple,  # batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, num_flags, then
+        #                the length of every table
+        strides: tuple,  # (b, s, h) strides (elements) of q, k, v, dout, dq_acc, dk, dv
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        num_workers: Int32,
+        dynamic: Int32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        stream: cuda.CUstream,
+    ):
+        """The same launch from plain numbers (addresses, sizes, strides): the host function
+        then takes no DLPack conversions (~16 us per tensor per call otherwise)."""
+        batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, num_flags = sizes[:7]
+        dt = self.dtype
+        q_shape = (batch, seqlen_q, heads, self.head_dim)
+        k_shape = (batch, seqlen_k, kv_heads, self.head_dim)
+        mQ = gmem_tensor(dt, addrs[0], q_shape, strides[0:3], 16)
+        mK = gmem_tensor(dt, addrs[1], k_shape, strides[3:6], 16)
+        mV = gmem_tensor(dt, addrs[2], k_shape, strides[6:9], 16)
+        mdO = gmem_tensor(dt, addrs[3], q_shape, strides[9:12], 16)
+        rows = (batch * heads, rows_pad)
+        mLSE = gmem_tensor(Float32, addrs[4], rows, (Int64(rows_pad),), 16)
+        mDelta = gmem_tensor(Float32, addrs[5], rows, (Int64(rows_pad),), 16)
+        mdQacc = gmem_tensor(Float32, addrs[6], q_shape, strides[12:15], 16)
+        mdK = gmem_tensor(dt, addrs[7], k_shape, strides[15:18], 16)
+        mdV = gmem_tensor(dt, addrs[8], k_shape, strides[18:21], 16)
+        mFlags = gmem_tensor(Int32, addrs[9], (num_flags,), (), 4)
+        tables = [gmem_tensor(Int32, addrs[10 + i], (sizes[7 + i],), (), 4) for i in range(6)]
+        self._host(
+            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags, *tables,
+            q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
+            stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def _host(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mFlags: cute.Tensor,
         mChainStart: cute.Tensor,
         mStepHead: cute.Tensor,
         mStepTile: cute.Tensor,

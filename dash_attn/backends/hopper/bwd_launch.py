@@ -30,7 +30,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dqswz": {"dq_swizzle": True},
     # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128.
     "t128": {"dq_swizzle": True, "tiles": {64: (128, 128)}},
+    # The base kernel launched from plain numbers instead of DLPack tensors (host time only).
+    "ints": {"host_ints": True},
+    "fast": {"dq_swizzle": True, "tiles": {64: (128, 128)}, "host_ints": True},
 }
+# Launcher-level keys of a variant (not kernel options).
+_LAUNCH_KEYS = ("tiles", "host_ints")
 DEFAULT_VARIANT = "base"
 DEFAULT_TILES = (64, 128)
 
@@ -43,7 +48,7 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
 
 
 def _variant_options(variant: str) -> dict[str, Any]:
-    return {k: v for k, v in VARIANTS[variant].items() if k != "tiles"}
+    return {k: v for k, v in VARIANTS[variant].items() if k not in _LAUNCH_KEYS}
 
 
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -161,11 +166,12 @@ def compile_bwd(
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
+    host_ints = bool(VARIANTS[variant].get("host_ints", False))
     dtype = _TORCH_TO_CUTLASS[q.dtype]
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(_variant_options(variant).items())),
+        extra_options, tuple(sorted(_variant_options(variant).items())), host_ints,
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
@@ -175,6 +181,21 @@ def compile_bwd(
         dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
         **_variant_options(variant),
     )  # fmt: skip
+    if host_ints:
+        # Typed placeholders (no tensor needed): nothing is specialised on their values.
+        addrs, sizes, strides = _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
+        compiled = cute.compile(
+            kernel.call_from_ints,
+            tuple(Int64(0) for _ in addrs),
+            tuple(Int32(1) for _ in sizes),
+            tuple(Int64(8) for _ in strides),
+            Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
+            make_fake_stream(),
+            options=f"--gpu-arch {arch} {extra_options}".strip(),
+        )  # fmt: skip
+        with _cache_lock:
+            _cache.setdefault(key, compiled)
+            return _cache[key]
     args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
     compiled = cute.compile(
         kernel,
@@ -194,6 +215,28 @@ def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> l
         _cute_tensor(flags, 4),
         *(_cute_tensor(tables[name], 4) for name in TABLE_NAMES),
     ]
+
+
+def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(b, s, h) strides in elements; a size-1 dim gets a 16-byte stride instead of whatever
+    torch reports (never used for addressing, but the compiler's alignment assumption and TMA
+    need 16-byte multiples)."""
+    aligned = 16 // t.element_size()
+    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
+    return tuple(st if n != 1 else aligned for n, st in dims)
+
+
+def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
+    """(addresses, sizes, strides) for HopperAttnBwd.call_from_ints (plain Python ints)."""
+    tabs = [tables[name] for name in TABLE_NAMES]
+    addrs = tuple(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, *tabs))
+    batch, seqlen_q, heads, _ = q.shape
+    sizes = (
+        batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1], flags.numel(),
+        *(t.numel() for t in tabs),
+    )  # fmt: skip
+    strides = tuple(s for t in (q, k, v, dout, dq_acc, dk, dv) for s in _outer_strides(t))
+    return addrs, sizes, strides
 
 
 def hopper_bwd_main(
@@ -259,6 +302,13 @@ def hopper_bwd_main(
         variant=variant,
     )  # fmt: skip
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    if VARIANTS[variant].get("host_ints", False):
+        compiled(
+            *_int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
+            q_tiles, kv_tiles, num_chains, num_workers, 1 if dynamic else 0,
+            float(softmax_scale), int(timeout_ns), stream,
+        )  # fmt: skip
+        return dq_acc, dk, dv, status
     compiled(
         *_kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
         Int32(q_tiles), Int32(kv_tiles), Int32(num_chains), Int32(num_workers),

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -522,12 +523,15 @@ def variants_timeout(log: Log, workers: int, dtype: torch.dtype, variants: list[
             log.case("vtimeout", f"{variant} {shape.label} shift rank+1000", case)
 
 
-def variants_timing(log: Log, workers: int, dtype: torch.dtype, variants: list[str]) -> None:
-    try:
-        from flash_attn.cute import flash_attn_func as fa4_func
-    except Exception as exc:  # FA4 is optional
-        fa4_func = None
-        print(f"FA4 not importable ({exc!r}); timing dash-attn only", flush=True)
+def variants_timing(
+    log: Log, workers: int, dtype: torch.dtype, variants: list[str], with_fa4: bool
+) -> None:
+    fa4_func = None
+    if with_fa4:
+        try:
+            from flash_attn.cute import flash_attn_func as fa4_func
+        except Exception as exc:  # FA4 is optional
+            print(f"FA4 not importable ({exc!r}); timing dash-attn only", flush=True)
     # The 8 benchmark rows: d128 before d64, 8k before 2k (late ones may be skipped).
     shapes = [TIMING_SHAPES[i] for i in (0, 1, 3, 2)]
     for shape in shapes:
@@ -537,7 +541,10 @@ def variants_timing(log: Log, workers: int, dtype: torch.dtype, variants: list[s
             flops = flops / 2 if causal else flops
             tag = f"{shape.label} {'causal' if causal else 'full'}"
             if time.monotonic() > log.deadline:
-                log.rows.append({"kind": "vtime", "case": tag, "ok": None, "note": "skipped"})
+                who = ",".join(variants) or "fa4"
+                log.rows.append(
+                    {"kind": "vtime", "case": f"{who} {tag}", "ok": None, "note": "skipped (time)"}
+                )
                 continue
             try:
                 prob = Problem(shape, causal, dtype, "cuda")
@@ -634,6 +641,44 @@ def dry_run_variants(log: Log, variants: list[str]) -> None:
                     log.case("dry", label + ("det" if det else "nondet"), compile_case)
 
 
+def run_variants_isolated(args: argparse.Namespace, variants: list[str], start: float) -> list:
+    """Each variant in its own process (a hang or a sticky CUDA error of one variant must not
+    cost the others their results), then FA4's timing; every child gets a fair share of what
+    is left of the budget. Returns the children's rows."""
+    rows: list[dict] = []
+    deadline = start + VARIANTS_BUDGET_S
+    fa4_reserve = 0.0 if args.skip_timing else 50.0
+    jobs = [[v] for v in variants] + ([] if args.skip_timing else [["fa4"]])
+    for i, job in enumerate(jobs):
+        name = job[0]
+        left = deadline - time.monotonic()
+        # FA4 (last) takes what is left; each variant an equal part of the rest.
+        share = left if name == "fa4" else (left - fa4_reserve) / (len(variants) - i)
+        if share < 15:
+            rows.append({"kind": "child", "case": name, "ok": None, "note": "skipped (time)"})
+            continue
+        out = args.out / name
+        cmd = [
+            sys.executable, os.path.abspath(__file__), "--out", str(out), "--dtype", args.dtype,
+            "--repeats", str(args.repeats), "--child-budget", str(share - 10),
+        ]  # fmt: skip
+        cmd += ["--fa4-only"] if name == "fa4" else ["--variants", name]
+        if args.skip_timing:
+            cmd.append("--skip-timing")
+        print(f"== {name}: {share:.0f} s", flush=True)
+        try:
+            rc = subprocess.run(cmd, timeout=share + 20).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        log_file = out / "check_bwd.json"
+        if log_file.exists():
+            rows += json.loads(log_file.read_text())
+        if rc not in (0, 1):  # 1: some check failed (recorded in its rows)
+            rows.append({"kind": "child", "case": name, "variant": name, "ok": False,
+                         "error": f"child exit {rc} (3: GPU hang)"})  # fmt: skip
+    return rows
+
+
 # ----------------------------------------------------------------------------- dry run
 
 
@@ -698,6 +743,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated kernel variants to compare (bwd_launch.VARIANTS: "
         f"{','.join(bwd_launch.VARIANTS)}); replaces the default checks",
     )
+    # Internal: one child of --variants (one variant, or FA4's timing) with its own budget.
+    parser.add_argument("--child-budget", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--fa4-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global _LOG
     start = time.monotonic()
@@ -705,24 +753,32 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         bwd_launch.variant_tiles(v, 64)  # unknown names fail here, before any GPU work
     budget = VARIANTS_BUDGET_S if variants else TIME_BUDGET_S
+    child = args.child_budget is not None
+    if child:
+        budget = args.child_budget
     log = _LOG = Log(args.out, start + budget)
     dtype = getattr(torch, args.dtype)
     if args.dry_run and variants:
         dry_run_variants(log, variants)
     elif args.dry_run:
         dry_run(log)
-    elif variants:
+    elif (variants or args.fa4_only) and not child:
+        log.rows = run_variants_isolated(args, variants, start)
+    elif variants or args.fa4_only:
         if not torch.cuda.is_available():
             print("no CUDA device: use --dry-run", file=sys.stderr)
             return 2
         props = torch.cuda.get_device_properties(0)
         print(f"device: {props.name}, {props.multi_processor_count} SMs", flush=True)
         workers = props.multi_processor_count
-        repeats = min(args.repeats, 3)
-        variants_numerics(log, workers, dtype, variants, repeats)
-        variants_timeout(log, workers, dtype, variants)
-        if not args.skip_timing:
-            variants_timing(log, workers, dtype, variants)
+        if args.fa4_only:
+            variants_timing(log, workers, dtype, [], with_fa4=True)
+        else:
+            repeats = min(args.repeats, 3)
+            variants_numerics(log, workers, dtype, variants, repeats)
+            variants_timeout(log, workers, dtype, variants)
+            if not args.skip_timing:
+                variants_timing(log, workers, dtype, variants, with_fa4=False)
     else:
         if not torch.cuda.is_available():
             print("no CUDA device: use --dry-run", file=sys.stderr)
@@ -740,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
             timing(log, workers, dtype)
     log.write()
     print(log.summary())
-    if variants:
+    if variants and not child:
         table = variants_table(log.rows, variants)
         (args.out / "variants_table.txt").write_text(table + "\n")
         print(table)

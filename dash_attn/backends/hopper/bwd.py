@@ -39,9 +39,14 @@ Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpg
 the MMA increase unable to allocate). Launched with ``min_blocks_per_mp=1`` so that ptxas keeps
 setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatch needs).
 
-Not done yet: 128 x 128 tiles (hd 64) compile but spill in the MMA warpgroups, so only
-64 x 128 is accepted; hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup
-overlap of the next step's S/dP with this step's pointwise work.
+Performance options (constructor flags; the defaults are the GPU-verified kernel, the
+launcher names combinations in ``bwd_launch.VARIANTS``): ``dq_swizzle`` stages dQ in a
+128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns); 128 x 128
+tiles at hd 64 (ptxas keeps a few loop-invariant values in local memory: stored once, reloaded
+per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack tensors.
+
+Not done yet: hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup overlap of the
+next step's S/dP with this step's pointwise work; a double-buffered dQ staging tile.
 """
 
 from __future__ import annotations

@@ -149,6 +149,8 @@ VARIANT_CONFIGS = [
     ("dqswz", (64, torch.bfloat16, False, False)),
     ("t128", (64, torch.bfloat16, True, True)),
     ("t128", (64, torch.float16, False, False)),
+    ("ints", (128, torch.bfloat16, True, True)),
+    ("fast", (64, torch.bfloat16, True, True)),
 ]
 
 
@@ -170,7 +172,8 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert ("ld.acquire.gpu" in ptx) == det
     assert ("red.release.gpu" in ptx) == det
     # dq_swizzle: one bulk reduce-add per 32-column box of the swizzled dQ tile.
-    assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
+    boxes = head_dim // 32 if bwd_launch.VARIANTS[variant].get("dq_swizzle") else 1
+    assert ptx.count("cp.reduce.async.bulk.tensor") == boxes
     sass = _sass(compiled, tmp_path)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
@@ -195,6 +198,15 @@ def test_variants_resolve() -> None:
     assert bwd_launch.variant_tiles("base", 64) == (64, 128)
     assert bwd_launch.variant_tiles("t128", 64) == (128, 128)
     assert bwd_launch.variant_tiles("t128", 128) == (64, 128)
+    # Every variant's options are constructor arguments of the kernel.
+    import cutlass
+
+    for name in bwd_launch.VARIANTS:
+        block_m, block_n = bwd_launch.variant_tiles(name, 64)
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=True, deterministic=True, block_m=block_m,
+            block_n=block_n, **bwd_launch._variant_options(name),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="unknown variant"):
         bwd_launch.variant_tiles("nope", 64)
 

@@ -532,8 +532,9 @@ def variants_timing(
             from flash_attn.cute import flash_attn_func as fa4_func
         except Exception as exc:  # FA4 is optional
             print(f"FA4 not importable ({exc!r}); timing dash-attn only", flush=True)
-    # The 8 benchmark rows: d128 before d64, 8k before 2k (late ones may be skipped).
-    shapes = [TIMING_SHAPES[i] for i in (0, 1, 3, 2)]
+    # The 8 benchmark rows: d128 before d64, 8k before 2k (late ones may be skipped), then a
+    # small one where host time per call shows (the "ints" variant's point).
+    shapes = [TIMING_SHAPES[i] for i in (0, 1, 3, 2)] + [Shape(1, 1024, 1024, 16, 16, 128)]
     for shape in shapes:
         for causal in (False, True):
             s = shape

@@ -206,10 +206,40 @@ class HopperAttnBwd:
     @cute.jit
     def call_from_ints(
         self,
-        addrs: tuple,  # q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, then TABLE_NAMES
-        sizes: tuple,  # batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, num_flags, then
-        #                the length of every table
-        strides: tuple,  # (b, s, h) strides (elements) of q, k, v, dout, dq_acc, dk, dv
+        q_addr: Int64,
+        k_addr: Int64,
+        v_addr: Int64,
+        do_addr: Int64,
+        lse_addr: Int64,
+        delta_addr: Int64,
+        dq_addr: Int64,
+        dk_addr: Int64,
+        dv_addr: Int64,
+        flags_addr: Int64,
+        chain_start_addr: Int64,
+        step_head_addr: Int64,
+        step_tile_addr: Int64,
+        step_rank_addr: Int64,
+        order_addr: Int64,
+        worker_start_addr: Int64,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        rows_pad: Int32,
+        q_stride_b: Int64,
+        q_stride_s: Int64,
+        q_stride_h: Int64,
+        k_stride_b: Int64,
+        k_stride_s: Int64,
+        k_stride_h: Int64,
+        v_stride_b: Int64,
+        v_stride_s: Int64,
+        v_stride_h: Int64,
+        do_stride_b: Int64,
+        do_stride_s: Int64,
+        do_stride_h: Int64,
         q_tiles: Int32,
         kv_tiles: Int32,
         num_chains: Int32,
@@ -219,24 +249,37 @@ class HopperAttnBwd:
         timeout_ns: Int64,
         stream: cuda.CUstream,
     ):
-        """The same launch from plain numbers (addresses, sizes, strides): the host function
-        then takes no DLPack conversions (~16 us per tensor per call otherwise)."""
-        batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, num_flags = sizes[:7]
-        dt = self.dtype
-        q_shape = (batch, seqlen_q, heads, self.head_dim)
-        k_shape = (batch, seqlen_k, kv_heads, self.head_dim)
-        mQ = gmem_tensor(dt, addrs[0], q_shape, strides[0:3], 16)
-        mK = gmem_tensor(dt, addrs[1], k_shape, strides[3:6], 16)
-        mV = gmem_tensor(dt, addrs[2], k_shape, strides[6:9], 16)
-        mdO = gmem_tensor(dt, addrs[3], q_shape, strides[9:12], 16)
+        """The same launch from plain numbers (addresses, sizes, strides in elements), each
+        a typed scalar parameter: the host function then takes no DLPack conversions (~16 us
+        per tensor per call otherwise). dq_acc, dk and dv are contiguous (the launcher
+        allocates them); the 1-D int32 tables and flags get a nominal extent (indexing is not
+        bounds-checked; the launcher checks their sizes)."""
+        dt, hd = self.dtype, self.head_dim
+        q_shape = (batch, seqlen_q, heads, hd)
+        k_shape = (batch, seqlen_k, kv_heads, hd)
+        mQ = gmem_tensor(dt, q_addr, q_shape, (q_stride_b, q_stride_s, q_stride_h), 16)
+        mK = gmem_tensor(dt, k_addr, k_shape, (k_stride_b, k_stride_s, k_stride_h), 16)
+        mV = gmem_tensor(dt, v_addr, k_shape, (v_stride_b, v_stride_s, v_stride_h), 16)
+        mdO = gmem_tensor(dt, do_addr, q_shape, (do_stride_b, do_stride_s, do_stride_h), 16)
         rows = (batch * heads, rows_pad)
-        mLSE = gmem_tensor(Float32, addrs[4], rows, (Int64(rows_pad),), 16)
-        mDelta = gmem_tensor(Float32, addrs[5], rows, (Int64(rows_pad),), 16)
-        mdQacc = gmem_tensor(Float32, addrs[6], q_shape, strides[12:15], 16)
-        mdK = gmem_tensor(dt, addrs[7], k_shape, strides[15:18], 16)
-        mdV = gmem_tensor(dt, addrs[8], k_shape, strides[18:21], 16)
-        mFlags = gmem_tensor(Int32, addrs[9], (num_flags,), (), 4)
-        tables = [gmem_tensor(Int32, addrs[10 + i], (sizes[7 + i],), (), 4) for i in range(6)]
+        mLSE = gmem_tensor(Float32, lse_addr, rows, (Int64(rows_pad),), 16)
+        mDelta = gmem_tensor(Float32, delta_addr, rows, (Int64(rows_pad),), 16)
+        q_row = Int64(heads) * hd
+        q_strides = (Int64(seqlen_q) * q_row, q_row, Int64(hd))
+        mdQacc = gmem_tensor(Float32, dq_addr, q_shape, q_strides, 16)
+        k_row = Int64(kv_heads) * hd
+        k_strides = (Int64(seqlen_k) * k_row, k_row, Int64(hd))
+        mdK = gmem_tensor(dt, dk_addr, k_shape, k_strides, 16)
+        mdV = gmem_tensor(dt, dv_addr, k_shape, k_strides, 16)
+        extent = (Int32(1 << 30),)
+        mFlags = gmem_tensor(Int32, flags_addr, extent, (), 4)
+        tables = [
+            gmem_tensor(Int32, a, extent, (), 4)
+            for a in (
+                chain_start_addr, step_head_addr, step_tile_addr, step_rank_addr, order_addr,
+                worker_start_addr,
+            )
+        ]  # fmt: skip
         self._host(
             mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags, *tables,
             q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,

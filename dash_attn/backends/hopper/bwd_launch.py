@@ -183,12 +183,11 @@ def compile_bwd(
     )  # fmt: skip
     if host_ints:
         # Typed placeholders (no tensor needed): nothing is specialised on their values.
-        addrs, sizes, strides = _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
         compiled = cute.compile(
             kernel.call_from_ints,
-            tuple(Int64(0) for _ in addrs),
-            tuple(Int32(1) for _ in sizes),
-            tuple(Int64(8) for _ in strides),
+            *(Int64(0) for _ in range(16)),  # addresses
+            *(Int32(1) for _ in range(6)),  # batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad
+            *(Int64(8) for _ in range(12)),  # (b, s, h) strides of q, k, v, dout
             Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
             make_fake_stream(),
             options=f"--gpu-arch {arch} {extra_options}".strip(),
@@ -227,16 +226,14 @@ def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
-    """(addresses, sizes, strides) for HopperAttnBwd.call_from_ints (plain Python ints)."""
-    tabs = [tables[name] for name in TABLE_NAMES]
-    addrs = tuple(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, *tabs))
+    """The leading arguments of HopperAttnBwd.call_from_ints, as plain Python ints."""
     batch, seqlen_q, heads, _ = q.shape
-    sizes = (
-        batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1], flags.numel(),
-        *(t.numel() for t in tabs),
+    return (
+        *(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags)),
+        *(tables[name].data_ptr() for name in TABLE_NAMES),
+        batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
+        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(dout),
     )  # fmt: skip
-    strides = tuple(s for t in (q, k, v, dout, dq_acc, dk, dv) for s in _outer_strides(t))
-    return addrs, sizes, strides
 
 
 def hopper_bwd_main(

@@ -102,6 +102,7 @@ class HopperAttnBwd:
         stages: int = 2,
         *,
         dq_swizzle: bool = False,
+        queue_dv: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -128,7 +129,11 @@ class HopperAttnBwd:
         # dq_swizzle: the fp32 dQ staging tile in shared memory is 128-byte swizzled (4 TMA
         #   boxes of 32 columns) instead of row-major: the accumulator's 64-bit stores hit 8
         #   rows with the same bank set otherwise (8-way conflicts, 4x the wavefronts).
+        # queue_dv: dS goes to shared memory before dV is issued and dV is not waited for
+        #   before the dS barrier: dQ is issued right after the barrier, queued behind dV (no
+        #   tensor-core bubble across the barrier). P's registers stay live until dV is done.
         self.dq_swizzle = dq_swizzle
+        self.queue_dv = queue_dv
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -884,27 +889,44 @@ class HopperAttnBwd:
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                # dV += P^T dO from registers.
-                wgmma(
-                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
-                    zero_init=False,
-                )  # fmt: skip
-                # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
-                cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
-                cute.arch.fence_view_async_shared()
-                # dV done (it overlapped the dS stores): P's registers are free before dQ's
-                # accumulator is needed (keeps hd 128 within 240 registers, no spills).
-                warpgroup.wait_group(0)
-                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-
                 acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
-                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
-                # dK += dS^T Q from registers.
-                wgmma(
-                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                    zero_init=False,
-                )  # fmt: skip
-                warpgroup.wait_group(1)  # dQ done, dK may still run
+                if const_expr(self.queue_dv):
+                    # dS^T to shared memory first, then dV: dV runs through the dS barrier
+                    # and dQ queues behind it, so the tensor cores see dV, dQ, dK back to back.
+                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    wgmma(
+                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    warpgroup.wait_group(1)  # dV done: P's registers are free
+                    wgmma(
+                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    warpgroup.wait_group(1)  # dQ done, dK may still run
+                else:
+                    # dV += P^T dO from registers.
+                    wgmma(
+                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
+                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    cute.arch.fence_view_async_shared()
+                    # dV done (it overlapped the dS stores): P's registers are free before dQ's
+                    # accumulator is needed (keeps hd 128 within 240 registers, no spills).
+                    warpgroup.wait_group(0)
+                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    # dK += dS^T Q from registers.
+                    wgmma(
+                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)

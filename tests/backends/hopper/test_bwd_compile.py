@@ -149,6 +149,9 @@ VARIANT_CONFIGS = [
     ("dqswz", (64, torch.bfloat16, False, False)),
     ("t128", (64, torch.bfloat16, True, True)),
     ("t128", (64, torch.float16, False, False)),
+    ("qdv", (128, torch.bfloat16, True, True)),
+    ("qdv", (128, torch.float16, False, False)),
+    ("qdv", (64, torch.bfloat16, True, True)),
     ("ints", (128, torch.bfloat16, True, True)),
     ("fast", (64, torch.bfloat16, True, True)),
 ]

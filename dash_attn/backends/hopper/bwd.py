@@ -103,6 +103,7 @@ class HopperAttnBwd:
         *,
         dq_swizzle: bool = False,
         queue_dv: bool = False,
+        prefetch_tables: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -133,7 +134,10 @@ class HopperAttnBwd:
         #   before the dS barrier: dQ is issued right after the barrier, queued behind dV (no
         #   tensor-core bubble across the barrier). P's registers stay live until dV is done.
         self.dq_swizzle = dq_swizzle
+        # prefetch_tables: the producer reads a step's table entries before it waits for the
+        #   free stage (their latency is otherwise added to every load's issue).
         self.queue_dv = queue_dv
+        self.prefetch_tables = prefetch_tables
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -573,9 +577,18 @@ class HopperAttnBwd:
             hi = mChainStart[chain + 1]
             for step in cutlass.range(lo, hi, unroll=1):
                 full = storage.full_bar.data_ptr() + stage
-                cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
-                qh = mStepHead[step]
-                qt = mStepTile[step]
+                if const_expr(self.prefetch_tables):
+                    # The table reads (L2 latency) overlap the wait for the free stage instead
+                    # of delaying the loads after it.
+                    qh = mStepHead[step]
+                    qt = mStepTile[step]
+                    rank = mStepRank[step]
+                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                else:
+                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                    qh = mStepHead[step]
+                    qt = mStepTile[step]
+                    rank = mStepRank[step]
                 if lane == 0:
                     flags = Int32(0)
                     if step == lo:
@@ -587,7 +600,7 @@ class HopperAttnBwd:
                     sInfo[_I_KVT, stage] = kvt
                     sInfo[_I_QH, stage] = qh
                     sInfo[_I_QT, stage] = qt
-                    sInfo[_I_RANK, stage] = mStepRank[step]
+                    sInfo[_I_RANK, stage] = rank
                     sInfo[_I_FLAGS, stage] = flags
                     # The arrive releases the metadata stores above to the consumers.
                     cute.arch.mbarrier_arrive_and_expect_tx(full, self.bytes_step)

@@ -34,11 +34,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qdv": {"dq_swizzle": True, "queue_dv": True},
     # The base kernel launched from plain numbers instead of DLPack tensors (host time only).
     "ints": {"host_ints": True},
-    # Everything that compiles without spills (queue_dv spills at 128 x 128: not with t128).
-    "fast": {"dq_swizzle": True, "queue_dv": True, "host_ints": True},
+    # qdv, the producer's table reads before its wait, and at hd 64 a 3-deep Q/dO ring
+    # (hd 128 has no shared memory for a third stage).
+    "pipe": {
+        "dq_swizzle": True,
+        "queue_dv": True,
+        "prefetch_tables": True,
+        "per_hd": {64: {"stages": 3}},
+    },  # fmt: skip
+    # pipe launched from plain numbers (queue_dv spills at 128 x 128: not with t128).
+    "fast": {
+        "dq_swizzle": True,
+        "queue_dv": True,
+        "prefetch_tables": True,
+        "per_hd": {64: {"stages": 3}},
+        "host_ints": True,
+    },  # fmt: skip
 }
 # Launcher-level keys of a variant (not kernel options).
-_LAUNCH_KEYS = ("tiles", "host_ints")
+_LAUNCH_KEYS = ("tiles", "host_ints", "per_hd")
 DEFAULT_VARIANT = "base"
 DEFAULT_TILES = (64, 128)
 
@@ -50,8 +64,11 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
     return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
 
 
-def _variant_options(variant: str) -> dict[str, Any]:
-    return {k: v for k, v in VARIANTS[variant].items() if k not in _LAUNCH_KEYS}
+def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
+    """The kernel constructor options of ``variant`` at ``head_dim``."""
+    spec = VARIANTS[variant]
+    options = {k: v for k, v in spec.items() if k not in _LAUNCH_KEYS}
+    return {**options, **spec.get("per_hd", {}).get(head_dim, {})}
 
 
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -174,7 +191,7 @@ def compile_bwd(
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(_variant_options(variant).items())), host_ints,
+        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), host_ints,
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
@@ -182,7 +199,7 @@ def compile_bwd(
         return compiled
     kernel = HopperAttnBwd(
         dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
-        **_variant_options(variant),
+        **_variant_options(variant, head_dim),
     )  # fmt: skip
     if host_ints:
         # Typed placeholders (no tensor needed): nothing is specialised on their values.

@@ -152,6 +152,8 @@ VARIANT_CONFIGS = [
     ("qdv", (128, torch.bfloat16, True, True)),
     ("qdv", (128, torch.float16, False, False)),
     ("qdv", (64, torch.bfloat16, True, True)),
+    ("pipe", (64, torch.bfloat16, True, True)),
+    ("pipe", (128, torch.bfloat16, False, False)),
     ("ints", (128, torch.bfloat16, True, True)),
     ("fast", (64, torch.bfloat16, True, True)),
 ]
@@ -208,7 +210,7 @@ def test_variants_resolve() -> None:
         block_m, block_n = bwd_launch.variant_tiles(name, 64)
         HopperAttnBwd(
             cutlass.BFloat16, 64, causal=True, deterministic=True, block_m=block_m,
-            block_n=block_n, **bwd_launch._variant_options(name),
+            block_n=block_n, **bwd_launch._variant_options(name, 64),
         )  # fmt: skip
     with pytest.raises(ValueError, match="unknown variant"):
         bwd_launch.variant_tiles("nope", 64)

@@ -28,8 +28,9 @@ TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order"
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {},
     "dqswz": {"dq_swizzle": True},
-    # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128.
-    "t128": {"dq_swizzle": True, "tiles": {64: (128, 128)}},
+    # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128. With the
+    # producer-only prefetch_tables (no register cost); queue_dv would spill here.
+    "t128": {"dq_swizzle": True, "prefetch_tables": True, "tiles": {64: (128, 128)}},
     # FA4's order around the dS barrier (dV queued, not waited for).
     "qdv": {"dq_swizzle": True, "queue_dv": True},
     # The base kernel launched from plain numbers instead of DLPack tensors (host time only).

@@ -782,8 +782,14 @@ class HopperAttnBwd:
         x = (r0 % 8) * 4
         base = (c0 // 32) * (bm * 32) + r0 * 32 + ((c0 % 32) ^ (x & 4))
         heads = [base + ((8 * m) ^ (x & 24)) for m in range(4)]
+        # The fragment properties the addressing relies on, checked on trace-time ints: every
+        # thread's first column is within 8 of a 32-column box start, rows 8 apart, pairs.
+        ident = cute.make_identity_tensor((bm, self.head_dim))
+        for t in cutlass.range_constexpr(0, self.num_mma_threads, 4):
+            assert mma_dq.get_slice(t).partition_C(ident)[0][1] % 32 < 8
         for i in cutlass.range_constexpr(0, cute.size(acc), 2):
             dr, dc = coords0[i]
+            assert dr % 8 == 0 and dc % 8 == 0 and coords0[i + 1] == (dr, dc + 1)
             off = heads[(dc % 32) // 8] + (dc // 32) * (bm * 32) + dr * 32
             dst = cute.make_tensor(flat.iterator + cute.assume(off, divby=2), cute.make_layout(2))
             dst[0] = acc[i]

@@ -41,9 +41,12 @@ setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatc
 
 Performance options (constructor flags; the defaults are the GPU-verified kernel, the
 launcher names combinations in ``bwd_launch.VARIANTS``): ``dq_swizzle`` stages dQ in a
-128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns); 128 x 128
-tiles at hd 64 (ptxas keeps a few loop-invariant values in local memory: stored once, reloaded
-per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack tensors.
+128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns);
+``queue_dv`` stores dS before issuing dV and lets dV run through the dS barrier (dQ queues
+behind it); ``prefetch_tables`` has the producer read a step's tables before it waits for the
+free stage; ``stages`` 3 at hd 64; 128 x 128 tiles at hd 64 (ptxas keeps about ten
+loop-invariant values in local memory: stored once, reloaded per step); ``call_from_ints``
+launches from addresses/sizes/strides instead of DLPack tensors.
 
 Not done yet: hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup overlap of the
 next step's S/dP with this step's pointwise work; a double-buffered dQ staging tile.

@@ -652,10 +652,11 @@ def run_variants_isolated(args: argparse.Namespace, variants: list[str], start: 
     cost the others their results), then FA4's timing; every child gets a fair share of what
     is left of the budget. Returns the children's rows."""
     rows: list[dict] = []
-    deadline = start + VARIANTS_BUDGET_S
+    deadline = start + args.budget
     # FA4's numbers are known (anchors); it gets a small reserve plus what the variants leave.
-    fa4_reserve = 0.0 if args.skip_timing else 30.0
-    jobs = [[v] for v in variants] + ([] if args.skip_timing else [["fa4"]])
+    with_fa4 = not (args.skip_timing or args.no_fa4)
+    fa4_reserve = 30.0 if with_fa4 else 0.0
+    jobs = [[v] for v in variants] + ([["fa4"]] if with_fa4 else [])
     for i, job in enumerate(jobs):
         name = job[0]
         left = deadline - time.monotonic()
@@ -681,8 +682,9 @@ def run_variants_isolated(args: argparse.Namespace, variants: list[str], start: 
         if log_file.exists():
             rows += json.loads(log_file.read_text())
         if rc not in (0, 1):  # 1: some check failed (recorded in its rows)
+            error = f"child exit {rc}" + (" (GPU hang)" if rc == 3 else "")
             rows.append({"kind": "child", "case": name, "variant": name, "ok": False,
-                         "error": f"child exit {rc} (3: GPU hang)"})  # fmt: skip
+                         "error": error})  # fmt: skip
     return rows
 
 
@@ -750,6 +752,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated kernel variants to compare (bwd_launch.VARIANTS: "
         f"{','.join(bwd_launch.VARIANTS)}); replaces the default checks",
     )
+    parser.add_argument(
+        "--budget", type=float, default=VARIANTS_BUDGET_S,
+        help="--variants: seconds for everything, compiles included",
+    )  # fmt: skip
+    parser.add_argument("--no-fa4", action="store_true", help="--variants: no FA4 timing")
     # Internal: one child of --variants (one variant, or FA4's timing) with its own budget.
     parser.add_argument("--child-budget", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--fa4-only", action="store_true", help=argparse.SUPPRESS)

@@ -44,12 +44,13 @@ launcher names combinations in ``bwd_launch.VARIANTS``): ``dq_swizzle`` stages d
 128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns);
 ``queue_dv`` stores dS before issuing dV and lets dV run through the dS barrier (dQ queues
 behind it); ``prefetch_tables`` has the producer read a step's tables before it waits for the
-free stage; ``stages`` 3 at hd 64; 128 x 128 tiles at hd 64 (ptxas keeps about ten
-loop-invariant values in local memory: stored once, reloaded per step); ``call_from_ints``
-launches from addresses/sizes/strides instead of DLPack tensors.
+free stage; ``vec_epilogue`` stores dK/dV as 32-bit pairs; ``stages`` 3 at hd 64; 128 x 128
+tiles at hd 64 (ptxas keeps about ten loop-invariant values in local memory: stored once,
+reloaded per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack
+tensors.
 
-Not done yet: hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup overlap of the
-next step's S/dP with this step's pointwise work; a double-buffered dQ staging tile.
+Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
+pointwise work; a double-buffered dQ staging tile.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class HopperAttnBwd:
         dq_swizzle: bool = False,
         queue_dv: bool = False,
         prefetch_tables: bool = False,
+        vec_epilogue: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -140,7 +142,10 @@ class HopperAttnBwd:
         # prefetch_tables: the producer reads a step's table entries before it waits for the
         #   free stage (their latency is otherwise added to every load's issue).
         self.queue_dv = queue_dv
+        # vec_epilogue: dK/dV leave as 32-bit stores of two neighbouring 16-bit values (the
+        #   accumulator holds column pairs) instead of 16-bit scalar stores.
         self.prefetch_tables = prefetch_tables
+        self.vec_epilogue = vec_epilogue
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -766,6 +771,31 @@ class HopperAttnBwd:
         return failed
 
     @cute.jit
+    def _store_pairs(
+        self,
+        frag: cute.Tensor,
+        g: cute.Tensor,
+        coords: cute.Tensor,
+        mma: cute.TiledMma,
+        row0: Int32,
+        rows: Int32,
+    ):
+        """A 16-bit accumulator-layout fragment to global rows row0 + n < rows, two
+        neighbouring columns per 32-bit store. Legal: the pair's column is even (checked on
+        thread 0's trace-time coordinates; every thread's first column is even too) and the
+        base and row strides are 16-byte aligned (the launcher checks both)."""
+        coords0 = mma.get_slice(0).partition_C(cute.make_identity_tensor(g.shape))
+        words = cute.recast_tensor(frag, Int32)
+        for j in cutlass.range_constexpr(cute.size(words)):
+            n0, d0 = coords0[2 * j]
+            assert d0 % 2 == 0 and coords0[2 * j + 1] == (n0, d0 + 1)
+            n, d = coords[2 * j]
+            if row0 + n < rows:
+                elem = g.iterator + cute.crd2idx((row0 + n, d), g.layout)
+                ptr = cute.make_ptr(Int32, elem.toint(), cute.AddressSpace.gmem, assumed_align=4)
+                cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
+
+    @cute.jit
     def _store_dq_swizzled(
         self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
     ):
@@ -979,11 +1009,15 @@ class HopperAttnBwd:
                     rdV.store(acc_dV.load().to(self.dtype))
                     gdK = mdK[b, None, kvh, None]
                     gdV = mdV[b, None, kvh, None]
-                    for i in cutlass.range_constexpr(cute.size(rdK)):
-                        n, d = tKcK[i]
-                        if kvt * bn + n < seqlen_k:
-                            gdK[kvt * bn + n, d] = rdK[i]
-                            gdV[kvt * bn + n, d] = rdV[i]
+                    if const_expr(self.vec_epilogue):
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                    else:
+                        for i in cutlass.range_constexpr(cute.size(rdK)):
+                            n, d = tKcK[i]
+                            if kvt * bn + n < seqlen_k:
+                                gdK[kvt * bn + n, d] = rdK[i]
+                                gdV[kvt * bn + n, d] = rdV[i]
 
                 stage = stage + 1
                 if stage == self.stages:

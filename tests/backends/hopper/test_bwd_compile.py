@@ -156,6 +156,7 @@ VARIANT_CONFIGS = [
     ("pipe", (128, torch.bfloat16, False, False)),
     ("ints", (128, torch.bfloat16, True, True)),
     ("fast", (64, torch.bfloat16, True, True)),
+    ("fast", (128, torch.float16, False, False)),
 ]
 
 
@@ -189,6 +190,10 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
     # The dQ stores go out as 64-bit stores (the hand-computed swizzle kept them vectorised).
     assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= block_m * head_dim // 256 // 2
+    if bwd_launch.VARIANTS[variant].get("vec_epilogue"):
+        # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
+        assert "STG.E.U16" not in mma_code
+        assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
     if block_m == 64:
         assert not re.search(r"\b(STL|LDL)\b", mma_code), "MMA warpgroups spill"
     else:

@@ -5,6 +5,11 @@ Run on an H100/H200 from the repository root::
 
     PYTHONPATH=$PWD python3 tools/hopper/check_bwd.py --out OUT_DIR
 
+``--variants base,dqswz,t128`` instead compares kernel variants (bwd_launch.VARIANTS) side by
+side: numerics and 3 bitwise repeats for every schedule on a few shapes (det and non-det), a
+forced timeout, then timing on the 8 benchmark shapes (det and non-det, and FA4 if importable),
+within a global time budget; it ends with a variant x shape table.
+
 ``--dry-run`` needs no GPU: it builds every case's schedule tables, compiles the kernels for
 sm_90a from CPU tensors and runs the CPU reference on a small shape. Every case is wrapped so a
 failure is recorded and the rest still run; the end prints a compact table and writes
@@ -19,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -39,7 +45,6 @@ from dash_attn.schedule import (
     make_schedule,
 )
 
-BLOCK_M, BLOCK_N = 64, 128
 TIMEOUT_NS = 10 * 10**9
 TIME_BUDGET_S = 330.0  # the whole script must stay under 6 minutes
 
@@ -69,6 +74,13 @@ NUMERIC_SHAPES = [
     Shape(2, 300, 1000, 4, 4, 64),
     Shape(2, 1000, 300, 4, 2, 128),
 ]
+# --variants: small shapes, every one not a tile multiple, hd 64 (where tiles differ) first.
+VARIANT_NUMERIC_SHAPES = [
+    Shape(1, 700, 700, 8, 2, 64),
+    Shape(2, 300, 1000, 4, 4, 64),
+    Shape(2, 1000, 300, 4, 2, 128),
+]
+VARIANTS_BUDGET_S = 270.0  # --variants: everything, compiles included, under 5 minutes
 TIMING_SHAPES = [  # 16k tokens each; most informative first (late ones may be skipped)
     Shape(2, 8192, 8192, 16, 16, 128),
     Shape(8, 2048, 2048, 16, 16, 128),
@@ -147,10 +159,14 @@ def reference_grads(inputs: dict, causal: bool, scale: float, dtype: torch.dtype
     return tuple(g.float() for g in grads)
 
 
-def schedule_for(shape: Shape, causal: bool, name: str, workers: int) -> Schedule:
+def schedule_for(
+    shape: Shape, causal: bool, name: str, workers: int, variant: str = "base"
+) -> Schedule:
+    """The schedule ``name`` built with the tiles that ``variant`` runs at this head dim."""
+    block_m, block_n = bwd_launch.variant_tiles(variant, shape.head_dim)
     spec = ScheduleSpec.from_shape(
         batch=shape.batch, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
-        q_heads=shape.heads, kv_heads=shape.kv_heads, block_m=BLOCK_M, block_n=BLOCK_N,
+        q_heads=shape.heads, kv_heads=shape.kv_heads, block_m=block_m, block_n=block_n,
         mask=Mask(causal=causal), workers=workers,
     )  # fmt: skip
     return make_schedule(name, spec)
@@ -188,9 +204,10 @@ class Problem:
             )
         self.out = out.to(dtype)
         self.lse = lse.contiguous()
-        self.q_tiles = -(-shape.seqlen_q // BLOCK_M)
+        # Rows padded to a multiple of 128: enough for every variant's block_m (64 or 128).
+        self.rows_pad = -(-shape.seqlen_q // 128) * 128
         self.lse2, self.delta = attn_bwd_preprocess(
-            self.out, self.inputs["dout"], self.lse, self.q_tiles * BLOCK_M
+            self.out, self.inputs["dout"], self.lse, self.rows_pad
         )
 
     def tables(self, sched: Schedule) -> dict[str, torch.Tensor]:
@@ -204,21 +221,24 @@ class Problem:
         deterministic: bool,
         timeout_ns: int = TIMEOUT_NS,
         preprocess: bool = False,
+        variant: str = "base",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One backward: (dq in dtype, dk, dv, status). ``preprocess`` re-runs the Triton
-        preprocess (timing of the whole backward)."""
+        preprocess (timing of the whole backward). ``sched`` must be built for ``variant``'s
+        tiles (schedule_for(..., variant=variant))."""
         spec = sched.spec
+        block_m, block_n = bwd_launch.variant_tiles(variant, self.shape.head_dim)
         if preprocess:
             self.lse2, self.delta = attn_bwd_preprocess(
-                self.out, self.inputs["dout"], self.lse, self.q_tiles * BLOCK_M
+                self.out, self.inputs["dout"], self.lse, self.rows_pad
             )
         dq_acc, dk, dv, status = bwd_launch.hopper_bwd_main(
             self.inputs["q"], self.inputs["k"], self.inputs["v"], self.inputs["dout"],
             self.lse2, self.delta, self.tables(sched),
-            block_m=BLOCK_M, block_n=BLOCK_N, num_workers=grid_of(sched),
+            block_m=block_m, block_n=block_n, num_workers=grid_of(sched),
             q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
             causal=self.causal, softmax_scale=self.scale, deterministic=deterministic,
-            dynamic=sched.dispatch is Dispatch.DYNAMIC, timeout_ns=timeout_ns,
+            dynamic=sched.dispatch is Dispatch.DYNAMIC, timeout_ns=timeout_ns, variant=variant,
         )  # fmt: skip
         if not self.timing:
             wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
@@ -431,6 +451,243 @@ def timing(log: Log, workers: int, dtype: torch.dtype) -> None:
             torch.cuda.empty_cache()
 
 
+# ----------------------------------------------------------------------------- variants
+
+
+def variants_numerics(
+    log: Log, workers: int, dtype: torch.dtype, variants: list[str], repeats: int
+) -> None:
+    """Per variant: every schedule det with ``repeats`` bitwise repeats, fa3 non-det."""
+    for shape in VARIANT_NUMERIC_SHAPES:
+        for causal in (False, True):
+            tag = f"{shape.label} {'causal' if causal else 'full'}"
+            try:
+                prob = Problem(shape, causal, dtype, "cuda")
+                refs = {
+                    "fp32": reference_grads(prob.inputs, causal, prob.scale, torch.float32),
+                    "low": reference_grads(prob.inputs, causal, prob.scale, dtype),
+                }
+            except Exception as exc:
+                log.rows.append({"kind": "setup", "case": tag, "ok": False, "error": repr(exc)})
+                traceback.print_exc()
+                continue
+            for variant in variants:
+                names = applicable_schedules(
+                    schedule_for(shape, causal, "fa3", workers, variant).spec
+                )
+                for name in names:
+                    sched = schedule_for(shape, causal, name, workers, variant)
+
+                    def det_case(s: Schedule = sched, v: str = variant, p=prob, r=refs) -> dict:
+                        first = p.run(s, True, variant=v)
+                        row = check_numerics(p, first, r)
+                        same = True
+                        for _ in range(repeats - 1):
+                            again = p.run(s, True, variant=v)
+                            same = same and all(
+                                torch.equal(a, b) for a, b in zip(first[:3], again[:3], strict=True)
+                            )
+                        row.update(variant=v, repeats=repeats, bitwise=same, ok=row["ok"] and same)
+                        return row
+
+                    log.case("vdet", f"{variant} {tag} {name}", det_case)
+                sched = schedule_for(shape, causal, "fa3", workers, variant)
+
+                def nondet_case(s: Schedule = sched, v: str = variant, p=prob, r=refs) -> dict:
+                    return {**check_numerics(p, p.run(s, False, variant=v), r), "variant": v}
+
+                log.case("vnondet", f"{variant} {tag} fa3", nondet_case)
+
+
+def variants_timeout(log: Log, workers: int, dtype: torch.dtype, variants: list[str]) -> None:
+    """Per variant and head dim: a rank that never arrives raises status[1] and poisons dQ."""
+    for variant in variants:
+        for head_dim in (64, 128):
+            shape = Shape(1, 512, 512, 2, 2, head_dim)
+
+            def case(shape: Shape = shape, variant: str = variant) -> dict:
+                prob = Problem(shape, False, dtype, "cuda")
+                sched = schedule_for(shape, False, "shift", workers, variant)
+                rank = sched.step_rank.copy()
+                rank[0] += 1000
+                broken = dataclasses.replace(sched, step_rank=rank)
+                start = time.monotonic()
+                dq, _, _, status = prob.run(broken, True, timeout_ns=50_000_000, variant=variant)
+                wait_gpu(60.0, "check")
+                secs = time.monotonic() - start
+                flag, nan = int(status[1].item()), bool(torch.isnan(dq).any())
+                return {"variant": variant, "status": flag, "dq_has_nan": nan,
+                        "ok": flag == 1 and nan and secs < 30}  # fmt: skip
+
+            log.case("vtimeout", f"{variant} {shape.label} shift rank+1000", case)
+
+
+def variants_timing(
+    log: Log, workers: int, dtype: torch.dtype, variants: list[str], with_fa4: bool
+) -> None:
+    fa4_func = None
+    if with_fa4:
+        try:
+            from flash_attn.cute import flash_attn_func as fa4_func
+        except Exception as exc:  # FA4 is optional
+            print(f"FA4 not importable ({exc!r}); timing dash-attn only", flush=True)
+    # The 8 benchmark rows, most informative first (late ones may be skipped), and a small one
+    # where host time per call shows: first for variants about host time.
+    small = [(Shape(1, 1024, 1024, 16, 16, 128), False)]
+    order = [(0, False), (2, False), (0, True), (2, True), (1, False), (3, False), (1, True),
+             (3, True)]  # fmt: skip
+    cases = [(TIMING_SHAPES[i], causal) for i, causal in order]
+    if any(bwd_launch.VARIANTS[v].get("host_ints") for v in variants):
+        cases = small + cases
+    else:
+        cases = cases + small
+    for shape, causal in cases:
+        s = shape
+        flops = 2.5 * 4 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim
+        flops = flops / 2 if causal else flops
+        tag = f"{shape.label} {'causal' if causal else 'full'}"
+        if time.monotonic() > log.deadline:
+            who = ",".join(variants) or "fa4"
+            log.rows.append(
+                {"kind": "vtime", "case": f"{who} {tag}", "ok": None, "note": "skipped (time)"}
+            )
+            continue
+        try:
+            prob = Problem(shape, causal, dtype, "cuda")
+        except Exception as exc:
+            log.rows.append({"kind": "setup", "case": tag, "ok": False, "error": repr(exc)})
+            continue
+        prob.timing = True
+        name = "symmetric_shift" if causal else "shift"
+        for variant in variants:
+            sched = schedule_for(shape, causal, name, workers, variant)
+            for det in (True, False):
+
+                def ours(
+                    det: bool = det, s=sched, v: str = variant, p=prob, tag=tag, flops=flops
+                ) -> dict:
+                    ms = bench_ms(lambda: p.run(s, det, preprocess=True, variant=v))
+                    status = int(p.run(s, det, variant=v)[3][1].item())
+                    return {"variant": v, "shape": tag, "det": det, "ms": ms,
+                            "tflops": flops / ms / 1e9, "status": status,
+                            "ok": status == 0}  # fmt: skip
+
+                log.case("vtime", f"{variant} {tag} {'det' if det else 'nondet'}", ours)
+        if fa4_func is not None:
+            for det in (True, False):
+
+                def fa4(det: bool = det, p=prob, causal=causal, tag=tag, flops=flops) -> dict:
+                    q, k, v = (p.inputs[n].detach().requires_grad_() for n in ("q", "k", "v"))
+                    out = fa4_func(q, k, v, causal=causal, deterministic=det)
+                    out = out[0] if isinstance(out, tuple) else out
+                    dout = p.inputs["dout"]
+                    ms = bench_ms(
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                    )
+                    return {"variant": "fa4", "shape": tag, "det": det, "ms": ms,
+                            "tflops": flops / ms / 1e9, "ok": True}  # fmt: skip
+
+                log.case("vtime", f"fa4 {tag} {'det' if det else 'nondet'}", fa4)
+        del prob
+        torch.cuda.empty_cache()
+
+
+def variants_table(rows: list[dict], variants: list[str]) -> str:
+    """Variant x shape TFLOPS (det / nondet), then numerics ok/fail per variant."""
+    cols = [*variants, "fa4"]
+    timed = {(r["variant"], r["shape"], r["det"]): r for r in rows if "tflops" in r}
+    shapes = list(dict.fromkeys(r["shape"] for r in rows if "tflops" in r))
+    lines = [f"{'TFLOPS det/nondet':<36}" + "".join(f"{c:>16}" for c in cols)]
+    for shape in shapes:
+        cells = []
+        for c in cols:
+            vals = []
+            for det in (True, False):
+                r = timed.get((c, shape, det))
+                vals.append("-" if r is None else f"{r['tflops']:.0f}{'' if r['ok'] else '!'}")
+            cells.append("/".join(vals))
+        lines.append(f"{shape:<36}" + "".join(f"{c:>16}" for c in cells))
+    lines.append("")
+    for v in variants:
+        checks = [r for r in rows if r.get("variant") == v and "tflops" not in r]
+        bad = [r["case"] for r in checks if r.get("ok") is False]
+        skipped = sum(r.get("ok") is None for r in rows if r["case"].startswith(v + " "))
+        lines.append(
+            f"{v:<8} numerics/bitwise/timeout: {len(checks) - len(bad)}/{len(checks)} ok"
+            + (f", {skipped} skipped (time)" if skipped else "")
+            + (f"; FAILED: {bad[:6]}" if bad else "")
+        )
+    return "\n".join(lines)
+
+
+def dry_run_variants(log: Log, variants: list[str]) -> None:
+    """CPU only: every variant compiled for sm_90a at both head dims, causal/full, det/nondet."""
+    for variant in variants:
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                for det in (True, False):
+
+                    def compile_case(v=variant, head_dim=head_dim, causal=causal, det=det):
+                        shape = Shape(2, 100, 100, 4, 2, head_dim)
+                        x = make_inputs(shape, torch.bfloat16, "cpu")
+                        block_m, block_n = bwd_launch.variant_tiles(v, head_dim)
+                        sched = schedule_for(shape, causal, "fa3", 132, v)
+                        lse2 = torch.zeros(8, 128)
+                        flags = torch.zeros(2 + 8 * sched.spec.q_tiles, dtype=torch.int32)
+                        start = time.monotonic()
+                        bwd_launch.compile_bwd(
+                            x["q"], x["k"], x["v"], x["dout"], lse2, lse2.clone(),
+                            torch.zeros(x["q"].shape), x["k"].clone(), x["v"].clone(), flags,
+                            device_tables(sched, "cpu"), causal=causal, deterministic=det,
+                            block_m=block_m, block_n=block_n, variant=v,
+                        )  # fmt: skip
+                        return {"compile_s": round(time.monotonic() - start, 2), "ok": True}
+
+                    label = f"compile {variant} hd{head_dim} {'causal' if causal else 'full'} "
+                    log.case("dry", label + ("det" if det else "nondet"), compile_case)
+
+
+def run_variants_isolated(args: argparse.Namespace, variants: list[str], start: float) -> list:
+    """Each variant in its own process (a hang or a sticky CUDA error of one variant must not
+    cost the others their results), then FA4's timing; every child gets a fair share of what
+    is left of the budget. Returns the children's rows."""
+    rows: list[dict] = []
+    deadline = start + args.budget
+    # FA4's numbers are known (anchors); it gets a small reserve plus what the variants leave.
+    with_fa4 = not (args.skip_timing or args.no_fa4)
+    fa4_reserve = 30.0 if with_fa4 else 0.0
+    jobs = [[v] for v in variants] + ([["fa4"]] if with_fa4 else [])
+    for i, job in enumerate(jobs):
+        name = job[0]
+        left = deadline - time.monotonic()
+        # FA4 (last) takes what is left; each variant an equal part of the rest.
+        share = left if name == "fa4" else (left - fa4_reserve) / (len(variants) - i)
+        if share < 15:
+            rows.append({"kind": "child", "case": name, "ok": None, "note": "skipped (time)"})
+            continue
+        out = args.out / name
+        cmd = [
+            sys.executable, os.path.abspath(__file__), "--out", str(out), "--dtype", args.dtype,
+            "--repeats", str(args.repeats), "--child-budget", str(share - 10),
+        ]  # fmt: skip
+        cmd += ["--fa4-only"] if name == "fa4" else ["--variants", name]
+        if args.skip_timing:
+            cmd.append("--skip-timing")
+        print(f"== {name}: {share:.0f} s", flush=True)
+        try:
+            rc = subprocess.run(cmd, timeout=share + 20).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        log_file = out / "check_bwd.json"
+        if log_file.exists():
+            rows += json.loads(log_file.read_text())
+        if rc not in (0, 1):  # 1: some check failed (recorded in its rows)
+            error = f"child exit {rc}" + (" (GPU hang)" if rc == 3 else "")
+            rows.append({"kind": "child", "case": name, "variant": name, "ok": False,
+                         "error": error})  # fmt: skip
+    return rows
+
+
 # ----------------------------------------------------------------------------- dry run
 
 
@@ -457,7 +714,7 @@ def dry_run(log: Log) -> None:
                     shape = Shape(2, 100, 100, 4, 2, head_dim)
                     x = make_inputs(shape, torch.bfloat16, "cpu")
                     q_tiles = 2
-                    lse2 = torch.zeros(8, q_tiles * BLOCK_M)
+                    lse2 = torch.zeros(8, q_tiles * 128)
                     dq = torch.zeros(x["q"].shape)
                     flags = torch.zeros(2 + 8 * q_tiles, dtype=torch.int32)
                     sched = schedule_for(shape, causal, "fa3", 132)
@@ -490,13 +747,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="bitwise repeats per schedule")
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument(
+        "--variants",
+        help="comma-separated kernel variants to compare (bwd_launch.VARIANTS: "
+        f"{','.join(bwd_launch.VARIANTS)}); replaces the default checks",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=VARIANTS_BUDGET_S,
+        help="--variants: seconds for everything, compiles included",
+    )  # fmt: skip
+    parser.add_argument("--no-fa4", action="store_true", help="--variants: no FA4 timing")
+    # Internal: one child of --variants (one variant, or FA4's timing) with its own budget.
+    parser.add_argument("--child-budget", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--fa4-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global _LOG
     start = time.monotonic()
-    log = _LOG = Log(args.out, start + TIME_BUDGET_S)
+    variants = args.variants.split(",") if args.variants else []
+    for v in variants:
+        bwd_launch.variant_tiles(v, 64)  # unknown names fail here, before any GPU work
+    budget = VARIANTS_BUDGET_S if variants else TIME_BUDGET_S
+    child = args.child_budget is not None
+    if child:
+        budget = args.child_budget
+    log = _LOG = Log(args.out, start + budget)
     dtype = getattr(torch, args.dtype)
-    if args.dry_run:
+    if args.dry_run and variants:
+        dry_run_variants(log, variants)
+    elif args.dry_run:
         dry_run(log)
+    elif (variants or args.fa4_only) and not child:
+        log.rows = run_variants_isolated(args, variants, start)
+    elif variants or args.fa4_only:
+        if not torch.cuda.is_available():
+            print("no CUDA device: use --dry-run", file=sys.stderr)
+            return 2
+        props = torch.cuda.get_device_properties(0)
+        print(f"device: {props.name}, {props.multi_processor_count} SMs", flush=True)
+        workers = props.multi_processor_count
+        if args.fa4_only:
+            variants_timing(log, workers, dtype, [], with_fa4=True)
+        else:
+            repeats = min(args.repeats, 3)
+            # Timing before the (cheap, but last-resort) timeout check.
+            variants_numerics(log, workers, dtype, variants, repeats)
+            if not args.skip_timing:
+                variants_timing(log, workers, dtype, variants, with_fa4=False)
+            variants_timeout(log, workers, dtype, variants)
     else:
         if not torch.cuda.is_available():
             print("no CUDA device: use --dry-run", file=sys.stderr)
@@ -514,6 +811,10 @@ def main(argv: list[str] | None = None) -> int:
             timing(log, workers, dtype)
     log.write()
     print(log.summary())
+    if variants and not child:
+        table = variants_table(log.rows, variants)
+        (args.out / "variants_table.txt").write_text(table + "\n")
+        print(table)
     print(f"total {time.monotonic() - start:.1f} s; log in {args.out}")
     failed = [row for row in log.rows if row.get("ok") is False]
     return 1 if failed else 0

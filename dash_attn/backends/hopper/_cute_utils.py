@@ -22,6 +22,21 @@ def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, modes))
 
 
+def gmem_tensor(
+    dtype: type[cutlass.Numeric], addr, shape: tuple, outer_strides: tuple, align: int
+) -> cute.Tensor:
+    """A global tensor from an address, a shape and the strides (elements) of all modes but
+    the last, which is unit-stride.
+
+    Promises the compiler ``align``-byte alignment of the base and of every outer stride (the
+    launcher checks both: TMA descriptors need 16 bytes), so that vector accesses stay legal.
+    """
+    ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align)
+    divby = align * 8 // dtype.width
+    aligned = tuple(cute.assume(s, divby=divby) for s in outer_strides)
+    return cute.make_tensor(ptr, cute.make_layout(shape, stride=(*aligned, 1)))
+
+
 def acc_to_operand_a(acc: cute.Tensor) -> cute.Tensor:
     """View a WGMMA accumulator fragment (fp32 or already converted to 16 bits) as the register
     A operand of the next WGMMA whose K mode is the accumulator's N mode.

@@ -39,9 +39,18 @@ Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpg
 the MMA increase unable to allocate). Launched with ``min_blocks_per_mp=1`` so that ptxas keeps
 setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatch needs).
 
-Not done yet: 128 x 128 tiles (hd 64) compile but spill in the MMA warpgroups, so only
-64 x 128 is accepted; hd 96/192/256; dK/dV epilogue with vector stores; intra-warpgroup
-overlap of the next step's S/dP with this step's pointwise work.
+Performance options (constructor flags; the defaults are the GPU-verified kernel, the
+launcher names combinations in ``bwd_launch.VARIANTS``): ``dq_swizzle`` stages dQ in a
+128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns);
+``queue_dv`` stores dS before issuing dV and lets dV run through the dS barrier (dQ queues
+behind it); ``prefetch_tables`` has the producer read a step's tables before it waits for the
+free stage; ``vec_epilogue`` stores dK/dV as 32-bit pairs; ``stages`` 3 at hd 64; 128 x 128
+tiles at hd 64 (ptxas keeps about ten loop-invariant values in local memory: stored once,
+reloaded per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack
+tensors.
+
+Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
+pointwise work; a double-buffered dQ staging tile.
 """
 
 from __future__ import annotations
@@ -56,10 +65,10 @@ import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
+from ._cute_utils import acc_to_operand_a, gmem_tensor, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_TILES = ((64, 128),)
+SUPPORTED_TILES = ((64, 128), (128, 128))
 
 # Named barrier ids (0 is __syncthreads).
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
@@ -95,6 +104,11 @@ class HopperAttnBwd:
         block_m: int = 64,
         block_n: int = 128,
         stages: int = 2,
+        *,
+        dq_swizzle: bool = False,
+        queue_dv: bool = False,
+        prefetch_tables: bool = False,
+        vec_epilogue: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -103,10 +117,10 @@ class HopperAttnBwd:
                 f"head_dim={head_dim} is not supported by the Hopper backward "
                 f"(supported: {SUPPORTED_HEAD_DIMS})"
             )
-        if (block_m, block_n) not in SUPPORTED_TILES:
+        if (block_m, block_n) not in SUPPORTED_TILES or (block_m == 128 and head_dim != 64):
             raise NotImplementedError(
-                f"tiles (block_m={block_m}, block_n={block_n}) are not supported "
-                f"(supported: {SUPPORTED_TILES})"
+                f"tiles (block_m={block_m}, block_n={block_n}) are not supported at "
+                f"head_dim={head_dim} (supported: {SUPPORTED_TILES}, 128 x 128 at hd 64 only)"
             )
         if stages < 2:
             raise ValueError(f"stages must be >= 2, got {stages}")
@@ -117,6 +131,21 @@ class HopperAttnBwd:
         self.block_m = block_m
         self.block_n = block_n
         self.stages = stages
+        # Performance options (compile-time; the defaults are the GPU-verified kernel):
+        # dq_swizzle: the fp32 dQ staging tile in shared memory is 128-byte swizzled (4 TMA
+        #   boxes of 32 columns) instead of row-major: the accumulator's 64-bit stores hit 8
+        #   rows with the same bank set otherwise (8-way conflicts, 4x the wavefronts).
+        # queue_dv: dS goes to shared memory before dV is issued and dV is not waited for
+        #   before the dS barrier: dQ is issued right after the barrier, queued behind dV (no
+        #   tensor-core bubble across the barrier). P's registers stay live until dV is done.
+        self.dq_swizzle = dq_swizzle
+        # prefetch_tables: the producer reads a step's table entries before it waits for the
+        #   free stage (their latency is otherwise added to every load's issue).
+        self.queue_dv = queue_dv
+        # vec_epilogue: dK/dV leave as 32-bit stores of two neighbouring 16-bit values (the
+        #   accumulator holds column pairs) instead of 16-bit scalar stores.
+        self.prefetch_tables = prefetch_tables
+        self.vec_epilogue = vec_epilogue
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -184,6 +213,124 @@ class HopperAttnBwd:
         timeout_ns: Int64,
         stream: cuda.CUstream,
     ):
+        self._host(
+            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags,
+            mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
+            q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
+            stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def call_from_ints(
+        self,
+        q_addr: Int64,
+        k_addr: Int64,
+        v_addr: Int64,
+        do_addr: Int64,
+        lse_addr: Int64,
+        delta_addr: Int64,
+        dq_addr: Int64,
+        dk_addr: Int64,
+        dv_addr: Int64,
+        flags_addr: Int64,
+        chain_start_addr: Int64,
+        step_head_addr: Int64,
+        step_tile_addr: Int64,
+        step_rank_addr: Int64,
+        order_addr: Int64,
+        worker_start_addr: Int64,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        heads: Int32,
+        kv_heads: Int32,
+        rows_pad: Int32,
+        q_stride_b: Int64,
+        q_stride_s: Int64,
+        q_stride_h: Int64,
+        k_stride_b: Int64,
+        k_stride_s: Int64,
+        k_stride_h: Int64,
+        v_stride_b: Int64,
+        v_stride_s: Int64,
+        v_stride_h: Int64,
+        do_stride_b: Int64,
+        do_stride_s: Int64,
+        do_stride_h: Int64,
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        num_workers: Int32,
+        dynamic: Int32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        stream: cuda.CUstream,
+    ):
+        """The same launch from plain numbers (addresses, sizes, strides in elements), each
+        a typed scalar parameter: the host function then takes no DLPack conversions (~16 us
+        per tensor per call otherwise). dq_acc, dk and dv are contiguous (the launcher
+        allocates them); the 1-D int32 tables and flags get a nominal extent (indexing is not
+        bounds-checked; the launcher checks their sizes)."""
+        dt, hd = self.dtype, self.head_dim
+        q_shape = (batch, seqlen_q, heads, hd)
+        k_shape = (batch, seqlen_k, kv_heads, hd)
+        mQ = gmem_tensor(dt, q_addr, q_shape, (q_stride_b, q_stride_s, q_stride_h), 16)
+        mK = gmem_tensor(dt, k_addr, k_shape, (k_stride_b, k_stride_s, k_stride_h), 16)
+        mV = gmem_tensor(dt, v_addr, k_shape, (v_stride_b, v_stride_s, v_stride_h), 16)
+        mdO = gmem_tensor(dt, do_addr, q_shape, (do_stride_b, do_stride_s, do_stride_h), 16)
+        rows = (batch * heads, rows_pad)
+        mLSE = gmem_tensor(Float32, lse_addr, rows, (Int64(rows_pad),), 16)
+        mDelta = gmem_tensor(Float32, delta_addr, rows, (Int64(rows_pad),), 16)
+        q_row = Int64(heads) * hd
+        q_strides = (Int64(seqlen_q) * q_row, q_row, Int64(hd))
+        mdQacc = gmem_tensor(Float32, dq_addr, q_shape, q_strides, 16)
+        k_row = Int64(kv_heads) * hd
+        k_strides = (Int64(seqlen_k) * k_row, k_row, Int64(hd))
+        mdK = gmem_tensor(dt, dk_addr, k_shape, k_strides, 16)
+        mdV = gmem_tensor(dt, dv_addr, k_shape, k_strides, 16)
+        extent = (Int32(1 << 30),)
+        mFlags = gmem_tensor(Int32, flags_addr, extent, (), 4)
+        tables = [
+            gmem_tensor(Int32, a, extent, (), 4)
+            for a in (
+                chain_start_addr, step_head_addr, step_tile_addr, step_rank_addr, order_addr,
+                worker_start_addr,
+            )
+        ]  # fmt: skip
+        self._host(
+            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags, *tables,
+            q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
+            stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def _host(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mFlags: cute.Tensor,
+        mChainStart: cute.Tensor,
+        mStepHead: cute.Tensor,
+        mStepTile: cute.Tensor,
+        mStepRank: cute.Tensor,
+        mOrder: cute.Tensor,
+        mWorkerStart: cute.Tensor,
+        q_tiles: Int32,
+        kv_tiles: Int32,
+        num_chains: Int32,
+        num_workers: Int32,
+        dynamic: Int32,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        stream: cuda.CUstream,
+    ):
         bm, bn, hd, st = self.block_m, self.block_n, self.head_dim, self.stages
         sQ_layout = self._smem_layout(bm, hd, st)
         sK_layout = self._smem_layout(bn, hd, None)
@@ -191,7 +338,14 @@ class HopperAttnBwd:
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
         sdS_layout = self._smem_layout(bn, bm, st)
-        sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
+        if const_expr(self.dq_swizzle):
+            # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
+            # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
+            # covers over all 32 banks.
+            dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
+            sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
+        else:
+            sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
         sLSE_layout = cute.make_layout((bm, st))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
@@ -302,7 +456,7 @@ class HopperAttnBwd:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
-        sdQ_layout: cute.Layout,
+        sdQ_layout,
         sLSE_layout: cute.Layout,
         mma_sdp: cute.TiledMma,
         mma_dkv: cute.TiledMma,
@@ -332,7 +486,15 @@ class HopperAttnBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        if const_expr(self.dq_swizzle):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+            # The MMA warpgroups store through a flat view with the swizzle computed by hand
+            # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
+            # register per store (the XOR hides that they differ by constants) and spills.
+            sdQ_mma = storage.sdQ.get_tensor(cute.make_layout(self.block_m * self.head_dim))
+        else:
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            sdQ_mma = sdQ
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((_INFO_WORDS, self.stages)))
@@ -356,7 +518,7 @@ class HopperAttnBwd:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
-                sQ, sK, sV, sdO, sdS, sdQ, sLSE, sDelta, sInfo, sDqInfo, storage,
+                sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, sDqInfo, storage,
                 mma_sdp, mma_dkv, mma_dq, tidx - 128,
             )  # fmt: skip
 
@@ -423,9 +585,18 @@ class HopperAttnBwd:
             hi = mChainStart[chain + 1]
             for step in cutlass.range(lo, hi, unroll=1):
                 full = storage.full_bar.data_ptr() + stage
-                cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
-                qh = mStepHead[step]
-                qt = mStepTile[step]
+                if const_expr(self.prefetch_tables):
+                    # The table reads (L2 latency) overlap the wait for the free stage instead
+                    # of delaying the loads after it.
+                    qh = mStepHead[step]
+                    qt = mStepTile[step]
+                    rank = mStepRank[step]
+                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                else:
+                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+                    qh = mStepHead[step]
+                    qt = mStepTile[step]
+                    rank = mStepRank[step]
                 if lane == 0:
                     flags = Int32(0)
                     if step == lo:
@@ -437,7 +608,7 @@ class HopperAttnBwd:
                     sInfo[_I_KVT, stage] = kvt
                     sInfo[_I_QH, stage] = qh
                     sInfo[_I_QT, stage] = qt
-                    sInfo[_I_RANK, stage] = mStepRank[step]
+                    sInfo[_I_RANK, stage] = rank
                     sInfo[_I_FLAGS, stage] = flags
                     # The arrive releases the metadata stores above to the consumers.
                     cute.arch.mbarrier_arrive_and_expect_tx(full, self.bytes_step)
@@ -600,6 +771,64 @@ class HopperAttnBwd:
         return failed
 
     @cute.jit
+    def _store_pairs(
+        self,
+        frag: cute.Tensor,
+        g: cute.Tensor,
+        coords: cute.Tensor,
+        mma: cute.TiledMma,
+        row0: Int32,
+        rows: Int32,
+    ):
+        """A 16-bit accumulator-layout fragment to global rows row0 + n < rows, two
+        neighbouring columns per 32-bit store. Legal: the pair's column is even (checked on
+        thread 0's trace-time coordinates; every thread's first column is even too) and the
+        base and row strides are 16-byte aligned (the launcher checks both)."""
+        coords0 = mma.get_slice(0).partition_C(cute.make_identity_tensor(g.shape))
+        words = cute.recast_tensor(frag, Int32)
+        for j in cutlass.range_constexpr(cute.size(words)):
+            n0, d0 = coords0[2 * j]
+            assert d0 % 2 == 0 and coords0[2 * j + 1] == (n0, d0 + 1)
+            n, d = coords[2 * j]
+            if row0 + n < rows:
+                elem = g.iterator + cute.crd2idx((row0 + n, d), g.layout)
+                ptr = cute.make_ptr(Int32, elem.toint(), cute.AddressSpace.gmem, assumed_align=4)
+                cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
+
+    @cute.jit
+    def _store_dq_swizzled(
+        self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
+    ):
+        """acc_dQ into the 128-byte swizzled fp32 tile (layout of __call__'s sdQ_layout with
+        dq_swizzle), addressed by hand so that all stores share four address registers.
+
+        Element (r, c) lives at float offset (c // 32) * bm * 32 + r * 32 + ((c % 32) ^ 4 *
+        (r % 8)) (atoms of 8 rows x 32 fp32 stacked down the rows first, then the 16-byte
+        chunk index XORed with the row). A thread's elements are (r0 + dr, c0 + dc) with (r0,
+        c0) its first one and (dr, dc) the same for every thread (those of thread 0): dr is a
+        multiple of 8 and dc of 8 or odd by one, r0 % 8 is fixed and c0 % 32 < 8, so the XOR
+        only mixes the per-thread row bits with dc % 32 (four values per thread).
+        """
+        bm = self.block_m
+        coords0 = mma_dq.get_slice(0).partition_C(cute.make_identity_tensor((bm, self.head_dim)))
+        r0, c0 = tQcdQ[0]
+        x = (r0 % 8) * 4
+        base = (c0 // 32) * (bm * 32) + r0 * 32 + ((c0 % 32) ^ (x & 4))
+        heads = [base + ((8 * m) ^ (x & 24)) for m in range(4)]
+        # The fragment properties the addressing relies on, checked on trace-time ints: every
+        # thread's first column is within 8 of a 32-column box start, rows 8 apart, pairs.
+        ident = cute.make_identity_tensor((bm, self.head_dim))
+        for t in cutlass.range_constexpr(0, self.num_mma_threads, 4):
+            assert mma_dq.get_slice(t).partition_C(ident)[0][1] % 32 < 8
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+            dr, dc = coords0[i]
+            assert dr % 8 == 0 and dc % 8 == 0 and coords0[i + 1] == (dr, dc + 1)
+            off = heads[(dc % 32) // 8] + (dc // 32) * (bm * 32) + dr * 32
+            dst = cute.make_tensor(flat.iterator + cute.assume(off, divby=2), cute.make_layout(2))
+            dst[0] = acc[i]
+            dst[1] = acc[i + 1]
+
+    @cute.jit
     def mma(
         self,
         mdK: cute.Tensor,
@@ -651,7 +880,10 @@ class HopperAttnBwd:
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
         tSsdS = thr_sdp.partition_C(sdS)
-        tQsdQ = thr_dq.partition_C(sdQ)
+        if const_expr(self.dq_swizzle):
+            tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
+        else:
+            tQsdQ = thr_dq.partition_C(sdQ)
         bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 
         stage = Int32(0)
@@ -709,31 +941,51 @@ class HopperAttnBwd:
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                # dV += P^T dO from registers.
-                wgmma(
-                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
-                    zero_init=False,
-                )  # fmt: skip
-                # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
-                cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
-                cute.arch.fence_view_async_shared()
-                # dV done (it overlapped the dS stores): P's registers are free before dQ's
-                # accumulator is needed (keeps hd 128 within 240 registers, no spills).
-                warpgroup.wait_group(0)
-                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-
                 acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
-                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
-                # dK += dS^T Q from registers.
-                wgmma(
-                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                    zero_init=False,
-                )  # fmt: skip
-                warpgroup.wait_group(1)  # dQ done, dK may still run
+                if const_expr(self.queue_dv):
+                    # dS^T to shared memory first, then dV: dV runs through the dS barrier
+                    # and dQ queues behind it, so the tensor cores see dV, dQ, dK back to back.
+                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    wgmma(
+                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    warpgroup.wait_group(1)  # dV done: P's registers are free
+                    wgmma(
+                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    warpgroup.wait_group(1)  # dQ done, dK may still run
+                else:
+                    # dV += P^T dO from registers.
+                    wgmma(
+                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
+                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    cute.arch.fence_view_async_shared()
+                    # dV done (it overlapped the dS stores): P's registers are free before dQ's
+                    # accumulator is needed (keeps hd 128 within 240 registers, no spills).
+                    warpgroup.wait_group(0)
+                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    # dK += dS^T Q from registers.
+                    wgmma(
+                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
-                cute.autovec_copy(acc_dQ, tQsdQ)
+                if const_expr(self.dq_swizzle):
+                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                else:
+                    cute.autovec_copy(acc_dQ, tQsdQ)
                 if tidx == 0:
                     for w in cutlass.range_constexpr(_I_FLAGS):
                         sDqInfo[w] = sInfo[w, stage]
@@ -757,11 +1009,15 @@ class HopperAttnBwd:
                     rdV.store(acc_dV.load().to(self.dtype))
                     gdK = mdK[b, None, kvh, None]
                     gdV = mdV[b, None, kvh, None]
-                    for i in cutlass.range_constexpr(cute.size(rdK)):
-                        n, d = tKcK[i]
-                        if kvt * bn + n < seqlen_k:
-                            gdK[kvt * bn + n, d] = rdK[i]
-                            gdV[kvt * bn + n, d] = rdV[i]
+                    if const_expr(self.vec_epilogue):
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                    else:
+                        for i in cutlass.range_constexpr(cute.size(rdK)):
+                            n, d = tKcK[i]
+                            if kvt * bn + n < seqlen_k:
+                                gdK[kvt * bn + n, d] = rdK[i]
+                                gdV[kvt * bn + n, d] = rdV[i]
 
                 stage = stage + 1
                 if stage == self.stages:

@@ -20,6 +20,60 @@ from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 
 TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
 
+# Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
+# per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
+# with the same tiles). "base" is the GPU-verified kernel; tools/hopper/check_bwd.py --variants
+# times and checks the others side by side so that the default can be flipped to whatever
+# measured best and correct.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "dqswz": {"dq_swizzle": True},
+    # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128. With the
+    # producer-only prefetch_tables (no register cost); queue_dv would spill here.
+    "t128": {"dq_swizzle": True, "prefetch_tables": True, "tiles": {64: (128, 128)}},
+    # FA4's order around the dS barrier (dV queued, not waited for).
+    "qdv": {"dq_swizzle": True, "queue_dv": True},
+    # The base kernel launched from plain numbers instead of DLPack tensors (host time only).
+    "ints": {"host_ints": True},
+    # qdv, the producer's table reads before its wait, and at hd 64 a 3-deep Q/dO ring
+    # (hd 128 has no shared memory for a third stage).
+    "pipe": {
+        "dq_swizzle": True,
+        "queue_dv": True,
+        "prefetch_tables": True,
+        "per_hd": {64: {"stages": 3}},
+    },  # fmt: skip
+    # pipe with 32-bit dK/dV stores, launched from plain numbers (queue_dv spills at
+    # 128 x 128: not with t128).
+    "fast": {
+        "dq_swizzle": True,
+        "queue_dv": True,
+        "prefetch_tables": True,
+        "per_hd": {64: {"stages": 3}},
+        "vec_epilogue": True,
+        "host_ints": True,
+    },
+}
+# Launcher-level keys of a variant (not kernel options).
+_LAUNCH_KEYS = ("tiles", "host_ints", "per_hd")
+DEFAULT_VARIANT = "base"
+DEFAULT_TILES = (64, 128)
+
+
+def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of ``variant`` at ``head_dim``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
+    return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
+
+
+def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
+    """The kernel constructor options of ``variant`` at ``head_dim``."""
+    spec = VARIANTS[variant]
+    options = {k: v for k, v in spec.items() if k not in _LAUNCH_KEYS}
+    return {**options, **spec.get("per_hd", {}).get(head_dim, {})}
+
+
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 
 _cache: dict[tuple, Any] = {}
@@ -124,6 +178,7 @@ def compile_bwd(
     block_n: int = 128,
     arch: str = "sm_90a",
     extra_options: str = "",
+    variant: str = DEFAULT_VARIANT,
 ) -> Any:
     """Compile (or fetch) the kernel for these tensors' (dtype, head dim) and the flags.
 
@@ -132,17 +187,37 @@ def compile_bwd(
     compile-only checks. ``extra_options`` are further CuTe-DSL compile options (e.g.
     ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
+    host_ints = bool(VARIANTS[variant].get("host_ints", False))
     dtype = _TORCH_TO_CUTLASS[q.dtype]
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options,
+        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), host_ints,
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
     if compiled is not None:
         return compiled
-    kernel = HopperAttnBwd(dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n)
+    kernel = HopperAttnBwd(
+        dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
+        **_variant_options(variant, head_dim),
+    )  # fmt: skip
+    if host_ints:
+        # Typed placeholders (no tensor needed): nothing is specialised on their values.
+        compiled = cute.compile(
+            kernel.call_from_ints,
+            *(Int64(0) for _ in range(16)),  # addresses
+            *(Int32(1) for _ in range(6)),  # batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad
+            *(Int64(8) for _ in range(12)),  # (b, s, h) strides of q, k, v, dout
+            Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
+            make_fake_stream(),
+            options=f"--gpu-arch {arch} {extra_options}".strip(),
+        )  # fmt: skip
+        with _cache_lock:
+            _cache.setdefault(key, compiled)
+            return _cache[key]
     args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
     compiled = cute.compile(
         kernel,
@@ -162,6 +237,26 @@ def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> l
         _cute_tensor(flags, 4),
         *(_cute_tensor(tables[name], 4) for name in TABLE_NAMES),
     ]
+
+
+def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(b, s, h) strides in elements; a size-1 dim gets a 16-byte stride instead of whatever
+    torch reports (never used for addressing, but the compiler's alignment assumption and TMA
+    need 16-byte multiples)."""
+    aligned = 16 // t.element_size()
+    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
+    return tuple(st if n != 1 else aligned for n, st in dims)
+
+
+def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
+    """The leading arguments of HopperAttnBwd.call_from_ints, as plain Python ints."""
+    batch, seqlen_q, heads, _ = q.shape
+    return (
+        *(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags)),
+        *(tables[name].data_ptr() for name in TABLE_NAMES),
+        batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
+        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(dout),
+    )  # fmt: skip
 
 
 def hopper_bwd_main(
@@ -184,6 +279,7 @@ def hopper_bwd_main(
     deterministic: bool,
     dynamic: bool,
     timeout_ns: int,
+    variant: str = DEFAULT_VARIANT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status).
 
@@ -223,8 +319,16 @@ def hopper_bwd_main(
     compiled = compile_bwd(
         q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables,
         causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
+        variant=variant,
     )  # fmt: skip
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    if VARIANTS[variant].get("host_ints", False):
+        compiled(
+            *_int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
+            q_tiles, kv_tiles, num_chains, num_workers, 1 if dynamic else 0,
+            float(softmax_scale), int(timeout_ns), stream,
+        )  # fmt: skip
+        return dq_acc, dk, dv, status
     compiled(
         *_kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
         Int32(q_tiles), Int32(kv_tiles), Int32(num_chains), Int32(num_workers),

@@ -69,15 +69,19 @@ def _fake_inputs(
     )
 
 
-def _compile(config: tuple, dump_dir: Path):
+def _compile(config: tuple, dump_dir: Path, variant: str = bwd_launch.DEFAULT_VARIANT):
     head_dim, dtype, causal, det = config
     dump_dir.mkdir(parents=True, exist_ok=True)
+    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     start = time.perf_counter()
     compiled = bwd_launch.compile_bwd(
         *_fake_inputs(head_dim, dtype),
         causal=causal,
         deterministic=det,
+        block_m=block_m,
+        block_n=block_n,
         extra_options=f"--keep-ptx --keep-cubin --dump-dir {dump_dir}",
+        variant=variant,
     )
     COMPILE_TIMES[config] = time.perf_counter() - start
     return compiled
@@ -127,6 +131,96 @@ def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
 
 
+def _sass(compiled, tmp_path: Path) -> str | None:
+    nvdisasm = _tool("nvdisasm")
+    if nvdisasm is None or not isinstance(compiled.__cubin__, bytes):
+        return None
+    cubin_path = tmp_path / "kernel.cubin"
+    cubin_path.write_bytes(compiled.__cubin__)
+    return subprocess.run(
+        [nvdisasm, "-c", str(cubin_path)], capture_output=True, text=True, check=True
+    ).stdout
+
+
+# Every non-default variant at the configs where it differs from the others (hd 64: tiles;
+# causal and det: the most code). "t128" at hd 128 is "dqswz" (same options and tiles).
+VARIANT_CONFIGS = [
+    ("dqswz", (128, torch.bfloat16, True, True)),
+    ("dqswz", (64, torch.bfloat16, False, False)),
+    ("t128", (64, torch.bfloat16, True, True)),
+    ("t128", (64, torch.float16, False, False)),
+    ("qdv", (128, torch.bfloat16, True, True)),
+    ("qdv", (128, torch.float16, False, False)),
+    ("qdv", (64, torch.bfloat16, True, True)),
+    ("pipe", (64, torch.bfloat16, True, True)),
+    ("pipe", (128, torch.bfloat16, False, False)),
+    ("ints", (128, torch.bfloat16, True, True)),
+    ("fast", (64, torch.bfloat16, True, True)),
+    ("fast", (128, torch.float16, False, False)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant,config",
+    VARIANT_CONFIGS,
+    ids=[f"{v}-hd{c[0]}-{'causal' if c[2] else 'full'}-{'det' if c[3] else 'nondet'}"
+         for v, c in VARIANT_CONFIGS],
+)  # fmt: skip
+def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
+    head_dim, _, _, det = config
+    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
+    compiled = _compile(config, tmp_path, variant)
+    ptx = compiled.__ptx__
+    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert ("ld.acquire.gpu" in ptx) == det
+    assert ("red.release.gpu" in ptx) == det
+    # dq_swizzle: one bulk reduce-add per 32-column box of the swizzled dQ tile.
+    boxes = head_dim // 32 if bwd_launch.VARIANTS[variant].get("dq_swizzle") else 1
+    assert ptx.count("cp.reduce.async.bulk.tensor") == boxes
+    sass = _sass(compiled, tmp_path)
+    if sass is None:
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
+    alloc = sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL")
+    assert alloc >= 0
+    mma_code = sass[alloc:]
+    assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
+    # The dQ stores go out as 64-bit stores (the hand-computed swizzle kept them vectorised).
+    assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= block_m * head_dim // 256 // 2
+    if bwd_launch.VARIANTS[variant].get("vec_epilogue"):
+        # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
+        assert "STG.E.U16" not in mma_code
+        assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
+    if block_m == 64:
+        assert not re.search(r"\b(STL|LDL)\b", mma_code), "MMA warpgroups spill"
+    else:
+        # 128 x 128 at hd 64: ptxas parks a few loop-invariant values in local memory. Stores
+        # only before the step loop (the first WGMMA); 6-10 reloads per step seen (L1 hits).
+        first_mma = mma_code.find("HGMMA")
+        assert not re.search(r"\bSTL\b", mma_code[first_mma:]), "spill stores in the loop"
+        assert len(re.findall(r"\bLDL\b", mma_code)) <= 12, "more spill reloads than known"
+
+
+def test_variants_resolve() -> None:
+    assert bwd_launch.variant_tiles("base", 64) == (64, 128)
+    assert bwd_launch.variant_tiles("t128", 64) == (128, 128)
+    assert bwd_launch.variant_tiles("t128", 128) == (64, 128)
+    # Every variant's options are constructor arguments of the kernel.
+    import cutlass
+
+    for name in bwd_launch.VARIANTS:
+        block_m, block_n = bwd_launch.variant_tiles(name, 64)
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=True, deterministic=True, block_m=block_m,
+            block_n=block_n, **bwd_launch._variant_options(name, 64),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="unknown variant"):
+        bwd_launch.variant_tiles("nope", 64)
+
+
 def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
     """One kernel per configuration serves every shape: a different batch, sequence length
     and head count (and other strides) hit the cache."""
@@ -150,7 +244,9 @@ def test_unsupported_head_dim_raises() -> None:
     with pytest.raises(NotImplementedError, match="head_dim=96"):
         HopperAttnBwd(cutlass.BFloat16, 96, causal=False, deterministic=True)
     with pytest.raises(NotImplementedError, match="block_m=128"):
-        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=128)
+        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, block_m=128)
+    with pytest.raises(NotImplementedError, match="block_m=32"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=32)
 
 
 def test_launcher_rejects_bad_arguments() -> None:

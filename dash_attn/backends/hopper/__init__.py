@@ -23,9 +23,14 @@ BWD_HEADDIMS = (64, 128)  # the keys of _BWD_TILES
 # block_m query rows per step. num_warps counts the producer/dQ warpgroup too; num_stages is the
 # depth of the Q/dO ring.
 _BWD_TILES = {
-    64: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    64: BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
     128: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
 }
+# The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each head dim runs: the
+# fastest correct one of the side-by-side check (benchmarks/results/h200/hopper-dev/
+# check_bwd_variants-*.log): 128 x 128 tiles at 64, FA4's dV/dS order with vector epilogue
+# stores and a plain-number launch at 128. Its tiles must equal _BWD_TILES' (tests check).
+BWD_VARIANT = {64: "t128", 128: "fast"}
 
 
 def bwd_tiles(headdim: int) -> BackwardTiles:

@@ -11,6 +11,7 @@ import torch
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
+from . import BWD_VARIANT
 from .bwd_launch import hopper_bwd_main
 from .fwd import hopper_fwd
 
@@ -60,4 +61,5 @@ def _main(
         causal=spec.mask.causal, softmax_scale=softmax_scale,
         deterministic=plan.deterministic, dynamic=plan.dispatch is Dispatch.DYNAMIC,
         timeout_ns=int(plan.timeout_s * 1e9),
+        variant=BWD_VARIANT[plan.problem.headdim],
     )  # fmt: skip

@@ -279,3 +279,13 @@ def test_launcher_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="heads"):
         k3 = torch.zeros(2, 100, 3, 64, dtype=q.dtype)
         bwd_launch.hopper_bwd_main(q, k3, k3, dout, lse2, delta, tables, **kwargs)
+
+
+def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
+    """The plan builds the schedule tables with the tiles of hopper.bwd_tiles; the kernel variant
+    each head dim runs must have the same tiles, or the kernel would walk other tables."""
+    from dash_attn.backends import hopper
+
+    for headdim, variant in hopper.BWD_VARIANT.items():
+        tiles = hopper.bwd_tiles(headdim)
+        assert bwd_launch.variant_tiles(variant, headdim) == (tiles.block_m, tiles.block_n)

@@ -96,9 +96,12 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
     pytest.importorskip("cutlass")
     plan = make_backward_plan(PROBLEM, device=H200, backend="hopper")
     assert plan.backend == "hopper" and plan.tiles.block_n == 128 and plan.tiles.num_warps == 12
-    # auto takes it at the head dims where it was measured faster, with the reason.
-    auto = make_backward_plan(PROBLEM, device=H200)
+    # auto takes it at the head dims and lengths where it was measured faster, with the reason.
+    long = Problem(2, 4096, 2048, 8, 2, 128)
+    auto = make_backward_plan(long, device=H200)
     assert auto.backend == "hopper" and auto.backend_reason.startswith("auto: covered")
+    short = make_backward_plan(PROBLEM, device=H200)  # seqlen_k 700
+    assert short.backend == "triton" and "below 2048 tokens" in short.backend_reason
     with pytest.raises(NotImplementedError, match="backend='hopper' cannot run this bwd: needs"):
         make_backward_plan(PROBLEM, device=INTERPRETER, backend="hopper")
     odd = Problem(1, 100, 100, 2, 2, 96)
@@ -115,7 +118,7 @@ def test_auto_without_cutlass_runs_triton_and_says_why(monkeypatch) -> None:
     from dash_attn.backends import hopper
 
     monkeypatch.setattr(hopper, "cutlass_available", lambda: False)
-    other = Problem(3, 100, 100, 2, 2, 64)  # not cached by the tests above
+    other = Problem(3, 2048, 2048, 2, 2, 64)  # not cached by the tests above
     plan = make_backward_plan(other, device=H200)
     assert plan.backend == "triton" and "nvidia-cutlass-dsl is not installed" in plan.backend_reason
     with pytest.raises(NotImplementedError, match="nvidia-cutlass-dsl is not installed"):

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 
 BACKEND_NAMES = ("triton", "hopper")
 
-# Where ``auto`` takes the hopper kernels (when they cover the call): the head dims for which a
-# committed side-by-side run measured them faster than the Triton ones, per direction
-# (benchmarks/results/h200/). Elsewhere they run when asked for by name.
+# Where ``auto`` takes the hopper kernels (when they cover the call): the head dims and sequence
+# lengths at which committed side-by-side runs measured them faster than the Triton ones
+# (benchmarks/results/h200/: bench.csv, shipped-ebcd10a/bench.csv, hopper-dev/). Below 2048
+# tokens the shipped hopper backward was slower than the Triton one in the second run (and the
+# forward was not measured there). Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
+AUTO_HOPPER_MIN_SEQLEN = 2048
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:
@@ -42,6 +45,9 @@ def _choose(
         return "triton", f"auto: hopper {gap}"
     if problem.headdim not in AUTO_HOPPER_HEADDIMS[direction]:
         return "triton", f"auto: the hopper {direction} at head dim {problem.headdim} is opt-in"
+    if min(problem.seqlen_q, problem.seqlen_k) < AUTO_HOPPER_MIN_SEQLEN:
+        short = f"below {AUTO_HOPPER_MIN_SEQLEN} tokens"
+        return "triton", f"auto: {short} the hopper {direction} is opt-in"
     return "hopper", "auto: covered, and measured faster than triton"
 
 
@@ -51,8 +57,8 @@ def choose_backend(
     """``(backend, why, tiles)`` of the backward for ``"auto"``, ``"triton"`` or ``"hopper"``.
 
     ``auto`` takes hopper where it covers the problem and was measured faster
-    (``AUTO_HOPPER_HEADDIMS``), else triton, and says why; a named backend that cannot run
-    raises NotImplementedError.
+    (``AUTO_HOPPER_HEADDIMS``, ``AUTO_HOPPER_MIN_SEQLEN``), else triton, and says why; a named
+    backend that cannot run raises NotImplementedError.
     """
     name, reason = _choose(problem, device, requested, "bwd")
     if name == "hopper":

@@ -120,6 +120,9 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
+    # The second run (the shipped hopper variants): its summary, from its own CSV.
+    shipped = report.read_csv(results / "shipped-ebcd10a" / "bench.csv")
+    assert report.summary_table(shipped, markdown=True).strip() in readme.read_text()
     # The end-to-end blocks come from an earlier run (Triton backend only), labelled as such.
     e2e = report.e2e_table(report.read_csv(results / "e2e-4e3b496.csv"), markdown=True)
     assert e2e.strip() in readme.read_text()

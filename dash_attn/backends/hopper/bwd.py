@@ -1,7 +1,7 @@
 """Hopper (sm_90a) attention backward in CuTe DSL that executes dash-attn schedule tables.
 
 Same semantics, tables and error contract as the Triton kernel ``attn_bwd_kernel`` (see the
-glossary of ``dash_attn/kernels/bwd.py``): a persistent grid of workers, each running chains
+glossary of ``dash_attn/backends/triton/bwd.py``): a persistent grid of workers, each running chains
 (one KV tile of one (batch, kv head): K, V loaded once, dK, dV kept in registers) made of steps
 (q head, Q tile, rank). The dQ partial of every step is added into an fp32 accumulator; in
 deterministic mode the addition of dQ tile (b, h, i) waits until its semaphore equals the step's

@@ -10,7 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["check_errors", "dash_attn_func", "last_launch_info"]
+__all__ = ["check_errors", "dash_attn_func", "last_forward_backend", "last_launch_info"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,10 +22,10 @@ def __getattr__(name: str) -> Any:
         from .errors import check_errors
 
         return check_errors
-    if name == "last_launch_info":
-        from .dispatch import last_launch_info
+    if name in ("last_launch_info", "last_forward_backend"):
+        from . import dispatch
 
-        return last_launch_info
+        return getattr(dispatch, name)
     raise AttributeError(f"module 'dash_attn' has no attribute {name!r}")
 
 

@@ -18,6 +18,7 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    import dash_attn
     from dash_attn import dash_attn_func, last_launch_info
     from dash_attn.backends import hopper_unsupported
     from dash_attn.device import device_info
@@ -194,6 +195,8 @@ def test_auto_backends_per_direction_match_reference(shape):
     got = _grads(_dash(True, "auto"), q, k, v, dout)
     plan = last_launch_info()
     assert plan.backend in ("triton", "hopper") and plan.backend_reason.startswith("auto")
+    forward_backend, why = dash_attn.last_forward_backend()
+    assert forward_backend in ("triton", "hopper") and why.startswith("auto")
     for name, g, r, s in zip(GRADS, got, ref, same, strict=True):
         assert_close_to_ref(f"{name} [auto, d{headdim}, {plan.backend} bwd]", g, r, s, atol=1e-3)
 

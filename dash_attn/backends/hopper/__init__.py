@@ -7,6 +7,7 @@ Triton backend: the same schedule tables, with this backend's tiles.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,10 @@ def bwd_tiles(headdim: int) -> BackwardTiles:
     return _BWD_TILES[headdim]
 
 
+@functools.cache
 def cutlass_available() -> bool:
-    """Whether ``nvidia-cutlass-dsl`` is installed (found, not imported)."""
+    """Whether ``nvidia-cutlass-dsl`` is installed (found, not imported; asked once, as every
+    forward asks)."""
     return importlib.util.find_spec("cutlass") is not None
 
 

@@ -450,4 +450,7 @@ def test_last_launch_info(schedule, deterministic, causal, expected, monkeypatch
     assert info.spec.mask.causal is causal
     assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 2)
     assert info.backend == "triton" and info.device == INTERPRETER
+    assert info.backend_reason.startswith("auto: hopper needs an sm_90 GPU")
+    forward_backend, why = dash_attn.last_forward_backend()
+    assert forward_backend == "triton" and why.startswith("auto: hopper needs an sm_90 GPU")
     assert 1 <= info.grid <= info.workers == INTERPRETER.sm_count

@@ -293,6 +293,11 @@ def make_backward_plan(
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
 
     chosen, reason, default_tiles = choose_backend(problem, device, backend, dq_reduce)
+    if chosen == "hopper" and dq_reduce == "atomic":
+        raise ValueError(
+            "dq_reduce='atomic' is an option of the Triton backend; the hopper kernels add dQ "
+            "by TMA bulk reductions: use backend='triton' with it, or dq_reduce='auto'"
+        )
     tiles = default_tiles if tiles is None else tiles.for_dq_reduce(dq_reduce)
     spec = backward_spec(problem, tiles, workers)
     sched = make_schedule(schedule, spec)

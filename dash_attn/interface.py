@@ -150,14 +150,6 @@ def dash_attn_func(
             "before importing dash_attn to run the kernels in Triton's CPU interpreter, float16 "
             "only)"
         )
-    if is_interpreter() and q.dtype == torch.bfloat16:
-        # Triton's interpreter computes bf16 tl.dot wrong (errors ~1e8, no warning), so every
-        # bf16 result there would be silently wrong.
-        raise NotImplementedError(
-            "dash_attn_func: bfloat16 is not supported in Triton's CPU interpreter "
-            "(TRITON_INTERPRET=1), whose bf16 matmuls give wrong results; use float16 there "
-            "(bf16 runs on the GPU)"
-        )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(

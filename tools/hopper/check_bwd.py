@@ -37,6 +37,7 @@ import torch
 from dash_attn.backends.hopper import bwd_launch
 from dash_attn.backends.triton.bwd import attn_bwd_preprocess
 from dash_attn.schedule import (
+    TABLE_FIELDS,
     Dispatch,
     Mask,
     Schedule,
@@ -183,7 +184,7 @@ def grid_of(sched: Schedule) -> int:
 def device_tables(sched: Schedule, device: str) -> dict[str, torch.Tensor]:
     return {
         name: torch.from_numpy(getattr(sched, name).copy()).to(device)
-        for name in bwd_launch.TABLE_NAMES
+        for name in TABLE_FIELDS
     }
 
 

@@ -16,9 +16,8 @@ import torch
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
+from ...schedule import TABLE_FIELDS
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
-
-TABLE_NAMES = ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order", "worker_start")
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
 # per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
@@ -149,7 +148,7 @@ def _check_args(
                 f"{name} must be contiguous with rows_pad >= {rows_pad} rows, a multiple of 4; "
                 f"got {tuple(t.shape)}"
             )
-    for name in TABLE_NAMES:
+    for name in TABLE_FIELDS:
         if name not in tables:
             raise ValueError(f"tables is missing {name!r}")
         t = tables[name]
@@ -235,7 +234,7 @@ def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> l
     return [
         *(_cute_tensor(t) for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv)),
         _cute_tensor(flags, 4),
-        *(_cute_tensor(tables[name], 4) for name in TABLE_NAMES),
+        *(_cute_tensor(tables[name], 4) for name in TABLE_FIELDS),
     ]
 
 
@@ -253,7 +252,7 @@ def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tupl
     batch, seqlen_q, heads, _ = q.shape
     return (
         *(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags)),
-        *(tables[name].data_ptr() for name in TABLE_NAMES),
+        *(tables[name].data_ptr() for name in TABLE_FIELDS),
         batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
         *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(dout),
     )  # fmt: skip

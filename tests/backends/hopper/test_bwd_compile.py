@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import bwd_launch  # noqa: E402
 from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
+from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
 
 CONFIGS = list(
     itertools.product((64, 128), (torch.bfloat16, torch.float16), (True, False), (True, False))
@@ -53,7 +54,7 @@ def _fake_inputs(
     lse2 = torch.zeros(batch * heads, 128)
     dq_acc = torch.zeros(batch, seqlen, heads, head_dim)
     flags = torch.zeros(2 + batch * heads * 2, dtype=torch.int32)
-    tables = {name: torch.zeros(4, dtype=torch.int32) for name in bwd_launch.TABLE_NAMES}
+    tables = {name: torch.zeros(4, dtype=torch.int32) for name in TABLE_FIELDS}
     return (
         q,
         k,

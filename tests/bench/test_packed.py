@@ -1,0 +1,422 @@
+"""The packed benchmark on the CPU: lengths, pair counts, providers, the run with test doubles."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dash_attn.bench import packed
+from dash_attn.bench.packed_providers import (
+    BHSD,
+    THD,
+    PackedProvider,
+    dash_schedules,
+    flex_mask_mod,
+    providers_for_row,
+    require_keywords,
+)
+from dash_attn.bench.packed_rows import (
+    MAX_DOC,
+    MIN_DOC,
+    TOTAL_TOKENS,
+    PackedRow,
+    attended_pairs,
+    document_lengths,
+    flops_from_pairs,
+    make_rows,
+    packed_pairs,
+)
+from dash_attn.bench.providers import ProviderUnavailable
+from dash_attn.bench.runinfo import Deadline
+
+from .helpers import Noisy
+
+# ------------------------------------------------------------------------------------------------
+# Document lengths
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lengths_sum_to_the_pack_and_stay_in_bounds(seed: int) -> None:
+    lengths = document_lengths(seed)
+    assert sum(lengths) == TOTAL_TOKENS
+    assert all(isinstance(n, int) and MIN_DOC <= n <= MAX_DOC for n in lengths)
+    assert lengths == document_lengths(seed)  # seeded
+
+
+def test_lengths_depend_on_the_seed_and_have_a_1_to_2k_median() -> None:
+    draws = [document_lengths(seed) for seed in range(200)]
+    assert len({tuple(d) for d in draws}) == len(draws)
+    median = float(np.median([n for d in draws for n in d[:-1]]))  # the last one is cut
+    assert 1000 <= median <= 2000
+
+
+def test_short_cut_is_merged_or_topped_up_within_bounds() -> None:
+    # Small bounds make a cut below `low` frequent; both repairs must keep every length in range.
+    low, high, total = 64, 200, 700
+    for seed in range(300):
+        lengths = document_lengths(seed, total, median=150, sigma=0.8, low=low, high=high)
+        assert sum(lengths) == total
+        assert all(low <= n <= high for n in lengths), (seed, lengths)
+
+
+def test_lengths_reject_bounds_that_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="low"):
+        document_lengths(0, 1000, low=64, high=100)
+    with pytest.raises(ValueError, match="total"):
+        document_lengths(0, 10)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pair counts and FLOPs
+
+
+def brute_pairs(seqlen_q: int, seqlen_k: int, left: int, right: int) -> int:
+    """The row rule of flash-attn written out on the full matrix."""
+    m = np.arange(seqlen_q)[:, None]
+    n = np.arange(seqlen_k)[None, :]
+    d = seqlen_k - seqlen_q
+    keep = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if right >= 0:
+        keep &= n <= m + d + right
+    if left >= 0:
+        keep &= n >= m + d - left
+    return int(keep.sum())
+
+
+@pytest.mark.parametrize("left, right", [(-1, -1), (-1, 0), (0, 0), (3, 0), (5, 2), (2, -1)])
+def test_pair_count_matches_brute_force(left: int, right: int) -> None:
+    for seqlen_q in (1, 7, 16, 33):
+        for seqlen_k in (1, 9, 16, 40):
+            expected = brute_pairs(seqlen_q, seqlen_k, left, right)
+            assert attended_pairs(seqlen_q, seqlen_k, left, right) == expected
+
+
+def test_causal_and_window_closed_forms_at_16k() -> None:
+    s, w = 16384, 4096
+    assert attended_pairs(s, s, -1, 0) == s * (s + 1) // 2
+    assert attended_pairs(s, s, w, 0) == sum(min(m, w) + 1 for m in range(s))
+
+
+def block_diagonal_mask(row: PackedRow) -> np.ndarray:
+    """The packed mask assembled from per-document causal (windowed) blocks."""
+    keep = np.zeros((row.tokens, row.tokens), dtype=bool)
+    start = 0
+    for n in row.lengths:
+        m = np.arange(n)[:, None]
+        k = np.arange(n)[None, :]
+        block = k <= m
+        if row.window_left >= 0:
+            block &= k >= m - row.window_left
+        keep[start : start + n, start : start + n] = block
+        start += n
+    return keep
+
+
+@pytest.mark.parametrize("window", [-1, 5])
+def test_packed_pairs_and_flex_mask_agree_with_the_block_diagonal(window: int) -> None:
+    row = PackedRow("t", (7, 64, 1, 20, 33), 2, 2, 16, window_left=window)
+    keep = block_diagonal_mask(row)
+    assert packed_pairs(row.lengths, window, 0) == row.pairs == int(keep.sum())
+    idx = torch.arange(row.tokens)
+    flex = flex_mask_mod(row, "cpu")(None, None, idx[:, None], idx[None, :])
+    assert np.array_equal(flex.numpy(), keep)
+
+
+def test_flops_count_the_kept_pairs() -> None:
+    assert flops_from_pairs(10, 16, 128, "fwd") == 4 * 10 * 16 * 128
+    assert flops_from_pairs(10, 16, 128, "bwd") == 2.5 * 4 * 10 * 16 * 128
+    row = make_rows(["window"], 0)[0]
+    assert row.flops("bwd") == 2.5 * 4 * row.pairs * 16 * 128
+    with pytest.raises(ValueError):
+        flops_from_pairs(1, 1, 1, "sideways")
+
+
+def test_default_rows_follow_the_paper_grid() -> None:
+    varlen, window, gqa = make_rows(["varlen", "window", "varlen_gqa"], 3)
+    assert varlen.tokens == window.tokens == gqa.tokens == 16384
+    assert (varlen.heads * varlen.headdim, varlen.kv_heads, gqa.kv_heads) == (2048, 16, 4)
+    assert varlen.lengths == gqa.lengths == tuple(document_lengths(3))
+    assert varlen.cu_seqlens[-1] == 16384 and varlen.cu_seqlens[0] == 0
+    assert window.window == (4096, 0) and not window.varlen and window.lengths == (16384,)
+    assert not varlen.local and varlen.window == (-1, 0)
+    with pytest.raises(ValueError, match="unknown rows"):
+        make_rows(["diagonal"], 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Providers
+
+
+def test_import_loads_no_gpu_library() -> None:
+    code = (
+        "import sys, dash_attn.bench.packed; "
+        "print(sorted(m for m in ('torch', 'triton', 'flash_attn', 'cutlass') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_provider_lists_per_row() -> None:
+    varlen, window = make_rows(["varlen", "window"], 0)
+    names, note = dash_schedules(varlen)
+    assert note is None and "fa3" in names and "descending" in names
+    providers, _ = providers_for_row(varlen)
+    listed = [p.name for p in providers]
+    assert listed[0] == "fa4_det" and listed[-1] == "flex"
+    assert {"dash_auto", "dash_nondet", "dash_auto_noninvariant", "fa4_nondet"} <= set(listed)
+    assert {f"dash_{n}" for n in names} <= set(listed)
+    assert all(p.layout == THD for p in providers if p.family != "flex")
+    flex = providers[-1]
+    assert flex.layout == BHSD and not flex.deterministic  # flex promises no determinism
+    assert all(p.layout == "bshd" for p in providers_for_row(window)[0] if p.family != "flex")
+
+
+def test_local_mask_schedules_fall_back_when_the_engine_cannot_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dash_attn.schedule as schedule
+
+    def fails(mask: Any) -> list[str]:
+        raise TypeError("no local mask here")
+
+    varlen, window = make_rows(["varlen", "window"], 0)
+    names, note = dash_schedules(window)  # before issue #12's Mask: no window_left, fallback
+    assert names == ["fa3", "descending"] if note is not None else names
+    monkeypatch.setattr(schedule, "applicable_schedules", fails)
+    names, note = dash_schedules(varlen)
+    assert names == ["fa3", "descending"]
+    assert note is not None and "no local mask here" in note
+    monkeypatch.setattr(schedule, "applicable_schedules", lambda mask: [])
+    names, note = dash_schedules(varlen)
+    assert names == ["fa3", "descending"] and note is not None and "returned none" in note
+
+
+def test_missing_keyword_makes_a_provider_unavailable() -> None:
+    def old_api(q: Any, k: Any, v: Any, causal: bool = False) -> None:
+        return None
+
+    def forwards_all(q: Any, **kwargs: Any) -> None:
+        return None
+
+    with pytest.raises(ProviderUnavailable, match="window_size, invariant"):
+        require_keywords(old_api, ["causal", "window_size", "invariant"], "dash_attn_func")
+    require_keywords(old_api, ["causal"], "dash_attn_func")
+    require_keywords(forwards_all, ["window_size"], "f")
+
+
+def test_dash_varlen_provider_is_unavailable_without_the_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dash_attn
+
+    monkeypatch.setattr(dash_attn, "dash_attn_varlen_func", None, raising=False)
+    varlen = make_rows(["varlen"], 0)[0]
+    dash = next(p for p in providers_for_row(varlen)[0] if p.name == "dash_auto")
+    with pytest.raises(ProviderUnavailable, match="dash_attn_varlen_func"):
+        dash.make(varlen, "cpu")
+
+
+def test_fa4_is_unavailable_with_its_reason_where_it_does_not_import() -> None:
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pass
+    else:
+        pytest.skip("flash_attn.cute imports here")
+    row = make_rows(["varlen"], 0)[0]
+    fa4 = providers_for_row(row)[0][0]
+    with pytest.raises(ProviderUnavailable, match="flash_attn.cute does not import"):
+        fa4.make(row, "cpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# The run with test doubles
+
+SIZE = {"heads": 2, "kv_heads_gqa": 1, "headdim": 16}
+TIMES = {"fa4_det": 2.0, "fast": 1.0, "bhsd": 4.0, "noisy": 0.5}
+
+
+class Clock:
+    """A fake timer: runs the step once and returns the time of the provider that ran last."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def __call__(self, step: Any, warmup: float, rep: float, grad_to_none: Any = None) -> float:
+        for x in grad_to_none or ():
+            x.grad = None
+        step()
+        return TIMES[self.last]
+
+
+def eager(name: str, clock: Clock, layout: str = THD, noisy: bool = False) -> Any:
+    """Masked attention in fp32 on the CPU, with the row's mask (document, causal, window)."""
+
+    def make(row: PackedRow, device: Any) -> Any:
+        idx = torch.arange(row.tokens)
+        keep = flex_mask_mod(row, device)(None, None, idx[:, None], idx[None, :])
+        group = row.heads // row.kv_heads
+
+        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            clock.last = name
+            if layout == THD:
+                q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+            else:
+                q, k, v = (x.squeeze(0) for x in (q, k, v))
+            k, v = (x.repeat_interleave(group, dim=0) for x in (k, v))
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=keep
+            )
+            if noisy:  # a "non-deterministic kernel": output and gradients move on every call
+                out = Noisy.apply(out)
+            out = out.to(q.dtype)
+            return out.transpose(0, 1) if layout == THD else out.unsqueeze(0)
+
+        return fn
+
+    return make
+
+
+def unavailable(row: PackedRow, device: Any) -> Any:
+    raise ProviderUnavailable("peer not installed here")
+
+
+def broken(row: PackedRow, device: Any) -> Any:
+    def fn(q: Any, k: Any, v: Any) -> Any:
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    return fn
+
+
+def fake_providers(clock: Clock) -> Any:
+    def providers_for(row: PackedRow) -> tuple[list[PackedProvider], str | None]:
+        return [
+            PackedProvider("fa4_det", "fa4", True, eager("fa4_det", clock)),
+            PackedProvider("fast", "dash", True, eager("fast", clock), schedule="fa3"),
+            PackedProvider("bhsd", "flex", False, eager("bhsd", clock, BHSD), BHSD),
+            PackedProvider("noisy", "dash", False, eager("noisy", clock, noisy=True)),
+            PackedProvider("missing", "fa4", True, unavailable),
+            PackedProvider("broken", "dash", True, broken),
+        ], "a note"
+
+    return providers_for
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_writes_csv_json_and_plot_with_ratios(tmp_path: Path) -> None:
+    clock = Clock()
+    argv = ["--out", str(tmp_path), "--tokens", "256", "--window", "32", "--quick"]
+    rc = packed.main(
+        argv, device="cpu", timer=clock, providers_for=fake_providers(clock), size=SIZE
+    )
+    assert rc == 0
+    rows = read_rows(tmp_path / "packed.csv")
+    assert len(rows) == 3 * 6 * 2  # rows x providers x modes
+    assert list(rows[0]) == list(packed.CSV_FIELDS)
+    by = {(r["row"], r["mode"], r["provider"]): r for r in rows}
+    spec = {r.name: r for r in make_rows(["varlen", "window", "varlen_gqa"], 0, total=256,
+                                          window_left=32, **SIZE)}  # fmt: skip
+    for (row, mode, name), r in by.items():
+        if name in TIMES:
+            assert r["status"] == "ok" and r["reason"] == ""
+            assert float(r["ms"]) == TIMES[name]
+            assert float(r["ratio_vs_fa4_det"]) == pytest.approx(TIMES["fa4_det"] / TIMES[name])
+            flops = spec[row].flops(mode)
+            assert float(r["tflops"]) == pytest.approx(flops / (TIMES[name] * 1e-3) / 1e12)
+            assert int(r["pairs"]) == spec[row].pairs
+        else:
+            assert r["ms"] == r["tflops"] == r["ratio_vs_fa4_det"] == ""
+    assert by[("varlen", "bwd", "fast")]["bits_repeatable"] == "True"
+    assert by[("varlen", "bwd", "noisy")]["bits_repeatable"] == "False"
+    assert by[("window", "fwd", "bhsd")]["bits_repeatable"] == "True"
+    # Same mask, same inputs, another layout: the output matches the reference (fa4_det) closely.
+    assert float(by[("varlen_gqa", "fwd", "bhsd")]["max_out_diff"]) < 1e-2
+    assert float(by[("varlen", "fwd", "fa4_det")]["max_out_diff"]) == 0.0
+    missing = by[("window", "bwd", "missing")]
+    assert (missing["status"], missing["reason"]) == ("unavailable", "peer not installed here")
+    failed = by[("varlen", "fwd", "broken")]
+    assert failed["status"] == "error" and failed["reason"] == "RuntimeError: kernel exploded"
+
+    info = json.loads((tmp_path / "packed.json").read_text())
+    assert info["command"] == "python -m dash_attn.bench.packed " + " ".join(argv)
+    assert {"gpu", "torch", "triton", "flash_attn_4", "commit", "date"} <= set(info["header"])
+    assert "cutlass_dsl" in info["header"]
+    varlen_spec = info["rows_spec"][0]
+    assert varlen_spec["lengths"] == list(spec["varlen"].lengths)
+    assert sum(varlen_spec["lengths"]) == 256 and varlen_spec["cu_seqlens"][-1] == 256
+    assert info["schedule_notes"]["window"] == "a note"
+    assert info["references"] == {"varlen": "fa4_det", "window": "fa4_det", "varlen_gqa": "fa4_det"}
+    assert len(info["rows"]) == len(rows)
+    assert (tmp_path / "packed.png").stat().st_size > 0
+    assert "vs fa4_det" in (tmp_path / "packed.log").read_text()
+
+
+def test_provider_and_row_selection(tmp_path: Path) -> None:
+    clock = Clock()
+    argv = ["--out", str(tmp_path), "--tokens", "128", "--rows", "window",
+            "--providers", "fa*,fast", "--repeats", "0"]  # fmt: skip
+    assert packed.main(argv, device="cpu", timer=clock, providers_for=fake_providers(clock),
+                       size=SIZE) == 0  # fmt: skip
+    rows = read_rows(tmp_path / "packed.csv")
+    assert {(r["row"], r["provider"]) for r in rows} == {
+        ("window", "fa4_det"),
+        ("window", "fast"),
+    }
+    assert all(r["bits_repeatable"] == "" for r in rows)  # --repeats 0: no check
+
+
+def test_deadline_stops_starting_providers(tmp_path: Path) -> None:
+    clock = Clock()
+    row = make_rows(["varlen"], 0, total=128, **SIZE)[0]
+    rows = packed.run_packed(
+        [row], fake_providers(clock), out_dir=tmp_path, meta={}, timer=clock, device="cpu",
+        deadline=Deadline(0.0), warmup=1, rep=1,
+    )  # fmt: skip
+    assert len(rows) == 12
+    assert all(r["status"] == "not run" and "--deadline-s" in r["reason"] for r in rows)
+    assert read_rows(tmp_path / "packed.csv")[0]["status"] == "not run"
+    assert packed.plot_packed(rows, tmp_path / "none.png") is None
+
+
+def test_ratios_need_a_measured_baseline() -> None:
+    def row(name: str, ms: float | None, status: str = "ok", mode: str = "bwd") -> dict:
+        return {"row": "varlen", "mode": mode, "provider": name, "ms": ms, "status": status}
+
+    rows = [row("fa4_det", 3.0), row("dash_auto", 2.0), row("flex", 6.0), row("x", None, "error"),
+            row("dash_auto", 1.0, mode="fwd")]  # fmt: skip
+    packed.add_ratios(rows)
+    assert [r["ratio_vs_fa4_det"] for r in rows] == [1.0, 1.5, 0.5, None, None]
+    rows[0]["status"] = "error"
+    packed.add_ratios(rows)
+    assert all(r["ratio_vs_fa4_det"] is None for r in rows)
+
+
+def test_summary_table_shows_ratios_bits_and_reasons() -> None:
+    rows = [
+        {"row": "window", "mode": "bwd", "provider": "dash_auto", "deterministic": True,
+         "status": "ok", "ms": 1.0, "tflops": 300.0, "ratio_vs_fa4_det": 1.25,
+         "bits_repeatable": True},
+        {"row": "window", "mode": "bwd", "provider": "fa4_det", "deterministic": True,
+         "status": "unavailable", "reason": "peer not installed here"},
+    ]  # fmt: skip
+    text = packed.summary_table(rows)
+    assert "1.25x" in text and "yes" in text and "unavailable: peer not installed here" in text
+
+
+def test_no_gpu_exits_without_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packed, "run_info", lambda: {"cuda_available": False, "gpu": "none"})
+    assert packed.main(["--out", str(tmp_path / "x")]) == 1
+    assert not (tmp_path / "x").exists()
+    assert packed.main(["--out", str(tmp_path), "--rows", "nope"], device="cpu") == 2

@@ -233,25 +233,42 @@ def _yes_no(value: Any) -> str:
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Row, mode, provider, ms, TFLOPS, ratio to FA4-det, repeatable bits, status."""
-    header = ["row", "mode", "provider", "det", "ms", "TFLOPS", "vs fa4_det", "same bits", "status"]
+    """One line per provider, one column per (row, mode): ``TFLOPS ratio-to-fa4_det``, with
+    ``bits!`` where repeated calls gave other bits; then why the missing cells are missing."""
+    columns = list(dict.fromkeys((r["row"], r["mode"]) for r in rows))
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    cell = {(r["provider"], r["row"], r["mode"]): r for r in rows}
     body = []
+    for name in providers:
+        line = [name]
+        for row, mode in columns:
+            r = cell.get((name, row, mode))
+            if r is None:
+                line.append("")
+            elif r.get("status") != "ok":
+                line.append(str(r.get("status")))
+            else:
+                ratio = r.get("ratio_vs_fa4_det")
+                text = f"{r['tflops']:.0f} " + (f"{ratio:.2f}x" if ratio is not None else "-")
+                line.append(text + (" bits!" if r.get("bits_repeatable") is False else ""))
+        first = next(r for r in rows if r["provider"] == name)
+        body.append([*line[:1], "det" if first["deterministic"] else "non-det", *line[1:]])
+    header = ["provider", "promise", *(f"{row} {mode}" for row, mode in columns)]
+    reasons: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
-        ok = r.get("status") == "ok"
-        ratio = r.get("ratio_vs_fa4_det")
-        status = r["status"] if ok else f"{r['status']}: {r.get('reason') or ''}"[:70]
-        body.append(
-            [
-                r["row"], r["mode"], r["provider"], "det" if r["deterministic"] else "non-det",
-                f"{r['ms']:.3f}" if ok else "-", f"{r['tflops']:.0f}" if ok else "-",
-                f"{ratio:.2f}x" if ratio is not None else "-", _yes_no(r.get("bits_repeatable")),
-                status,
-            ]
-        )  # fmt: skip
-    return text_table(header, body, left=4)
+        if r.get("status") != "ok":
+            key = (r["provider"], str(r["status"]), str(r.get("reason") or ""))
+            reasons.setdefault(key, []).append(f"{r['row']} {r['mode']}")
+    notes = [f"  {p} ({', '.join(where)}): {status}: {why}" for (p, status, why), where
+             in reasons.items()]  # fmt: skip
+    text = text_table(header, body, left=2)
+    legend = "cells: TFLOPS on the kept pairs, speed vs fa4_det (same run); bits!: not repeatable"
+    return "\n".join([text, legend, *(["not measured:", *notes] if notes else [])])
 
 
-def plot_packed(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+def plot_packed(
+    rows: Sequence[Mapping[str, Any]], path: Path, title: str | None = None
+) -> Path | None:
     """Bars of TFLOPS per provider, grouped by row, one panel per mode; hatched: no determinism
     promise. Returns ``path``, or None when nothing was measured."""
     done = [r for r in rows if r.get("status") == "ok"]
@@ -265,7 +282,7 @@ def plot_packed(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     names = list(dict.fromkeys(r["provider"] for r in rows))
     row_names = list(dict.fromkeys(r["row"] for r in rows))
     det = {r["provider"]: bool(r["deterministic"]) for r in rows}
-    fig, axes = plt.subplots(1, len(PACKED_MODES), figsize=(7 * len(PACKED_MODES), 4.5))
+    fig, axes = plt.subplots(1, len(PACKED_MODES), figsize=(7 * len(PACKED_MODES), 5.2))
     width = 0.8 / len(names)
     for ax, mode in zip(axes, PACKED_MODES, strict=True):
         value = {(r["row"], r["provider"]): r["tflops"] for r in done if r["mode"] == mode}
@@ -279,8 +296,11 @@ def plot_packed(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
         ax.set_ylabel("TFLOPS (pairs the mask keeps)")
         ax.set_title(mode)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
@@ -468,7 +488,7 @@ def main(
             deadline=deadline, warmup=args.warmup, rep=args.rep, repeats=args.repeats,
             seed=args.seed, patterns=args.providers,
         )  # fmt: skip
-        plot = plot_packed(rows, args.out / "packed.png")
+        plot = plot_packed(rows, args.out / "packed.png", meta["header_line"])
         print(summary_table(rows))
         print(f"files: {args.out / 'packed.csv'}, {args.out / 'packed.json'}"
               + (f", {plot}" if plot else "") + f"; total {deadline.elapsed():.0f} s")  # fmt: skip

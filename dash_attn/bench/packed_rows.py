@@ -179,12 +179,13 @@ def make_rows(
     kv_heads_gqa: int = GQA_KV_HEADS,
     headdim: int = HEADDIM,
     window_left: int = WINDOW_LEFT,
+    median_doc: float = MEDIAN_DOC,
 ) -> list[PackedRow]:
     """The rows ``names`` (in that order); the varlen rows share one draw of document lengths."""
     unknown = [n for n in names if n not in ROW_NAMES]
     if unknown:
         raise ValueError(f"unknown rows {unknown}; choose among {list(ROW_NAMES)}")
-    docs = tuple(document_lengths(seed, total))
+    docs = tuple(document_lengths(seed, total, median=median_doc))
     build = {
         "varlen": lambda: PackedRow("varlen", docs, heads, heads, headdim),
         "varlen_gqa": lambda: PackedRow("varlen_gqa", docs, heads, kv_heads_gqa, headdim),

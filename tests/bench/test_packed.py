@@ -240,7 +240,7 @@ def test_fa4_is_unavailable_with_its_reason_where_it_does_not_import() -> None:
 # ------------------------------------------------------------------------------------------------
 # The run with test doubles
 
-SIZE = {"heads": 2, "kv_heads_gqa": 1, "headdim": 16}
+SIZE = {"heads": 2, "kv_heads_gqa": 1, "headdim": 16, "median_doc": 60}
 TIMES = {"fa4_det": 2.0, "fast": 1.0, "bhsd": 4.0, "noisy": 0.5}
 
 
@@ -355,7 +355,8 @@ def test_run_writes_csv_json_and_plot_with_ratios(tmp_path: Path) -> None:
     assert "cutlass_dsl" in info["header"]
     varlen_spec = info["rows_spec"][0]
     assert varlen_spec["lengths"] == list(spec["varlen"].lengths)
-    assert sum(varlen_spec["lengths"]) == 256 and varlen_spec["cu_seqlens"][-1] == 256
+    assert len(varlen_spec["lengths"]) > 1 and varlen_spec["cu_seqlens"][-1] == 256
+    assert varlen_spec["cu_seqlens"] == [0, *np.cumsum(varlen_spec["lengths"]).tolist()]
     assert info["schedule_notes"]["window"] == "a note"
     assert info["references"] == {"varlen": "fa4_det", "window": "fa4_det", "varlen_gqa": "fa4_det"}
     assert len(info["rows"]) == len(rows)
@@ -404,15 +405,21 @@ def test_ratios_need_a_measured_baseline() -> None:
 
 
 def test_summary_table_shows_ratios_bits_and_reasons() -> None:
+    def row(name: str, mode: str, status: str = "ok", **more: Any) -> dict:
+        return {"row": "window", "mode": mode, "provider": name, "deterministic": True,
+                "status": status, **more}  # fmt: skip
+
     rows = [
-        {"row": "window", "mode": "bwd", "provider": "dash_auto", "deterministic": True,
-         "status": "ok", "ms": 1.0, "tflops": 300.0, "ratio_vs_fa4_det": 1.25,
-         "bits_repeatable": True},
-        {"row": "window", "mode": "bwd", "provider": "fa4_det", "deterministic": True,
-         "status": "unavailable", "reason": "peer not installed here"},
-    ]  # fmt: skip
-    text = packed.summary_table(rows)
-    assert "1.25x" in text and "yes" in text and "unavailable: peer not installed here" in text
+        row("dash_auto", "fwd", ms=1.0, tflops=300.0, ratio_vs_fa4_det=1.25, bits_repeatable=True),
+        row("dash_auto", "bwd", ms=1.0, tflops=280.4, ratio_vs_fa4_det=0.9, bits_repeatable=False),
+        row("fa4_det", "fwd", "unavailable", reason="peer not installed here"),
+        row("fa4_det", "bwd", "unavailable", reason="peer not installed here"),
+    ]
+    lines = packed.summary_table(rows).splitlines()
+    assert lines[0].split() == ["provider", "promise", "window", "fwd", "window", "bwd"]
+    assert lines[2].split() == ["dash_auto", "det", "300", "1.25x", "280", "0.90x", "bits!"]
+    assert lines[3].split() == ["fa4_det", "det", "unavailable", "unavailable"]
+    assert lines[-1] == "  fa4_det (window fwd, window bwd): unavailable: peer not installed here"
 
 
 def test_no_gpu_exits_without_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

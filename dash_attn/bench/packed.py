@@ -3,7 +3,8 @@
     python -m dash_attn.bench.packed --out DIR [--quick] [--rows varlen,window] [--providers ...]
         [--deadline-s S]
 
-Rows and FLOPs: ``packed_rows``; providers: ``packed_providers``. For every row, provider and
+Rows and FLOPs: ``packed_rows``; providers: ``packed_providers``; files, tables and the plot:
+``packed_report``. For every row, provider and
 mode (``fwd``, ``bwd``) it writes one line of ``DIR/packed.csv``: median ms, TFLOPS on the pairs
 the mask keeps, the speed ratio to ``fa4_det`` measured in the same run (``fa4_det ms / ms``,
 > 1 = faster), whether three calls gave the same bits, the largest |out - reference| (the first
@@ -23,33 +24,29 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..schedule.report import text_table
 from .main import DEFAULT_REP_MS, DEFAULT_WARMUP_MS, QUICK_REP_MS, QUICK_WARMUP_MS
 from .packed_providers import BHSD, BSHD, THD, PackedProvider, providers_for_row
+from .packed_report import BASELINE, PACKED_MODES, plot_packed, summary_table, write_outputs
 from .packed_rows import ROW_NAMES, TOTAL_TOKENS, WINDOW_LEFT, PackedRow, make_rows
 from .providers import ProviderUnavailable, select
-from .report import header_line, write_csv, write_json
+from .report import header_line
 from .runinfo import Deadline, LogTo, _dist_version, machine_info
 from .timing import (
     Timer,
     bench_step,
     cleanup,
     gpu_alive,
+    launched_kernel,
+    launched_schedule,
     repeat_diffs,
     short_reason,
     tflops,
     wall_clock_ms,
 )
 
-PACKED_MODES = ("fwd", "bwd")
-BASELINE = "fa4_det"
+PROG = "python -m dash_attn.bench.packed"
 REPEATS = 3
 GPU_WARMUP_S = 2.0
-CSV_FIELDS = (
-    "row", "mode", "provider", "family", "deterministic", "schedule", "status", "reason", "ms",
-    "tflops", "ratio_vs_fa4_det", "bits_repeatable", "max_out_diff", "tokens", "docs", "heads",
-    "kv_heads", "headdim", "window_left", "pairs",
-)  # fmt: skip
 ProvidersFor = Callable[[PackedRow], tuple[list[PackedProvider], str | None]]
 
 
@@ -128,14 +125,16 @@ def base_rows(row: PackedRow, provider: PackedProvider, status: str, reason: str
     ]
 
 
-def _launched_schedule(provider: PackedProvider, mode: str) -> str | None:
-    """The schedule a dash backward really ran (``auto`` resolved), if the launcher says."""
-    if provider.family != "dash" or mode != "bwd":
-        return provider.schedule
-    from dash_attn import last_launch_info
-
-    info = last_launch_info()
-    return getattr(info, "schedule_name", None) or provider.schedule
+def launched(provider: PackedProvider, mode: str) -> dict[str, str | None]:
+    """The schedule a dash backward really ran (``auto`` resolved) and its kernel configuration,
+    from ``last_launch_info`` (``timing``'s readers); the requested schedule if it cannot say."""
+    try:
+        return {
+            "schedule": launched_schedule(provider, mode),  # type: ignore[arg-type]
+            "kernel": launched_kernel(provider, mode),  # type: ignore[arg-type]
+        }
+    except Exception:  # noqa: BLE001 - a record of what ran is worth no failed measurement
+        return {"schedule": provider.schedule, "kernel": None}
 
 
 class Reference:
@@ -196,7 +195,7 @@ def measure_provider(
                 out_row["max_out_diff"] = _out_diff(fn, leaves, provider, reference)
             step = bench_step(fn, leaves, dout, mode)
             ms = timer(step, warmup, rep, leaves if grad else None)
-            out_row["schedule"] = _launched_schedule(provider, mode)
+            out_row.update(launched(provider, mode))
             del step  # frees the timed graph before the check builds its own
             if repeats >= 2:
                 out_row["bits_repeatable"] = repeat_diffs(fn, leaves, dout, repeats, mode)[1]
@@ -211,110 +210,7 @@ def measure_provider(
 
 
 # ------------------------------------------------------------------------------------------------
-# Ratios and tables
-
-
-def add_ratios(rows: Sequence[dict[str, Any]], baseline: str = BASELINE) -> None:
-    """``ratio_vs_fa4_det = baseline ms / ms`` per (row, mode), in place; None without a measured
-    baseline. Same FLOPs in a (row, mode), so it is also the TFLOPS ratio."""
-    base = {
-        (r["row"], r["mode"]): r["ms"]
-        for r in rows
-        if r["provider"] == baseline and r.get("status") == "ok" and r.get("ms")
-    }
-    for r in rows:
-        ref = base.get((r["row"], r["mode"]))
-        ok = r.get("status") == "ok" and r.get("ms")
-        r["ratio_vs_fa4_det"] = ref / r["ms"] if ref and ok else None
-
-
-def _yes_no(value: Any) -> str:
-    return "" if value is None else ("yes" if value else "NO")
-
-
-def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per provider, one column per (row, mode): ``TFLOPS ratio-to-fa4_det``, with
-    ``bits!`` where repeated calls gave other bits; then why the missing cells are missing."""
-    columns = list(dict.fromkeys((r["row"], r["mode"]) for r in rows))
-    providers = list(dict.fromkeys(r["provider"] for r in rows))
-    cell = {(r["provider"], r["row"], r["mode"]): r for r in rows}
-    body = []
-    for name in providers:
-        line = [name]
-        for row, mode in columns:
-            r = cell.get((name, row, mode))
-            if r is None:
-                line.append("")
-            elif r.get("status") != "ok":
-                line.append(str(r.get("status")))
-            else:
-                ratio = r.get("ratio_vs_fa4_det")
-                text = f"{r['tflops']:.0f} " + (f"{ratio:.2f}x" if ratio is not None else "-")
-                line.append(text + (" bits!" if r.get("bits_repeatable") is False else ""))
-        first = next(r for r in rows if r["provider"] == name)
-        body.append([*line[:1], "det" if first["deterministic"] else "non-det", *line[1:]])
-    header = ["provider", "promise", *(f"{row} {mode}" for row, mode in columns)]
-    reasons: dict[tuple[str, str, str], list[str]] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            key = (r["provider"], str(r["status"]), str(r.get("reason") or ""))
-            reasons.setdefault(key, []).append(f"{r['row']} {r['mode']}")
-    notes = [f"  {p} ({', '.join(where)}): {status}: {why}" for (p, status, why), where
-             in reasons.items()]  # fmt: skip
-    text = text_table(header, body, left=2)
-    legend = "cells: TFLOPS on the kept pairs, speed vs fa4_det (same run); bits!: not repeatable"
-    return "\n".join([text, legend, *(["not measured:", *notes] if notes else [])])
-
-
-def plot_packed(
-    rows: Sequence[Mapping[str, Any]], path: Path, title: str | None = None
-) -> Path | None:
-    """Bars of TFLOPS per provider, grouped by row, one panel per mode; hatched: no determinism
-    promise. Returns ``path``, or None when nothing was measured."""
-    done = [r for r in rows if r.get("status") == "ok"]
-    if not done:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(r["provider"] for r in rows))
-    row_names = list(dict.fromkeys(r["row"] for r in rows))
-    det = {r["provider"]: bool(r["deterministic"]) for r in rows}
-    fig, axes = plt.subplots(1, len(PACKED_MODES), figsize=(7 * len(PACKED_MODES), 5.2))
-    width = 0.8 / len(names)
-    for ax, mode in zip(axes, PACKED_MODES, strict=True):
-        value = {(r["row"], r["provider"]): r["tflops"] for r in done if r["mode"] == mode}
-        for i, name in enumerate(names):
-            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(row_names))]
-            ys = [value.get((row, name), 0.0) for row in row_names]
-            label = name if det[name] else f"{name} (non-det)"
-            ax.bar(xs, ys, width, label=label, color=f"C{i % 10}",
-                   hatch=None if det[name] else "//", edgecolor="black", linewidth=0.4)  # fmt: skip
-        ax.set_xticks(range(len(row_names)), row_names)
-        ax.set_ylabel("TFLOPS (pairs the mask keeps)")
-        ax.set_title(mode)
-        ax.grid(axis="y", alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
-
-
-# ------------------------------------------------------------------------------------------------
 # The run
-
-
-def write_outputs(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    """packed.csv and packed.json (atomically: rewritten after every provider)."""
-    add_ratios(rows)
-    write_csv(out_dir / "packed.csv", rows, CSV_FIELDS)
-    write_json(out_dir / "packed.json", {**meta, "rows": rows})
 
 
 def run_packed(
@@ -378,6 +274,10 @@ def run_packed(
     return rows
 
 
+def _yes_no(value: Any) -> str:
+    return "" if value is None else ("yes" if value else "NO")
+
+
 def _progress_line(done: Sequence[Mapping[str, Any]], deadline: Deadline) -> str:
     parts = [f"  [{deadline.elapsed():5.0f} s] {done[0]['provider']}:"]
     for r in done:
@@ -397,10 +297,8 @@ def _comma_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m dash_attn.bench.packed", description=__doc__.splitlines()[0]
-    )
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the packed benchmark (also for a CLI subcommand: see ``run``)."""
     parser.add_argument("--out", type=Path, required=True, help="folder of the result files")
     parser.add_argument("--rows", default=",".join(ROW_NAMES), help=f"among {','.join(ROW_NAMES)}")
     parser.add_argument(
@@ -423,12 +321,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--deadline-s", type=float, default=None,
         help="start no provider after this many seconds (files are still written)",
     )  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS
-    if args.rep is None:
-        args.rep = QUICK_REP_MS if args.quick else DEFAULT_REP_MS
-    return args
 
 
 def run_info() -> dict[str, Any]:
@@ -438,19 +330,23 @@ def run_info() -> dict[str, Any]:
     return info
 
 
-def main(
-    argv: Sequence[str] | None = None,
+def run(
+    args: argparse.Namespace,
     *,
     device: Any = None,
     timer: Timer | None = None,
     providers_for: ProvidersFor = providers_for_row,
     size: Mapping[str, int] | None = None,
 ) -> int:
-    """The command; ``device``, ``timer``, ``providers_for`` and ``size`` (``make_rows``
-    keywords) are replaceable so that the CPU tests run it whole with test doubles."""
-    args = parse_args(argv)
+    """The benchmark for parsed ``args`` (``add_bench_arguments``); returns the exit status.
+
+    ``device``, ``timer``, ``providers_for`` and ``size`` (``make_rows`` keywords) are
+    replaceable so that the CPU tests run it whole with test doubles.
+    """
     deadline = Deadline(args.deadline_s)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    warmup = args.warmup if args.warmup is not None else (
+        QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)  # fmt: skip
+    rep = args.rep if args.rep is not None else (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
     try:
         spec = make_rows(
             [n for n in args.rows.split(",") if n], args.seed, total=args.tokens,
@@ -476,8 +372,8 @@ def main(
     meta = {
         "header": info,
         "header_line": header_line(info),
-        "command": "python -m dash_attn.bench.packed " + shlex.join(argv),
-        "settings": {"warmup_ms": args.warmup, "rep_ms": args.rep, "repeats": args.repeats,
+        "command": getattr(args, "command_line", None) or shlex.join(sys.argv),
+        "settings": {"warmup_ms": warmup, "rep_ms": rep, "repeats": args.repeats,
                      "seed": args.seed, "deadline_s": args.deadline_s,
                      "providers": args.providers, "baseline": BASELINE},
     }  # fmt: skip
@@ -485,14 +381,24 @@ def main(
         print(meta["header_line"], flush=True)
         rows = run_packed(
             spec, providers_for, out_dir=args.out, meta=meta, timer=timer, device=device,
-            deadline=deadline, warmup=args.warmup, rep=args.rep, repeats=args.repeats,
-            seed=args.seed, patterns=args.providers,
+            deadline=deadline, warmup=warmup, rep=rep, repeats=args.repeats, seed=args.seed,
+            patterns=args.providers,
         )  # fmt: skip
         plot = plot_packed(rows, args.out / "packed.png", meta["header_line"])
         print(summary_table(rows))
         print(f"files: {args.out / 'packed.csv'}, {args.out / 'packed.json'}"
               + (f", {plot}" if plot else "") + f"; total {deadline.elapsed():.0f} s")  # fmt: skip
     return 0
+
+
+def main(argv: Sequence[str] | None = None, **doubles: Any) -> int:
+    """``python -m dash_attn.bench.packed``; ``doubles`` go to ``run`` (tests)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_bench_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.command_line = f"{PROG} {shlex.join(argv)}"
+    return run(args, **doubles)
 
 
 if __name__ == "__main__":

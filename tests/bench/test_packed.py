@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dash_attn.bench import packed
+from dash_attn.bench import packed, packed_report
 from dash_attn.bench.packed_providers import (
     BHSD,
     THD,
@@ -324,7 +324,7 @@ def test_run_writes_csv_json_and_plot_with_ratios(tmp_path: Path) -> None:
     assert rc == 0
     rows = read_rows(tmp_path / "packed.csv")
     assert len(rows) == 3 * 6 * 2  # rows x providers x modes
-    assert list(rows[0]) == list(packed.CSV_FIELDS)
+    assert list(rows[0]) == list(packed_report.CSV_FIELDS)
     by = {(r["row"], r["mode"], r["provider"]): r for r in rows}
     spec = {r.name: r for r in make_rows(["varlen", "window", "varlen_gqa"], 0, total=256,
                                           window_left=32, **SIZE)}  # fmt: skip
@@ -388,7 +388,7 @@ def test_deadline_stops_starting_providers(tmp_path: Path) -> None:
     assert len(rows) == 12
     assert all(r["status"] == "not run" and "--deadline-s" in r["reason"] for r in rows)
     assert read_rows(tmp_path / "packed.csv")[0]["status"] == "not run"
-    assert packed.plot_packed(rows, tmp_path / "none.png") is None
+    assert packed_report.plot_packed(rows, tmp_path / "none.png") is None
 
 
 def test_ratios_need_a_measured_baseline() -> None:
@@ -397,10 +397,10 @@ def test_ratios_need_a_measured_baseline() -> None:
 
     rows = [row("fa4_det", 3.0), row("dash_auto", 2.0), row("flex", 6.0), row("x", None, "error"),
             row("dash_auto", 1.0, mode="fwd")]  # fmt: skip
-    packed.add_ratios(rows)
+    packed_report.add_ratios(rows)
     assert [r["ratio_vs_fa4_det"] for r in rows] == [1.0, 1.5, 0.5, None, None]
     rows[0]["status"] = "error"
-    packed.add_ratios(rows)
+    packed_report.add_ratios(rows)
     assert all(r["ratio_vs_fa4_det"] is None for r in rows)
 
 
@@ -415,7 +415,7 @@ def test_summary_table_shows_ratios_bits_and_reasons() -> None:
         row("fa4_det", "fwd", "unavailable", reason="peer not installed here"),
         row("fa4_det", "bwd", "unavailable", reason="peer not installed here"),
     ]
-    lines = packed.summary_table(rows).splitlines()
+    lines = packed_report.summary_table(rows).splitlines()
     assert lines[0].split() == ["provider", "promise", "window", "fwd", "window", "bwd"]
     assert lines[2].split() == ["dash_auto", "det", "300", "1.25x", "280", "0.90x", "bits!"]
     assert lines[3].split() == ["fa4_det", "det", "unavailable", "unavailable"]
@@ -427,3 +427,30 @@ def test_no_gpu_exits_without_timing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert packed.main(["--out", str(tmp_path / "x")]) == 1
     assert not (tmp_path / "x").exists()
     assert packed.main(["--out", str(tmp_path), "--rows", "nope"], device="cpu") == 2
+
+
+def test_dash_rows_record_the_schedule_and_kernel_that_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dash_attn
+    from dash_attn.plan import H200, Problem, make_backward_plan
+    from dash_attn.schedule import CAUSAL
+
+    problem = Problem(batch=1, seqlen_q=256, seqlen_k=256, heads=2, kv_heads=2, headdim=128,
+                      mask=CAUSAL)  # fmt: skip
+    plan = make_backward_plan(problem, device=H200, backend="triton", schedule="descending")
+    monkeypatch.setattr(dash_attn, "last_launch_info", lambda: plan)
+    dash = PackedProvider("dash_auto", "dash", True, unavailable, schedule="auto")
+    assert packed.launched(dash, "bwd") == {
+        "schedule": "descending",  # "auto" resolved
+        "kernel": f"triton {plan.tiles.label} dq:tma",
+    }
+    assert packed.launched(dash, "fwd") == {"schedule": "auto", "kernel": None}
+    flex = PackedProvider("flex", "flex", False, unavailable, BHSD)
+    assert packed.launched(flex, "bwd") == {"schedule": None, "kernel": None}
+
+    def fails() -> None:
+        raise RuntimeError("no launch record")
+
+    monkeypatch.setattr(dash_attn, "last_launch_info", fails)
+    assert packed.launched(dash, "bwd") == {"schedule": "auto", "kernel": None}

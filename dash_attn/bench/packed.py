@@ -172,19 +172,19 @@ def measure_provider(
     rep: float,
     repeats: int,
     device: Any,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], bool]:
     """Time ``provider`` on ``row`` in each mode; check its bits over ``repeats`` calls.
 
-    A failure of ``make`` (unavailable) or of one mode (error) is recorded in the rows, never
-    raised, except when the CUDA context broke (``RuntimeError``): nothing can run after that.
+    Returns the rows and whether the CUDA context still works. A failure of ``make``
+    (unavailable) or of one mode (error) is recorded in the rows, never raised.
     """
     rows = base_rows(row, provider, "ok", None)
     try:
         fn = provider.make(row, device)
     except ProviderUnavailable as exc:
-        return base_rows(row, provider, "unavailable", str(exc))
+        return base_rows(row, provider, "unavailable", str(exc)), True
     except Exception as exc:  # noqa: BLE001 - e.g. a compile error: report it, go on
-        return base_rows(row, provider, "error", short_reason(exc))
+        return base_rows(row, provider, "error", short_reason(exc)), gpu_alive(device)
     q, k, v, dout = inputs.get(provider.layout)
     for out_row in rows:
         mode = out_row["mode"]
@@ -203,10 +203,12 @@ def measure_provider(
             out_row.update(status="error", reason=short_reason(exc))
             cleanup(device)
             if not gpu_alive(device):
-                raise RuntimeError(f"CUDA context broken by {provider.name}") from exc
+                for later in rows[rows.index(out_row) + 1 :]:
+                    later.update(status="not run", reason="CUDA context broken")
+                return rows, False
             continue
         out_row.update(ms=ms, tflops=tflops(row.flops(mode), ms))
-    return rows
+    return rows, True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,7 +232,8 @@ def run_packed(
 ) -> list[dict[str, Any]]:
     """Every provider on every row; returns the CSV rows (files rewritten after each provider).
 
-    Once ``deadline`` has passed no provider is started: the rest get ``status="not run"``.
+    Once ``deadline`` has passed, or a provider broke the CUDA context, no provider is started:
+    the rest get ``status="not run"`` with the reason.
     """
     rows: list[dict[str, Any]] = []
     meta = {**meta, "rows_spec": [], "schedule_notes": {}, "references": {}}
@@ -255,14 +258,12 @@ def run_packed(
             if stop is not None:
                 rows.extend(base_rows(row, provider, "not run", stop))
                 continue
-            try:
-                done = measure_provider(
-                    provider, row, inputs, reference, timer=timer, warmup=warmup, rep=rep,
-                    repeats=repeats, device=device,
-                )  # fmt: skip
-            except RuntimeError as exc:  # the CUDA context is gone: record and stop measuring
-                stop = str(exc)
-                done = base_rows(row, provider, "error", stop)
+            done, alive = measure_provider(
+                provider, row, inputs, reference, timer=timer, warmup=warmup, rep=rep,
+                repeats=repeats, device=device,
+            )  # fmt: skip
+            if not alive:  # an illegal address poisons every later call: record, stop measuring
+                stop = f"CUDA context broken by {provider.name}"
             rows.extend(done)
             cleanup(device)
             print(_progress_line(done, deadline), flush=True)

@@ -454,3 +454,32 @@ def test_dash_rows_record_the_schedule_and_kernel_that_ran(
 
     monkeypatch.setattr(dash_attn, "last_launch_info", fails)
     assert packed.launched(dash, "bwd") == {"schedule": "auto", "kernel": None}
+
+
+def test_a_broken_cuda_context_stops_the_run_with_the_culprit_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packed, "gpu_alive", lambda device: False)  # as after an illegal address
+    clock = Clock()
+    spec = make_rows(["varlen", "window"], 0, total=128, **SIZE)
+
+    def providers_for(row: PackedRow) -> tuple[list[PackedProvider], str | None]:
+        fast = PackedProvider("fast", "dash", True, eager("fast", clock))
+        return [fast, PackedProvider("broken", "dash", True, broken), fast], None
+
+    rows = packed.run_packed(
+        spec, providers_for, out_dir=tmp_path, meta={}, timer=clock, device="cpu",
+        deadline=Deadline(None), warmup=1, rep=1, repeats=0,
+    )  # fmt: skip
+    status = [(r["row"], r["provider"], r["mode"], r["status"], r["reason"]) for r in rows]
+    culprit = "CUDA context broken by broken"
+    assert status == [
+        ("varlen", "fast", "fwd", "ok", None),
+        ("varlen", "fast", "bwd", "ok", None),
+        ("varlen", "broken", "fwd", "error", "RuntimeError: kernel exploded"),
+        ("varlen", "broken", "bwd", "not run", "CUDA context broken"),
+        ("varlen", "fast", "fwd", "not run", culprit),
+        ("varlen", "fast", "bwd", "not run", culprit),
+        *[("window", n, m, "not run", culprit) for n in ("fast", "broken", "fast") for m in
+          ("fwd", "bwd")],
+    ]  # fmt: skip

@@ -483,3 +483,138 @@ def test_a_broken_cuda_context_stops_the_run_with_the_culprit_named(
         *[("window", n, m, "not run", culprit) for n in ("fast", "broken", "fast") for m in
           ("fwd", "bwd")],
     ]  # fmt: skip
+
+
+class Recorder:
+    """Stands in for an attention API with the signature of issue #12's contract (section 7)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def varlen(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        cu_seqlens_q: Any,
+        cu_seqlens_k: Any,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        dropout_p: float = 0.0,
+        softmax_scale: float | None = None,
+        causal: bool = False,
+        window_size: tuple[int, int] = (-1, -1),
+        softcap: float = 0.0,
+        alibi_slopes: Any = None,
+        deterministic: bool = True,
+        return_attn_probs: bool = False,
+        *,
+        schedule: str = "auto",
+        backend: str = "auto",
+        sm_margin: int = 0,
+        return_lse: bool = False,
+        invariant: bool = True,
+    ) -> Any:
+        self.calls.append(
+            (
+                (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                {
+                    "causal": causal,
+                    "window_size": window_size,
+                    "deterministic": deterministic,
+                    "schedule": schedule,
+                    "backend": backend,
+                    "invariant": invariant,
+                },
+            )
+        )
+        return q
+
+    def dense(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        dropout_p: float = 0.0,
+        softmax_scale: float | None = None,
+        causal: bool = False,
+        window_size: tuple[int, int] = (-1, -1),
+        softcap: float = 0.0,
+        alibi_slopes: Any = None,
+        deterministic: bool = True,
+        return_attn_probs: bool = False,
+        *,
+        schedule: str = "auto",
+        backend: str = "auto",
+        sm_margin: int = 0,
+        return_lse: bool = False,
+        invariant: bool = True,
+    ) -> Any:
+        self.calls.append(
+            (
+                (),
+                {
+                    "causal": causal,
+                    "window_size": window_size,
+                    "deterministic": deterministic,
+                    "schedule": schedule,
+                    "backend": backend,
+                    "invariant": invariant,
+                },
+            )
+        )
+        return q
+
+
+def test_dash_providers_call_the_contract_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dash_attn
+
+    api = Recorder()
+    monkeypatch.setattr(dash_attn, "dash_attn_varlen_func", api.varlen, raising=False)
+    monkeypatch.setattr(dash_attn, "dash_attn_func", api.dense, raising=False)
+    varlen, window = make_rows(["varlen", "window"], 0)
+    x = torch.zeros(1)
+    for row in (varlen, window):
+        for p in providers_for_row(row)[0]:
+            if p.family == "dash":
+                p.make(row, "cpu")(x, x, x)
+    calls = {}
+    for (args, kw), name in zip(api.calls, [p.name for r in (varlen, window)
+                                            for p in providers_for_row(r)[0]
+                                            if p.family == "dash"], strict=True):  # fmt: skip
+        calls.setdefault(name, []).append((args, kw))
+    (args, kw), (wargs, wkw) = calls["dash_auto"]
+    cu, cu_k, max_q, max_k = args
+    assert cu.dtype == torch.int32 and cu.tolist() == varlen.cu_seqlens and cu_k is cu
+    assert max_q == max_k == max(varlen.lengths)
+    assert kw == {"causal": True, "window_size": (-1, -1), "deterministic": True,
+                  "schedule": "auto", "backend": "triton", "invariant": True}  # fmt: skip
+    assert wargs == () and wkw["window_size"] == (4096, 0) and wkw["causal"] is True
+    assert [c[1]["invariant"] for c in calls["dash_auto_noninvariant"]] == [False, False]
+    assert [c[1]["deterministic"] for c in calls["dash_nondet"]] == [False, False]
+    assert calls["dash_fa3"][0][1]["schedule"] == "fa3"
+
+
+def test_fa4_providers_pass_varlen_and_window_by_keyword(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    calls: list[tuple[str, dict]] = []
+    fake = types.ModuleType("flash_attn.cute")
+    fake.flash_attn_func = lambda q, k, v, **kw: (calls.append(("dense", kw)), (q, None))[1]
+    fake.flash_attn_varlen_func = lambda q, k, v, **kw: (calls.append(("varlen", kw)), q)[1]
+    package = types.ModuleType("flash_attn")
+    package.cute = fake
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", fake)
+    varlen, window = make_rows(["varlen", "window"], 0)
+    x = torch.ones(2)
+    for row in (varlen, window):
+        for p in providers_for_row(row)[0]:
+            if p.family == "fa4":
+                assert p.make(row, "cpu")(x, x, x) is x  # (out, lse) unpacked
+    (kind, kw), _, (wkind, wkw), (_, wkw_nondet) = calls
+    assert kind == "varlen" and kw["cu_seqlens_q"].tolist() == varlen.cu_seqlens
+    assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == max(varlen.lengths)
+    assert kw["causal"] is True and kw["deterministic"] is True and "window_size" not in kw
+    assert wkind == "dense" and wkw["window_size"] == (4096, 0) and wkw["causal"] is True
+    assert wkw_nondet["deterministic"] is False

@@ -130,14 +130,15 @@ def dash_schedules(row: PackedRow) -> tuple[list[str], str | None]:
 
 
 def dash_providers(row: PackedRow, schedules: list[str]) -> list[PackedProvider]:
-    """det ``auto``, det per schedule, det ``auto`` with ``invariant=False``, non-det ``auto``."""
+    """det ``auto``, det per schedule, ``auto_workers`` (det ``auto`` with ``invariant=False``, the
+    name ``dash-attn bench`` gives it), non-det ``auto``."""
     layout = row_layout(row)
     out = [PackedProvider("dash_auto", "dash", True, _dash("auto", True, None), layout, "auto")]
     for name in schedules:
         make = _dash(name, True, None)
         out.append(PackedProvider(f"dash_{name}", "dash", True, make, layout, name))
     make = _dash("auto", True, False)
-    out.append(PackedProvider("dash_auto_noninvariant", "dash", True, make, layout, "auto"))
+    out.append(PackedProvider("dash_auto_workers", "dash", True, make, layout, "auto"))
     make = _dash("auto", False, None)
     out.append(PackedProvider("dash_nondet", "dash", False, make, layout, "auto"))
     return out

@@ -171,7 +171,7 @@ def test_provider_lists_per_row() -> None:
     providers, _ = providers_for_row(varlen)
     listed = [p.name for p in providers]
     assert listed[0] == "fa4_det" and listed[-1] == "flex"
-    assert {"dash_auto", "dash_nondet", "dash_auto_noninvariant", "fa4_nondet"} <= set(listed)
+    assert {"dash_auto", "dash_nondet", "dash_auto_workers", "fa4_nondet"} <= set(listed)
     assert {f"dash_{n}" for n in names} <= set(listed)
     assert all(p.layout == THD for p in providers if p.family != "flex")
     flex = providers[-1]
@@ -590,7 +590,7 @@ def test_dash_providers_call_the_contract_api(monkeypatch: pytest.MonkeyPatch) -
     assert kw == {"causal": True, "window_size": (-1, -1), "deterministic": True,
                   "schedule": "auto", "backend": "triton", "invariant": True}  # fmt: skip
     assert wargs == () and wkw["window_size"] == (4096, 0) and wkw["causal"] is True
-    assert [c[1]["invariant"] for c in calls["dash_auto_noninvariant"]] == [False, False]
+    assert [c[1]["invariant"] for c in calls["dash_auto_workers"]] == [False, False]
     assert [c[1]["deterministic"] for c in calls["dash_nondet"]] == [False, False]
     assert calls["dash_fa3"][0][1]["schedule"] == "fa3"
 

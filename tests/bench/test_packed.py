@@ -618,3 +618,19 @@ def test_fa4_providers_pass_varlen_and_window_by_keyword(monkeypatch: pytest.Mon
     assert kw["causal"] is True and kw["deterministic"] is True and "window_size" not in kw
     assert wkind == "dense" and wkw["window_size"] == (4096, 0) and wkw["causal"] is True
     assert wkw_nondet["deterministic"] is False
+
+
+@pytest.mark.slow
+def test_real_flex_provider_matches_the_brute_force_mask_on_cpu() -> None:
+    """The compiled FlexAttention provider (forward; flex has no CPU backward) with documents,
+    window and GQA at once, against attention with the block-diagonal mask (~30 s: compile)."""
+    row = PackedRow("t", (7, 64, 1, 20, 33, 3), 2, 1, 16, window_left=5)
+    flex = providers_for_row(row)[0][-1]
+    inputs = packed.PackedInputs(row, "cpu", 0)
+    q, k, v = (x.float() for x in inputs.get(flex.layout)[:3])
+    out = packed.to_thd(flex.make(row, "cpu")(q, k, v), flex.layout)
+    keep = torch.from_numpy(block_diagonal_mask(row))
+    q, k, v = (x.float().transpose(0, 1) for x in inputs.thd[:3])
+    k, v = (x.repeat_interleave(2, dim=0) for x in (k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(out, ref.transpose(0, 1), atol=1e-5, rtol=1e-5)

@@ -18,6 +18,7 @@ context or ``--deadline-s``.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -229,14 +230,21 @@ def run_packed(
     repeats: int = REPEATS,
     seed: int = 0,
     patterns: Sequence[str] | None = None,
+    previous: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Every provider on every row; returns the CSV rows (files rewritten after each provider).
+    """Every provider on every row; returns the CSV rows (files rewritten after each provider),
+    after the ``previous`` rows (``--append``: other rows measured by an earlier run).
 
     Once ``deadline`` has passed, or a provider broke the CUDA context, no provider is started:
     the rest get ``status="not run"`` with the reason.
     """
-    rows: list[dict[str, Any]] = []
-    meta = {**meta, "rows_spec": [], "schedule_notes": {}, "references": {}}
+    rows: list[dict[str, Any]] = list(previous)
+    meta = {
+        **meta,
+        "rows_spec": list(meta.get("rows_spec", [])),
+        "schedule_notes": dict(meta.get("schedule_notes", {})),
+        "references": dict(meta.get("references", {})),
+    }
     stop: str | None = None
     for row in rows_spec:
         providers, note = providers_for(row)
@@ -319,6 +327,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=TOTAL_TOKENS, help="tokens per row")
     parser.add_argument("--window", type=int, default=WINDOW_LEFT, help="keys back (window row)")
     parser.add_argument(
+        "--append", action="store_true",
+        help="keep the other rows of an existing DIR/packed.json (one row per GPU call when the "
+        "whole run does not fit in one); the rows measured now replace their old lines",
+    )  # fmt: skip
+    parser.add_argument(
         "--deadline-s", type=float, default=None,
         help="start no provider after this many seconds (files are still written)",
     )  # fmt: skip
@@ -329,6 +342,36 @@ def run_info() -> dict[str, Any]:
     info = machine_info()
     info["cutlass_dsl"] = _dist_version("nvidia-cutlass-dsl")
     return info
+
+
+def run_record(meta: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """Which run measured which rows (``packed.json``'s ``runs``)."""
+    return {**{k: meta[k] for k in ("command", "header_line", "settings")}, "rows": list(names)}
+
+
+def earlier_rows(
+    path: Path, meta: dict[str, Any], names: Sequence[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``--append``: the rows of ``path`` (an earlier ``packed.json``) for rows other than
+    ``names``, and ``meta`` carrying over their lengths, notes, references and run records.
+
+    Ratios stay within one run: they are taken per (row, mode), and one run measures a row whole.
+    """
+    now = run_record(meta, names)
+    if not path.exists():
+        return {**meta, "runs": [now]}, []
+    old = json.loads(path.read_text())
+    keep = [r for r in old.get("rows", []) if r["row"] not in names]
+    kept = {r["row"] for r in keep}
+    runs = [{**r, "rows": [n for n in r["rows"] if n in kept]} for r in old.get("runs", [])]
+    merged = {
+        **meta,
+        "rows_spec": [x for x in old.get("rows_spec", []) if x["row"] in kept],
+        "schedule_notes": {k: v for k, v in old.get("schedule_notes", {}).items() if k in kept},
+        "references": {k: v for k, v in old.get("references", {}).items() if k in kept},
+        "runs": [*(r for r in runs if r["rows"]), now],
+    }
+    return merged, keep
 
 
 def run(
@@ -378,12 +421,17 @@ def run(
                      "seed": args.seed, "deadline_s": args.deadline_s,
                      "providers": args.providers, "baseline": BASELINE},
     }  # fmt: skip
-    with LogTo(args.out / "packed.log"):
+    names = [r.name for r in spec]
+    if args.append:
+        meta, previous = earlier_rows(args.out / "packed.json", meta, names)
+    else:
+        meta, previous = {**meta, "runs": [run_record(meta, names)]}, []
+    with LogTo(args.out / "packed.log", append=args.append):
         print(meta["header_line"], flush=True)
         rows = run_packed(
             spec, providers_for, out_dir=args.out, meta=meta, timer=timer, device=device,
             deadline=deadline, warmup=warmup, rep=rep, repeats=args.repeats, seed=args.seed,
-            patterns=args.providers,
+            patterns=args.providers, previous=previous,
         )  # fmt: skip
         plot = plot_packed(rows, args.out / "packed.png", meta["header_line"])
         print(summary_table(rows))

@@ -634,3 +634,33 @@ def test_real_flex_provider_matches_the_brute_force_mask_on_cpu() -> None:
     k, v = (x.repeat_interleave(2, dim=0) for x in (k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
     torch.testing.assert_close(out, ref.transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_append_keeps_the_other_rows_of_an_earlier_run(tmp_path: Path) -> None:
+    clock = Clock()
+    common = ["--out", str(tmp_path), "--tokens", "128", "--repeats", "0"]
+
+    def main(*argv: str) -> None:
+        assert packed.main([*common, *argv], device="cpu", timer=clock,
+                           providers_for=fake_providers(clock), size=SIZE) == 0  # fmt: skip
+
+    main("--rows", "varlen,window", "--providers", "fa4_det,fast")
+    first = json.loads((tmp_path / "packed.json").read_text())
+    TIMES["fast"] = 0.25  # the second run measures "fast" faster on the rows it redoes
+    try:
+        main("--rows", "window,varlen_gqa", "--providers", "fa4_det,fast", "--append")
+    finally:
+        TIMES["fast"] = 1.0
+    info = json.loads((tmp_path / "packed.json").read_text())
+    rows = read_rows(tmp_path / "packed.csv")
+    fast = {
+        r["row"]: float(r["ms"]) for r in rows if r["provider"] == "fast" and r["mode"] == "bwd"
+    }
+    assert fast == {"varlen": 1.0, "window": 0.25, "varlen_gqa": 0.25}
+    assert [r["row"] for r in rows].count("window") == 4  # replaced, not duplicated
+    assert [s["row"] for s in info["rows_spec"]] == ["varlen", "window", "varlen_gqa"]
+    assert [r["rows"] for r in info["runs"]] == [["varlen"], ["window", "varlen_gqa"]]
+    assert info["runs"][0]["command"] == first["command"]
+    assert info["command"].endswith("--append")
+    log = (tmp_path / "packed.log").read_text()
+    assert log.count("== varlen:") == 1 and log.count("== window:") == 2

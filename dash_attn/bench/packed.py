@@ -1,18 +1,22 @@
 """Packed documents and sliding window: dash-attn against FA4 and FlexAttention (issue #12).
 
     python -m dash_attn.bench.packed --out DIR [--quick] [--rows varlen,window] [--providers ...]
-        [--deadline-s S]
+        [--deadline-s S] [--append]
 
 Rows and FLOPs: ``packed_rows``; providers: ``packed_providers``; files, tables and the plot:
-``packed_report``. For every row, provider and
-mode (``fwd``, ``bwd``) it writes one line of ``DIR/packed.csv``: median ms, TFLOPS on the pairs
-the mask keeps, the speed ratio to ``fa4_det`` measured in the same run (``fa4_det ms / ms``,
-> 1 = faster), whether three calls gave the same bits, the largest |out - reference| (the first
-provider that ran, ``fa4_det`` unless it failed: a provider with another mask than the others
-shows here), and a status with the reason when it did not run. ``DIR/packed.json`` holds the
-same rows with the machine, versions, command and document lengths; ``DIR/packed.png`` the bars.
-A provider that cannot run is a row with its reason; nothing stops the run but a broken CUDA
-context or ``--deadline-s``.
+``packed_report``. For every row, provider and mode (``fwd``, ``bwd``) it writes one line of
+``DIR/packed.csv``: median ms, TFLOPS on the pairs the mask keeps, the speed ratio to ``fa4_det``
+measured in the same run (``fa4_det ms / ms``, > 1 = faster), whether three calls gave the same
+bits, the largest |out - reference| (the first provider that ran, ``fa4_det`` unless it failed: a
+provider with another mask than the others shows here), and a status with the reason when it did
+not run. ``DIR/packed.json`` holds the same rows with the machine, versions, command and document
+lengths; ``DIR/packed.png`` the bars; ``DIR/packed.log`` what was printed. A provider that cannot
+run is a row with its reason; nothing stops the run but a broken CUDA context or
+``--deadline-s``. When all rows do not fit in one GPU call, measure them in several with
+``--append``: each row is still measured whole, with its baseline, by one run.
+
+A CLI subcommand can reuse ``add_bench_arguments(parser)`` and ``run(args)``, as ``dash-attn
+bench`` does with ``dash_attn.bench.main``.
 """
 
 from __future__ import annotations

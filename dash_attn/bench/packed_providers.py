@@ -61,7 +61,7 @@ def first_output(out: Any) -> Any:
 
 
 def require_keywords(fn: Callable[..., Any], names: Sequence[str], what: str) -> None:
-    """Raise ``ProviderUnavailable`` if ``fn`` takes none of ``names`` as keywords: the issue #12
+    """Raise ``ProviderUnavailable`` if ``fn`` lacks one of the keywords ``names``: the issue #12
     API may not be on the commit being measured, and a TypeError deep in a timing loop would say
     less."""
     params = inspect.signature(fn).parameters

@@ -437,7 +437,11 @@ def run(
             deadline=deadline, warmup=warmup, rep=rep, repeats=args.repeats, seed=args.seed,
             patterns=args.providers, previous=previous,
         )  # fmt: skip
-        plot = plot_packed(rows, args.out / "packed.png", meta["header_line"])
+        try:
+            plot = plot_packed(rows, args.out / "packed.png", meta["header_line"])
+        except Exception as exc:  # noqa: BLE001 - the CSV and JSON are written; say why no PNG
+            print(f"no plot: {short_reason(exc)}")
+            plot = None
         print(summary_table(rows))
         print(f"files: {args.out / 'packed.csv'}, {args.out / 'packed.json'}"
               + (f", {plot}" if plot else "") + f"; total {deadline.elapsed():.0f} s")  # fmt: skip

@@ -664,3 +664,19 @@ def test_append_keeps_the_other_rows_of_an_earlier_run(tmp_path: Path) -> None:
     assert info["command"].endswith("--append")
     log = (tmp_path / "packed.log").read_text()
     assert log.count("== varlen:") == 1 and log.count("== window:") == 2
+
+
+def test_a_plot_failure_leaves_the_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_matplotlib(*args: Any) -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(packed, "plot_packed", no_matplotlib)
+    clock = Clock()
+    argv = ["--out", str(tmp_path), "--tokens", "128", "--rows", "window", "--repeats", "0",
+            "--providers", "fa4_det"]  # fmt: skip
+    assert packed.main(argv, device="cpu", timer=clock, providers_for=fake_providers(clock),
+                       size=SIZE) == 0  # fmt: skip
+    assert len(read_rows(tmp_path / "packed.csv")) == 2
+    assert not (tmp_path / "packed.png").exists()
+    assert "no plot: ImportError: No module named 'matplotlib'" in (
+        tmp_path / "packed.log").read_text()  # fmt: skip

@@ -236,8 +236,8 @@ def test_triton_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal):
         grads = {}
         for mode in ("atomic", "tma"):
             plan = make_backward_plan(
-                problem_of(q, k, Mask(causal=causal)), device=device_info(q.device), schedule=schedule,
-                backend="triton", dq_reduce=mode,
+                problem_of(q, k, Mask(causal=causal)), device=device_info(q.device),
+                schedule=schedule, backend="triton", dq_reduce=mode,
             )  # fmt: skip
             grads[mode] = run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
         for name, x, y in zip(("dq", "dk", "dv"), grads["tma"], grads["atomic"], strict=True):

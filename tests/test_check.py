@@ -302,3 +302,26 @@ def test_bad_arguments(kwargs: dict, error: type[Exception], match: str) -> None
     args = {"model": _net(), "batch_fn": _batch, "loss_fn": _loss, **kwargs}
     with pytest.raises(error, match=match):
         check_determinism(**args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_demo_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    from dash_attn.check import main
+
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dash-attn check: error: the demo needs a CUDA GPU")
+    assert "check_determinism" in err
+
+
+def test_demo_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from dash_attn.check import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--heads", "8", "--kv-heads", "3"])
+    assert info.value.code == 2
+    assert "--kv-heads: 3 does not divide --heads 8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--seqlen", "0"])
+    assert "--seqlen: must be >= 1" in capsys.readouterr().err

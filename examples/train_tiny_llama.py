@@ -99,11 +99,13 @@ def build_model(args: argparse.Namespace, env: Setup) -> torch.nn.Module:
         from dash_attn.integrations.transformers import register
 
         register()
-    size = (
-        {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
-        if args.tiny
-        else {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
-    )  # fmt: skip
+    hidden, layers, heads = (64, 2, 2) if args.tiny else (256, 4, 4)
+    size = {
+        "hidden_size": hidden,
+        "intermediate_size": 3 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+    }
     config = transformers.LlamaConfig(
         vocab_size=128 if args.tiny else 512,
         num_key_value_heads=1 if args.tiny else 2,

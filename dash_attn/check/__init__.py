@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from .compare import DeterminismReport, Difference
 from .run import check_determinism
@@ -14,7 +14,7 @@ from .run import check_determinism
 __all__ = ["DeterminismReport", "Difference", "check_determinism", "main"]
 
 
-def main(argv: Any = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     # The demo imports transformers; only the command pays for that import.
     from .demo import main as demo_main
 

@@ -82,7 +82,7 @@ def window_size(sliding_window: int | None, is_causal: bool, key_length: int) ->
 
 
 def _refuse_unsupported(
-    module: torch.nn.Module, dropout: float, softcap: float | None, s_aux: Any, kwargs: dict
+    dropout: float, softcap: float | None, s_aux: Any, kwargs: dict[str, Any]
 ) -> None:
     if softcap is not None and softcap != 0:
         raise NotImplementedError(
@@ -240,7 +240,7 @@ def dash_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: ``(batch, heads, seqlen, headdim)`` in,
     ``((batch, seqlen_q, heads, headdim), None)`` out. See the module docstring."""
-    _refuse_unsupported(module, dropout, softcap, s_aux, kwargs)
+    _refuse_unsupported(dropout, softcap, s_aux, kwargs)
     is_causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     run_dtype = _autocast(query)
     out_dtype = query.dtype

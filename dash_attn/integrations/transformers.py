@@ -154,11 +154,12 @@ def _padding_from_4d(
     seqlen_k = keep.shape[-1]
     # Self-attention with padding: the query tokens are the last seqlen_q keys.
     query_valid = key_valid[:, seqlen_k - seqlen_q :]
-    # Positions among the valid tokens (what the varlen path sees), and the rule on them.
+    # Positions among the valid tokens (what the varlen path sees), and the rule on them: a
+    # valid query's position among the valid keys is m + d (queries are the last tokens), so
+    # pos_k - pos_q is the contract's n - (m + d).
     pos_k = key_valid.long().cumsum(-1) - 1
     pos_q = pos_k[:, seqlen_k - seqlen_q :]
-    d = (key_valid.sum(-1) - query_valid.sum(-1)).view(-1, 1, 1)
-    rel = pos_k[:, None, :] - pos_q[:, :, None] - d  # n - (m + d)
+    rel = pos_k[:, None, :] - pos_q[:, :, None]
     left, right = window
     if is_causal:
         right = 0

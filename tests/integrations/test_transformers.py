@@ -169,6 +169,21 @@ def test_4d_padding_mask_goes_through_varlen(reference_kernels) -> None:
     torch.testing.assert_close(out, out3)
 
 
+def test_4d_padding_mask_with_fewer_queries_than_keys(reference_kernels) -> None:
+    # Decoding-like: 2 new queries against 6 keys (bottom-right causal), left padding in row 1.
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2, 2, 64, generator=gen)
+    k, v = (torch.randn(2, 2, 6, 64, generator=gen) for _ in range(2))
+    valid = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    causal = torch.arange(6).view(1, -1) <= torch.arange(4, 6).view(-1, 1)  # (2, 6)
+    mask4 = (causal[None] & valid[:, None, :])[:, None]
+    out, _ = dash_attention_forward(_Module(), q, k, v, mask4)
+    out2, _ = dash_attention_forward(_Module(), q, k, v, valid.long())
+    torch.testing.assert_close(out, out2)
+    assert reference_kernels.calls[0][1]["cu_k"] == [0, 6, 9]
+    assert reference_kernels.calls[0][1]["cu_q"] == [0, 2, 4]
+
+
 def test_4d_mask_that_is_not_padding_is_refused(reference_kernels) -> None:
     q, k, v = _qkv(seqlen=6)
     mask4 = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()

@@ -11,7 +11,10 @@ import torch
 
 import dash_attn.interface as interface
 
-transformers = pytest.importorskip("transformers", reason="the integration needs transformers")
+
+def _transformers() -> Any:
+    # Imported when a test needs it, not at collection: the import takes seconds.
+    return pytest.importorskip("transformers", reason="the integration needs transformers")
 
 
 def _keeps(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
@@ -103,6 +106,7 @@ def reference_kernels(monkeypatch: pytest.MonkeyPatch) -> ReferenceKernels:
 
 @pytest.fixture
 def registered() -> str:
+    _transformers()
     from dash_attn.integrations.transformers import NAME, register
 
     register()
@@ -111,6 +115,7 @@ def registered() -> str:
 
 def tiny_config(kind: str, **overrides: Any) -> Any:
     """Tiny random-init configs: head dim 64 (the smallest the kernels take), 2 layers."""
+    transformers = _transformers()
     common: dict[str, Any] = {
         "vocab_size": 96,
         "hidden_size": 64,
@@ -138,7 +143,7 @@ def build_model(kind: str, attn: str, seed: int = 0, **overrides: Any) -> torch.
     """The same random weights for every attention implementation (seeded init)."""
     torch.manual_seed(seed)
     config = tiny_config(kind, **overrides)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    return _transformers().AutoModelForCausalLM.from_config(config, attn_implementation=attn)
 
 
 def tokens(batch: int, seqlen: int, seed: int, vocab: int = 96) -> torch.Tensor:

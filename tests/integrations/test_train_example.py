@@ -58,6 +58,7 @@ def test_compare_sees_minus_zero(example: ModuleType) -> None:
 def test_single_process_runs_are_identical_and_plotted(
     example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("transformers")
     status = example.main([*TINY, "--steps", "3", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0, out
@@ -76,6 +77,7 @@ def test_wrapping_without_torchrun_is_refused(
 
 @pytest.mark.parametrize("wrap", ["--ddp", "--fsdp"])
 def test_two_ranks_under_torchrun_are_identical(wrap: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(SCRIPT), *TINY, "--steps", "2", wrap, "--out", str(tmp_path),

@@ -325,3 +325,17 @@ def test_demo_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--seqlen", "0"])
     assert "--seqlen: must be >= 1" in capsys.readouterr().err
+
+
+def test_demo_model_and_check_run_on_cpu() -> None:
+    # The command's own code path (model, data, loss, check), small, with transformers' eager
+    # attention on the CPU: deterministic there.
+    pytest.importorskip("transformers")
+    from dash_attn.check.demo import build_parser, run_demo
+
+    args = build_parser().parse_args(
+        ["--seqlen", "16", "--hidden", "64", "--heads", "2", "--kv-heads", "1", "--layers", "1"]
+    )
+    report = run_demo(args, "eager", device="cpu", dtype=torch.float32)
+    assert report.deterministic, str(report)
+    assert report.compared > 0 and report.losses[0] == report.losses[1]

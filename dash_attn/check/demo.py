@@ -10,6 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported by the command only once it knows it can run
+    import torch
+
+    from .compare import DeterminismReport
 
 PROG = "dash-attn check"
 IMPLEMENTATIONS = ("sdpa", "dash")
@@ -50,8 +56,11 @@ def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"argument --kv-heads: {args.kv_heads} does not divide --heads {args.heads}")
 
 
-def run_demo(args: argparse.Namespace, attn: str) -> object:
-    """One ``check_determinism`` of the demo model with ``attn``; returns the report."""
+def run_demo(
+    args: argparse.Namespace, attn: str, device: str = "cuda", dtype: torch.dtype | None = None
+) -> DeterminismReport:
+    """One ``check_determinism`` of the demo model with ``attn`` on ``device`` (``dtype``
+    default bf16); returns the report. The command runs it on the GPU; tests on the CPU too."""
     import torch
     import transformers
 
@@ -71,19 +80,20 @@ def run_demo(args: argparse.Namespace, attn: str) -> object:
         max_position_embeddings=args.seqlen,
     )
     model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation=attn, dtype=torch.bfloat16
-    ).cuda()
+        config, attn_implementation=attn, dtype=dtype or torch.bfloat16
+    ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def batch_fn(step: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(args.seed * 1000 + step)
-        return torch.randint(0, config.vocab_size, (args.batch, args.seqlen), generator=gen).cuda()
+        ids = torch.randint(0, config.vocab_size, (args.batch, args.seqlen), generator=gen)
+        return ids.to(device)
 
     def loss_fn(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return m(input_ids=ids, labels=ids).loss
 
     plot = None if args.plot is None else Path(f"{args.plot}-{attn}.png")
-    if attn == "sdpa":
+    if attn == "sdpa" and device == "cuda":
         # The fused backends (their backward adds dQ with atomics), not the math fallback.
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -125,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run_demo(args, attn)
         print(report, flush=True)
         print()
-        first = report.first  # type: ignore[attr-defined]
+        first = report.first
         verdict = "deterministic" if first is None else f"first difference in {first.suspect}"
         summary.append(f"{attn}: {verdict}")
     print("summary: " + "; ".join(summary))

@@ -339,3 +339,15 @@ def test_demo_model_and_check_run_on_cpu() -> None:
     report = run_demo(args, "eager", device="cpu", dtype=torch.float32)
     assert report.deterministic, str(report)
     assert report.compared > 0 and report.losses[0] == report.losses[1]
+
+
+def test_cli_check_subcommand_hands_over(capsys: pytest.CaptureFixture[str]) -> None:
+    from dash_attn import cli
+
+    if "check" not in cli.build_parser().format_help():
+        pytest.skip("'dash-attn check' is not wired into dash_attn.cli yet")
+    # The demo's own parser sees the arguments after 'check'.
+    with pytest.raises(SystemExit) as info:
+        cli.main(["check", "--kv-heads", "3"])
+    assert info.value.code == 2
+    assert "--kv-heads: 3 does not divide --heads 8" in capsys.readouterr().err

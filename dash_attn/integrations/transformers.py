@@ -92,8 +92,8 @@ def _refuse_unsupported(
     if dropout and dropout > 0:
         raise NotImplementedError(
             f"attention dropout={dropout} in training is not supported by "
-            "attn_implementation='dash': set the config's attention_dropout to 0.0 (or train "
-            "with model.eval() semantics for attention)"
+            "attn_implementation='dash': set config.attention_dropout = 0.0 (transformers "
+            "passes no dropout in eval mode, which is served)"
         )
     if s_aux is not None:
         raise NotImplementedError(

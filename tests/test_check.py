@@ -290,6 +290,7 @@ def test_state_restored_and_hooks_removed_when_loss_fn_raises() -> None:
         ({"loss_fn": None}, TypeError, "loss_fn must be callable"),
         ({"model": lambda x: x}, TypeError, "model must be a torch.nn.Module"),
         ({"optimizer": object()}, TypeError, "optimizer must be a torch.optim.Optimizer"),
+        ({"backward_hooks": 1}, TypeError, "backward_hooks must be a bool"),
         ({"loss_fn": lambda m, b: 1.0}, TypeError, "loss_fn must return a one-element tensor"),
         (
             {"loss_fn": lambda m, b: m(b)["y"]},
@@ -302,6 +303,44 @@ def test_bad_arguments(kwargs: dict, error: type[Exception], match: str) -> None
     args = {"model": _net(), "batch_fn": _batch, "loss_fn": _loss, **kwargs}
     with pytest.raises(error, match=match):
         check_determinism(**args)
+
+
+class InPlaceOnOutput(torch.nn.Module):
+    """Modifies a child's output in place: torch's module backward hooks forbid that."""
+
+    def __init__(self, noisy: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(DIM, DIM)
+        self.head = torch.nn.Linear(DIM, 1)
+        self.noisy = noisy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        h.mul_(2.0)
+        if self.noisy:
+            h = NoisyBackward.apply(h)
+        return self.head(torch.tanh(h)).sum()
+
+
+def test_in_place_on_module_output_asks_for_backward_hooks_off() -> None:
+    with pytest.raises(RuntimeError, match="backward_hooks=False"):
+        check_determinism(InPlaceOnOutput(noisy=False), _batch, lambda m, b: m(b))
+
+
+def test_without_backward_hooks_parameter_gradients_locate_the_difference() -> None:
+    torch.manual_seed(0)
+    clean = check_determinism(
+        InPlaceOnOutput(noisy=False), _batch, lambda m, b: m(b), backward_hooks=False
+    )
+    assert clean.deterministic
+    noisy = check_determinism(
+        InPlaceOnOutput(noisy=True), _batch, lambda m, b: m(b), backward_hooks=False
+    )
+    first = noisy.first
+    assert first is not None
+    # head's gradients come before the noise; lin's come after it.
+    assert (first.kind, first.name.rpartition(".")[0]) == ("grad", "lin")
+    assert all(d.kind in ("grad",) for d in noisy.differences)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")

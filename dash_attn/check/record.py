@@ -99,8 +99,9 @@ class Recorder:
     step advances, and ``start_run()`` before each run.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, backward_hooks: bool = True) -> None:
         self.model = model
+        self.backward_hooks = backward_hooks
         self.events: list[Event] = []
         self.step = 0
         self.phase = "forward"
@@ -116,9 +117,12 @@ class Recorder:
             self._handles += [
                 module.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
                 module.register_forward_hook(self._forward_post, with_kwargs=True),
-                module.register_full_backward_pre_hook(self._backward_pre),
-                module.register_full_backward_hook(self._backward_post),
             ]
+            if self.backward_hooks:
+                self._handles += [
+                    module.register_full_backward_pre_hook(self._backward_pre),
+                    module.register_full_backward_hook(self._backward_post),
+                ]
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 self._handles.append(param.register_post_accumulate_grad_hook(self._grad(name)))

@@ -77,7 +77,17 @@ def _run(
     for step in range(steps):
         recorder.start_step(step)
         batch = batch_fn(step)
-        loss = loss_fn(recorder.model, batch)
+        try:
+            loss = loss_fn(recorder.model, batch)
+        except RuntimeError as exc:
+            if "BackwardHookFunction" not in str(exc):
+                raise
+            # torch's module backward hooks wrap module outputs; in-place ops on them fail.
+            raise RuntimeError(
+                "the model modifies a module's output in place, which torch's module backward "
+                "hooks forbid: call check_determinism(..., backward_hooks=False) (parameter "
+                f"gradients are still compared) ({exc})"
+            ) from exc
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise TypeError(
                 "loss_fn must return a one-element tensor that requires grad (the loss to call "
@@ -106,6 +116,7 @@ def check_determinism(
     optimizer: torch.optim.Optimizer | None = None,
     *,
     plot: str | Path | None = None,
+    backward_hooks: bool = True,
 ) -> DeterminismReport:
     """Run the same training step(s) twice from the same state and report what differs, bitwise.
 
@@ -134,6 +145,10 @@ def check_determinism(
         optimizer: stepped after each backward and zeroed; without one, the gradients are
             cleared after each step and the parameters do not change.
         plot: write a figure of where the differences appear (``.png``, ``.pdf``, ``.svg``).
+        backward_hooks: record the gradients arriving at and leaving each module (torch's full
+            backward hooks). ``False`` for models that modify a module's output in place,
+            which those hooks forbid: the backward is then seen through parameter gradients
+            only, so a difference is located to the parameters it reaches first.
 
     Returns:
         A frozen ``DeterminismReport``: ``deterministic``, ``first``, ``differences`` (all, in
@@ -151,13 +166,15 @@ def check_determinism(
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not isinstance(backward_hooks, bool):
+        raise TypeError(f"backward_hooks must be a bool, got {type(backward_hooks).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
     state = _State(model, optimizer)
     try:
-        with warnings.catch_warnings(), Recorder(model) as recorder:
+        with warnings.catch_warnings(), Recorder(model, backward_hooks) as recorder:
             # Hooking every module makes torch warn about modules whose backward hooks cannot fire
             # (dict outputs) or fire early (no input requires grad): expected here, and the
             # report covers such modules through their neighbours and their parameters.

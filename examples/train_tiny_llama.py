@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
@@ -63,6 +65,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if any")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (CPU tests)")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="default: bf16 on the GPU, fp32 on the CPU (fp16 for --attn dash in Triton's CPU "
+        "interpreter, TRITON_INTERPRET=1)",
+    )
     wrap = p.add_mutually_exclusive_group()
     wrap.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun)")
     wrap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard (torchrun)")
@@ -117,7 +126,8 @@ def build_model(args: argparse.Namespace, env: Setup) -> torch.nn.Module:
     # Same weights on every rank and in both runs: seeded before the random init.
     torch.manual_seed(args.seed)
     # bf16 on the GPU (dash-attn's kernels take fp16/bf16); fp32 for the CPU glue test.
-    dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
+    default = torch.bfloat16 if env.device.type == "cuda" else torch.float32
+    dtype = DTYPES[args.dtype] if args.dtype is not None else default
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation=args.attn, dtype=dtype
     )

@@ -89,3 +89,40 @@ def test_two_ranks_under_torchrun_are_identical(wrap: str, tmp_path: Path) -> No
     assert f"attn=eager, {name} x2, 2 steps" in done.stdout
     assert "two runs: bitwise identical" in done.stdout
     assert (tmp_path / f"loss_eager_{name}_2.png").exists()
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 before import"
+)
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+def test_dash_runs_identical_in_the_interpreter(
+    example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The example's dash path with the real kernels (float16, the interpreter's dtype).
+    pytest.importorskip("transformers")
+    argv = ["--device", "cpu", "--attn", "dash", "--tiny", "--dtype", "fp16", "--seqlen", "40",
+            "--batch", "2", "--steps", "2", "--out", str(tmp_path)]  # fmt: skip
+    status = example.main(argv)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "attn=dash, single x1, 2 steps" in out
+    assert "two runs: bitwise identical" in out
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 before import"
+)
+def test_dash_ddp_two_ranks_identical_in_the_interpreter(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(SCRIPT), "--device", "cpu", "--attn", "dash", "--tiny", "--dtype", "fp16",
+        "--seqlen", "40", "--batch", "2", "--steps", "2", "--ddp", "--out", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "attn=dash, ddp x2, 2 steps" in done.stdout
+    assert "two runs: bitwise identical" in done.stdout

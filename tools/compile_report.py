@@ -127,7 +127,10 @@ def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
             kind = "i64"
         elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k"):
             kind = "i32"
-        elif name in ("q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift"):
+        elif name in (
+            "q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift",
+            "window_left", "window_right", "rows_pad_total",
+        ):  # fmt: skip
             kind = "i32"
             signature[name] = kind
             continue  # no divisibility: these are small counts
@@ -153,9 +156,12 @@ def compile_backward(
     tiles: BackwardTiles | None = None,
     dtype: str = "bf16",
     dq_tma: bool = False,
+    window: bool = False,
+    varlen: bool = False,
     kernel=None,
 ) -> KernelReport:
-    """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it."""
+    """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it
+    (``window``: the sliding-window mask instead of ``causal``; ``varlen``: packed sequences)."""
     from dash_attn.backends.triton.bwd import attn_bwd_kernel
 
     kernel = kernel or attn_bwd_kernel
@@ -171,6 +177,8 @@ def compile_backward(
         TIMED_WAIT=True,
     )
     options = (
+        ("WINDOW", window),
+        ("IS_VARLEN", varlen),
         ("DQ_TMA", dq_tma),
         ("TABLES_AHEAD", tiles.tables_ahead),
         ("RELEASE_AFTER_QK", tiles.release_after_qk),

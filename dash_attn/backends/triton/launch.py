@@ -68,11 +68,15 @@ def run_backward(
     lse: torch.Tensor,
     softmax_scale: float,
     *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
     sync_check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of one attention call by the plan's schedule and tiles on the Triton kernel
-    (``backends.backward.run_backward`` says what ``sync_check`` does)."""
+    (``backends.backward.run_backward`` says what the varlen arguments and ``sync_check`` do;
+    the mask and window are the plan's)."""
     refuse_interpreter_bf16(q.dtype, plan.device.is_interpreter)
     return backward.run_backward(
-        plan, attn_bwd_main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check
-    )
+        plan, attn_bwd_main, dout, q, k, v, out, lse, softmax_scale,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sync_check=sync_check,
+    )  # fmt: skip

@@ -12,7 +12,8 @@ SEM           one int32 semaphore per dQ tile: the number of contributions alrea
 STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag (1 = a wait
               timed out); zeroed before every launch together with SEM. A timed-out step goes on
               (adding NaN and releasing), so its successors are never stuck behind it.
-DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
+DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t, t < num_chains =
+              the chains listed in order, fewer than the padded grid's for varlen); otherwise
               worker w runs order[worker_start[w]:worker_start[w + 1]]
 DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) in the next step
               (at its start, or with RELEASE_AFTER_QK after its first matmul), or at the end of
@@ -566,7 +567,10 @@ def attn_bwd_main(
     """
     spec, tiles = plan.spec, plan.tiles
     interpret = plan.device.is_interpreter
-    q_tiles, kv_tiles, num_chains = spec.q_tiles, spec.kv_tiles, spec.num_chains
+    q_tiles, kv_tiles = spec.q_tiles, spec.kv_tiles
+    # Tickets run over the chains listed in ``order``: with packed sequences or windows the
+    # padded grid has chains that are not listed (KV tiles past a sequence's end).
+    num_chains = tables["order"].numel()
     dq_tma = plan.dq_reduce == "tma"
     timeout = INTERPRETER_MAX_POLLS if interpret else int(plan.timeout_s * 1e9)
     cooperative = plan.dispatch is Dispatch.STATIC and not interpret

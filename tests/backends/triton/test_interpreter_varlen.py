@@ -1,0 +1,405 @@
+"""Packed sequences (varlen) and sliding windows on the Triton kernels, in Triton's interpreter:
+numerics against the fp32 reference, bitwise repeats, order invariance (a sequence alone, packed
+among others at any position, or in a padded batch gives the same bits), zero-step chains and
+rows that see no key.
+
+The backward runs tables built here, independently of the schedule engine, from the row rule
+alone (``_band_schedule``): which (Q tile, KV tile) pairs meet, and ranks counted over the KV
+tiles that actually contribute. So these tests pin the kernel to the contract (section 3 of the
+varlen/window contract) rather than to one generator's output.
+
+Run with ``TRITON_INTERPRET=1 python -m pytest -m interpreter`` (fp16 only: the interpreter's
+bf16 matmuls are wrong; tiny shapes, lengths deliberately not tile multiples).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip(
+        "interpreter tests need TRITON_INTERPRET=1 set before dash_attn's kernels are imported "
+        "(run: TRITON_INTERPRET=1 python -m pytest -m interpreter)",
+        allow_module_level=True,
+    )
+
+import itertools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from dash_attn.backends.triton.launch import run_backward, run_forward
+from dash_attn.backends.triton.tiles import backward_tiles
+from dash_attn.backends.triton.utils import cdiv
+from dash_attn.plan import INTERPRETER
+from dash_attn.reference.attention import attention_ref, visible_mask
+from dash_attn.schedule import Dispatch
+from dash_attn.testing import assert_close_to_ref, bitwise_equal
+
+pytestmark = [
+    pytest.mark.interpreter,
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+DTYPE = torch.float16
+ATOL = 1e-3
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+# --- tables from the row rule -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Mask:
+    """What the kernels read of ``spec.mask``: ``causal`` and ``window`` (left, right)."""
+
+    causal: bool
+    window: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What the launchers read of a ScheduleSpec (hashable: the table cache keys on it)."""
+
+    seqlens: tuple[tuple[int, int], ...]
+    q_heads: int
+    kv_heads: int
+    q_tiles: int
+    kv_tiles: int
+    mask: _Mask
+
+    @property
+    def num_chains(self) -> int:
+        return len(self.seqlens) * self.kv_heads * self.kv_tiles
+
+
+def _meets(seqlen_q: int, seqlen_k: int, mask: _Mask, block_m: int, block_n: int) -> np.ndarray:
+    """[q_tiles_b, kv_tiles_b] bool: Q tile i and KV tile j share a visible (row, key) pair."""
+    q_tiles, kv_tiles = cdiv(seqlen_q, block_m), cdiv(seqlen_k, block_n)
+    visible = visible_mask(seqlen_q, seqlen_k, causal=mask.causal, window=mask.window)
+    keep = np.ones((seqlen_q, seqlen_k), bool) if visible is None else visible.numpy()
+    meets = np.zeros((q_tiles, kv_tiles), bool)
+    for i, j in itertools.product(range(q_tiles), range(kv_tiles)):
+        meets[i, j] = keep[i * block_m : (i + 1) * block_m, j * block_n : (j + 1) * block_n].any()
+    return meets
+
+
+def _band_schedule(
+    seqlens: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: _Mask,
+    *,
+    descending: bool = False,
+    static_workers: int = 0,
+) -> SimpleNamespace:
+    """Tables of the contract: every KV tile of a sequence is a chain listed once (even with no
+    step); its steps are the Q tiles it meets, every q head of its group; a contribution's rank
+    is its position among the KV tiles that contribute to that dQ tile, in ascending (or
+    descending) KV order, so ranks depend on the sequence's own geometry only.
+
+    Dynamic dispatch tickets chains in that KV order; ``static_workers`` > 0 deals whole
+    (sequence, kv head) groups round-robin to that many static workers instead (every wait is
+    then on the same worker, so the interpreter's program order meets it).
+    """
+    tiles = backward_tiles(headdim, "atomic")
+    bm, bn = tiles.block_m, tiles.block_n
+    group = heads // kv_heads
+    q_tiles = max([cdiv(sq, bm) for sq, _ in seqlens] + [1])
+    kv_tiles = max([cdiv(sk, bn) for _, sk in seqlens] + [1])
+    spec = _Spec(tuple(seqlens), heads, kv_heads, q_tiles, kv_tiles, mask)
+    steps: dict[int, list[tuple[int, int, int]]] = {}
+    groups: list[list[int]] = []
+    for b, (sq, sk) in enumerate(seqlens):
+        meets = _meets(sq, sk, mask, bm, bn)
+        kv_order = range(meets.shape[1])
+        kv_order = list(reversed(kv_order)) if descending else list(kv_order)
+        for kvh in range(kv_heads):
+            chains = []
+            for j in kv_order:
+                chain = (b * kv_heads + kvh) * kv_tiles + j
+                before = meets[:, j + 1 :] if descending else meets[:, :j]
+                steps[chain] = [
+                    (h, i, int(before[i].sum()))
+                    for h in range(kvh * group, (kvh + 1) * group)
+                    for i in np.flatnonzero(meets[:, j])
+                ]
+                chains.append(chain)
+            groups.append(chains)
+    chain_start, flat = [0], []
+    for chain in range(spec.num_chains):
+        flat += steps.get(chain, [])
+        chain_start.append(len(flat))
+    if static_workers:
+        lists = [[c for g in groups[w::static_workers] for c in g] for w in range(static_workers)]
+        order = [c for chains in lists for c in chains]
+        worker_start = np.cumsum([0] + [len(chains) for chains in lists])
+        dispatch = Dispatch.STATIC
+    else:
+        order = [c for g in groups for c in g]
+        worker_start = [0, len(order)]
+        dispatch = Dispatch.DYNAMIC
+    column = np.array(flat, dtype=np.int32).reshape(-1, 3)
+    schedule = SimpleNamespace(
+        name=f"band-{'desc' if descending else 'asc'}-{static_workers}",
+        spec=spec,
+        dispatch=dispatch,
+        chain_start=np.array(chain_start, np.int32),
+        step_q_head=column[:, 0].copy(),
+        step_q_tile=column[:, 1].copy(),
+        step_rank=column[:, 2].copy(),
+        order=np.array(order, np.int32),
+        worker_start=np.array(worker_start, np.int32),
+    )
+    return SimpleNamespace(
+        spec=spec,
+        schedule=schedule,
+        tiles=tiles,
+        device=INTERPRETER,
+        backend="triton",
+        deterministic=True,
+        dq_reduce="atomic",
+        timeout_s=10.0,
+        dispatch=dispatch,
+        grid=static_workers or min(INTERPRETER.sm_count, max(len(order), 1)),
+        describe=lambda: f"test schedule {schedule.name}",
+    )
+
+
+# --- inputs and runs ----------------------------------------------------------------------------
+
+
+def _sequence(seqlen_q: int, seqlen_k: int, heads: int, kv_heads: int, headdim: int, seed: int):
+    """q, k, v, dout of one sequence (seqlen, heads, headdim), the same for the same seed."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(rows: int, h: int) -> torch.Tensor:
+        return torch.randn(rows, h, headdim, generator=gen).to(DTYPE)
+
+    return (
+        draw(seqlen_q, heads),
+        draw(seqlen_k, kv_heads),
+        draw(seqlen_k, kv_heads),
+        draw(seqlen_q, heads),
+    )
+
+
+def _pack(parts: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """Concatenate sequences into q, k, v, dout, cu_seqlens_q, cu_seqlens_k."""
+    q, k, v, dout = (torch.cat(xs) for xs in zip(*parts, strict=True))
+    cu_q = torch.tensor([0, *itertools.accumulate(p[0].shape[0] for p in parts)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(p[1].shape[0] for p in parts)], dtype=torch.int32)
+    return q, k, v, dout, cu_q, cu_k
+
+
+def _run_varlen(
+    seqlens: list[tuple[int, int]],
+    seeds: list[int],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: _Mask,
+    **schedule: Any,
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Forward and backward of a pack on the kernels; also returns the packed inputs."""
+    parts = [
+        _sequence(sq, sk, heads, kv_heads, headdim, s)
+        for (sq, sk), s in zip(seqlens, seeds, strict=True)
+    ]
+    q, k, v, dout, cu_q, cu_k = _pack(parts)
+    scale = headdim**-0.5
+    out, lse = run_forward(
+        q, k, v, causal=mask.causal, softmax_scale=scale, window=mask.window,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        max_seqlen_q=max(sq for sq, _ in seqlens), max_seqlen_k=max(sk for _, sk in seqlens),
+    )  # fmt: skip
+    plan = _band_schedule(seqlens, heads, kv_heads, headdim, mask, **schedule)
+    dq, dk, dv = run_backward(
+        plan, dout, q, k, v, out, lse, scale,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sync_check=True,
+    )  # fmt: skip
+    got = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    return got, (q, k, v, dout, cu_q, cu_k)
+
+
+def _reference(inputs: tuple[torch.Tensor, ...], mask: _Mask) -> tuple[dict, dict]:
+    """(fp32, same-dtype) references of a pack, gradients by autograd."""
+    q, k, v, dout, cu_q, cu_k = inputs
+    refs = []
+    for upcast in (True, False):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, lse = attention_ref(
+            *leaves, causal=mask.causal, window=mask.window, upcast=upcast,
+            cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        )  # fmt: skip
+        out.backward(dout)
+        grads = [x.grad for x in leaves]
+        refs.append(
+            {
+                "out": out.detach(),
+                "lse": lse.detach(),
+                **dict(zip(("dq", "dk", "dv"), grads, strict=True)),
+            }
+        )
+    return refs[0], refs[1]
+
+
+def _seq_slice(got: dict[str, torch.Tensor], cu_q, cu_k, b: int) -> dict[str, torch.Tensor]:
+    """Sequence b's rows of every output of a pack."""
+    q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+    return {
+        "out": got["out"][q0:q1],
+        "lse": got["lse"][:, q0:q1],
+        "dq": got["dq"][q0:q1],
+        "dk": got["dk"][k0:k1],
+        "dv": got["dv"][k0:k1],
+    }
+
+
+def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], label: str) -> None:
+    for name in NAMES:
+        assert bitwise_equal(a[name], b[name]), f"{name} [{label}]: bits differ"
+
+
+MASKS = {
+    "full": _Mask(False, (-1, -1)),
+    "causal": _Mask(True, (-1, -1)),
+    "local(40,0)": _Mask(False, (40, 0)),
+    "causal+local(70,-1)": _Mask(True, (70, -1)),
+    "local(20,9)": _Mask(False, (20, 9)),
+    "local(-1,15)": _Mask(False, (-1, 15)),
+}
+
+# Odd lengths, an empty query sequence, an empty key sequence, sq > sk (rows that see no key
+# under causal masks) and sk > sq.
+PACK = [(37, 50), (0, 10), (150, 150), (5, 0), (70, 200), (200, 70)]
+
+
+@pytest.mark.parametrize("mask", list(MASKS), ids=list(MASKS))
+def test_varlen_matches_reference(mask: str) -> None:
+    got, inputs = _run_varlen(PACK, list(range(len(PACK))), 4, 2, 64, MASKS[mask])
+    ref, same = _reference(inputs, MASKS[mask])
+    for name in NAMES:
+        assert got[name].shape == ref[name].shape, name
+        assert_close_to_ref(f"{name} [{mask}]", got[name], ref[name], same[name], atol=ATOL)
+
+
+def _run_dense(
+    seqlen_q: int,
+    seqlen_k: int,
+    seeds: list[int],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: _Mask,
+    **schedule: Any,
+) -> dict[str, torch.Tensor]:
+    """A padded batch (batch, seqlen, heads, headdim) of same-length sequences, one per seed."""
+    parts = [_sequence(seqlen_q, seqlen_k, heads, kv_heads, headdim, s) for s in seeds]
+    q, k, v, dout = (torch.stack(xs) for xs in zip(*parts, strict=True))
+    scale = headdim**-0.5
+    out, lse = run_forward(q, k, v, causal=mask.causal, softmax_scale=scale, window=mask.window)
+    plan = _band_schedule(
+        [(seqlen_q, seqlen_k)] * len(seeds), heads, kv_heads, headdim, mask, **schedule
+    )
+    dq, dk, dv = run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
+INVARIANCE_MASK = _Mask(True, (90, -1))
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, {"descending": True}, {"static_workers": 3}],
+    ids=["ascending-dynamic", "descending-dynamic", "ascending-static3"],
+)
+def test_sequence_bits_do_not_depend_on_the_pack(schedule: dict) -> None:
+    # Sequence X (seed 7) alone, packed at different positions among others (other lengths, other
+    # orders), and in a padded batch: its out, lse and gradients are bitwise the same, because
+    # every tile, every summation order and every rank depends on X's own lengths only.
+    x = (150, 210)
+    heads, kv_heads, headdim, mask = 4, 2, 64, INVARIANCE_MASK
+    alone, _ = _run_varlen([x], [7], heads, kv_heads, headdim, mask, **schedule)
+    for label, seqlens, seeds, at in (
+        ("middle", [(37, 50), x, (200, 70)], [1, 7, 2], 1),
+        ("last, reordered", [(200, 70), (0, 10), (64, 300), x], [2, 3, 4, 7], 3),
+    ):
+        got, inputs = _run_varlen(seqlens, seeds, heads, kv_heads, headdim, mask, **schedule)
+        _assert_bitwise(
+            _seq_slice(got, inputs[4], inputs[5], at), _seq_slice(alone, *_cu(x), 0), label
+        )
+    batch = _run_dense(*x, [8, 7], heads, kv_heads, headdim, mask, **schedule)
+    padded = {name: batch[name][1] for name in NAMES}
+    _assert_bitwise(padded, _seq_slice(alone, *_cu(x), 0), "padded batch")
+
+
+def _cu(seqlens: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.tensor([0, seqlens[0]], dtype=torch.int32),
+        torch.tensor([0, seqlens[1]], dtype=torch.int32),
+    )
+
+
+def test_repeats_are_bitwise_equal() -> None:
+    mask = MASKS["local(20,9)"]
+    first, _ = _run_varlen(PACK, [5, 4, 3, 2, 1, 0], 4, 1, 64, mask)
+    again, _ = _run_varlen(PACK, [5, 4, 3, 2, 1, 0], 4, 1, 64, mask)
+    _assert_bitwise(first, again, "repeat")
+
+
+def test_dense_window_matches_reference() -> None:
+    # The padded-batch layout with a window, head dim 128 (64 x 128 tiles: two Q tiles per chain).
+    seqlen_q, seqlen_k, heads, kv_heads, headdim = 130, 190, 2, 1, 128
+    mask = MASKS["local(20,9)"]
+    got = _run_dense(seqlen_q, seqlen_k, [11, 12], heads, kv_heads, headdim, mask)
+    parts = [_sequence(seqlen_q, seqlen_k, heads, kv_heads, headdim, s) for s in (11, 12)]
+    q, k, v, dout = (torch.stack(xs) for xs in zip(*parts, strict=True))
+    refs = []
+    for upcast in (True, False):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, lse = attention_ref(*leaves, causal=False, window=mask.window, upcast=upcast)
+        out.backward(dout)
+        refs.append(
+            {
+                "out": out.detach(),
+                "lse": lse.detach(),
+                "dq": leaves[0].grad,
+                "dk": leaves[1].grad,
+                "dv": leaves[2].grad,
+            }
+        )
+    for name in NAMES:
+        assert_close_to_ref(name, got[name], refs[0][name], refs[1][name], atol=ATOL)
+
+
+def test_zero_step_chains_and_keyless_rows_give_zeros() -> None:
+    # (64, 300) with window (10, 0): row m sees keys m + 226 .. m + 236, so keys 0..225 are
+    # seen by no row: KV tile 0 (keys 0..127) is a chain with no step and must still write
+    # dK = dV = 0. (200, 70) causal-like: rows 0..129 see no key: out 0, lse -inf, dq 0.
+    mask = _Mask(False, (10, 0))
+    seqlens = [(64, 300), (200, 70)]
+    plan = _band_schedule(seqlens, 2, 1, 64, mask)
+    assert plan.schedule.chain_start[1] == plan.schedule.chain_start[0]  # chain (0, 0, 0): empty
+    assert 0 in plan.schedule.order
+    got, inputs = _run_varlen(seqlens, [3, 4], 2, 1, 64, mask)
+    cu_q, cu_k = inputs[4], inputs[5]
+    first = _seq_slice(got, cu_q, cu_k, 0)
+    assert torch.count_nonzero(first["dk"][:226]) == 0
+    assert torch.count_nonzero(first["dv"][:226]) == 0
+    assert torch.count_nonzero(first["dk"][226:]) > 0
+    second = _seq_slice(got, cu_q, cu_k, 1)
+    assert torch.count_nonzero(second["out"][:130]) == 0
+    assert torch.isneginf(second["lse"][:, :130]).all()
+    assert torch.isfinite(second["lse"][:, 130:]).all()
+    assert torch.count_nonzero(second["dq"][:130]) == 0
+    assert torch.count_nonzero(second["dq"][130:]) > 0
+    ref, same = _reference(inputs, mask)
+    for name in NAMES:
+        assert_close_to_ref(name, got[name], ref[name], same[name], atol=ATOL)

@@ -3,8 +3,8 @@ numerics against the fp32 reference, bitwise repeats, order invariance (a sequen
 among others at any position, or in a padded batch gives the same bits), zero-step chains and
 rows that see no key.
 
-The backward runs tables built here, independently of the schedule engine, from the row rule
-alone (``_band_schedule``): which (Q tile, KV tile) pairs meet, and ranks counted over the KV
+The backward runs tables built from the row rule alone, independently of the schedule engine
+(``dash_attn.testing.band_plan``): which (Q tile, KV tile) pairs meet, and ranks counted over the KV
 tiles that actually contribute. So these tests pin the kernel to the contract (section 3 of the
 varlen/window contract) rather than to one generator's output.
 
@@ -26,20 +26,14 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     )
 
 import itertools
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 
 from dash_attn.backends.triton.launch import run_backward, run_forward
-from dash_attn.backends.triton.tiles import backward_tiles
-from dash_attn.backends.triton.utils import cdiv
 from dash_attn.plan import INTERPRETER
-from dash_attn.reference.attention import attention_ref, visible_mask
-from dash_attn.schedule import Dispatch
-from dash_attn.testing import assert_close_to_ref, bitwise_equal
+from dash_attn.reference.attention import attention_ref
+from dash_attn.testing import BandMask, assert_close_to_ref, band_plan, bitwise_equal
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -51,125 +45,16 @@ ATOL = 1e-3
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
-# --- tables from the row rule -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Mask:
-    """What the kernels read of ``spec.mask``: ``causal`` and ``window`` (left, right)."""
-
-    causal: bool
-    window: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """What the launchers read of a ScheduleSpec (hashable: the table cache keys on it)."""
-
-    seqlens: tuple[tuple[int, int], ...]
-    q_heads: int
-    kv_heads: int
-    q_tiles: int
-    kv_tiles: int
-    mask: _Mask
-
-    @property
-    def num_chains(self) -> int:
-        return len(self.seqlens) * self.kv_heads * self.kv_tiles
-
-
-def _meets(seqlen_q: int, seqlen_k: int, mask: _Mask, block_m: int, block_n: int) -> np.ndarray:
-    """[q_tiles_b, kv_tiles_b] bool: Q tile i and KV tile j share a visible (row, key) pair."""
-    q_tiles, kv_tiles = cdiv(seqlen_q, block_m), cdiv(seqlen_k, block_n)
-    visible = visible_mask(seqlen_q, seqlen_k, causal=mask.causal, window=mask.window)
-    keep = np.ones((seqlen_q, seqlen_k), bool) if visible is None else visible.numpy()
-    meets = np.zeros((q_tiles, kv_tiles), bool)
-    for i, j in itertools.product(range(q_tiles), range(kv_tiles)):
-        meets[i, j] = keep[i * block_m : (i + 1) * block_m, j * block_n : (j + 1) * block_n].any()
-    return meets
-
-
 def _band_schedule(
     seqlens: list[tuple[int, int]],
     heads: int,
     kv_heads: int,
     headdim: int,
-    mask: _Mask,
-    *,
-    descending: bool = False,
-    static_workers: int = 0,
-) -> SimpleNamespace:
-    """Tables of the contract: every KV tile of a sequence is a chain listed once (even with no
-    step); its steps are the Q tiles it meets, every q head of its group; a contribution's rank
-    is its position among the KV tiles that contribute to that dQ tile, in ascending (or
-    descending) KV order, so ranks depend on the sequence's own geometry only.
-
-    Dynamic dispatch tickets chains in that KV order; ``static_workers`` > 0 deals whole
-    (sequence, kv head) groups round-robin to that many static workers instead (every wait is
-    then on the same worker, so the interpreter's program order meets it).
-    """
-    tiles = backward_tiles(headdim, "atomic")
-    bm, bn = tiles.block_m, tiles.block_n
-    group = heads // kv_heads
-    q_tiles = max([cdiv(sq, bm) for sq, _ in seqlens] + [1])
-    kv_tiles = max([cdiv(sk, bn) for _, sk in seqlens] + [1])
-    spec = _Spec(tuple(seqlens), heads, kv_heads, q_tiles, kv_tiles, mask)
-    steps: dict[int, list[tuple[int, int, int]]] = {}
-    groups: list[list[int]] = []
-    for b, (sq, sk) in enumerate(seqlens):
-        meets = _meets(sq, sk, mask, bm, bn)
-        kv_order = range(meets.shape[1])
-        kv_order = list(reversed(kv_order)) if descending else list(kv_order)
-        for kvh in range(kv_heads):
-            chains = []
-            for j in kv_order:
-                chain = (b * kv_heads + kvh) * kv_tiles + j
-                before = meets[:, j + 1 :] if descending else meets[:, :j]
-                steps[chain] = [
-                    (h, i, int(before[i].sum()))
-                    for h in range(kvh * group, (kvh + 1) * group)
-                    for i in np.flatnonzero(meets[:, j])
-                ]
-                chains.append(chain)
-            groups.append(chains)
-    chain_start, flat = [0], []
-    for chain in range(spec.num_chains):
-        flat += steps.get(chain, [])
-        chain_start.append(len(flat))
-    if static_workers:
-        lists = [[c for g in groups[w::static_workers] for c in g] for w in range(static_workers)]
-        order = [c for chains in lists for c in chains]
-        worker_start = np.cumsum([0] + [len(chains) for chains in lists])
-        dispatch = Dispatch.STATIC
-    else:
-        order = [c for g in groups for c in g]
-        worker_start = [0, len(order)]
-        dispatch = Dispatch.DYNAMIC
-    column = np.array(flat, dtype=np.int32).reshape(-1, 3)
-    schedule = SimpleNamespace(
-        name=f"band-{'desc' if descending else 'asc'}-{static_workers}",
-        spec=spec,
-        dispatch=dispatch,
-        chain_start=np.array(chain_start, np.int32),
-        step_q_head=column[:, 0].copy(),
-        step_q_tile=column[:, 1].copy(),
-        step_rank=column[:, 2].copy(),
-        order=np.array(order, np.int32),
-        worker_start=np.array(worker_start, np.int32),
-    )
-    return SimpleNamespace(
-        spec=spec,
-        schedule=schedule,
-        tiles=tiles,
-        device=INTERPRETER,
-        backend="triton",
-        deterministic=True,
-        dq_reduce="atomic",
-        timeout_s=10.0,
-        dispatch=dispatch,
-        grid=static_workers or min(INTERPRETER.sm_count, max(len(order), 1)),
-        describe=lambda: f"test schedule {schedule.name}",
-    )
+    mask: BandMask,
+    **options: Any,
+) -> Any:
+    """The interpreter's plan for tables from the row rule (see ``band_plan``)."""
+    return band_plan(seqlens, heads, kv_heads, headdim, mask, device=INTERPRETER, **options)
 
 
 # --- inputs and runs ----------------------------------------------------------------------------
@@ -204,7 +89,7 @@ def _run_varlen(
     heads: int,
     kv_heads: int,
     headdim: int,
-    mask: _Mask,
+    mask: BandMask,
     **schedule: Any,
 ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
     """Forward and backward of a pack on the kernels; also returns the packed inputs."""
@@ -228,7 +113,7 @@ def _run_varlen(
     return got, (q, k, v, dout, cu_q, cu_k)
 
 
-def _reference(inputs: tuple[torch.Tensor, ...], mask: _Mask) -> tuple[dict, dict]:
+def _reference(inputs: tuple[torch.Tensor, ...], mask: BandMask) -> tuple[dict, dict]:
     """(fp32, same-dtype) references of a pack, gradients by autograd."""
     q, k, v, dout, cu_q, cu_k = inputs
     refs = []
@@ -268,12 +153,12 @@ def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], labe
 
 
 MASKS = {
-    "full": _Mask(False, (-1, -1)),
-    "causal": _Mask(True, (-1, -1)),
-    "local(40,0)": _Mask(False, (40, 0)),
-    "causal+local(70,-1)": _Mask(True, (70, -1)),
-    "local(20,9)": _Mask(False, (20, 9)),
-    "local(-1,15)": _Mask(False, (-1, 15)),
+    "full": BandMask(False, (-1, -1)),
+    "causal": BandMask(True, (-1, -1)),
+    "local(40,0)": BandMask(False, (40, 0)),
+    "causal+local(70,-1)": BandMask(True, (70, -1)),
+    "local(20,9)": BandMask(False, (20, 9)),
+    "local(-1,15)": BandMask(False, (-1, 15)),
 }
 
 # Odd lengths, an empty query sequence, an empty key sequence, sq > sk (rows that see no key
@@ -297,7 +182,7 @@ def _run_dense(
     heads: int,
     kv_heads: int,
     headdim: int,
-    mask: _Mask,
+    mask: BandMask,
     **schedule: Any,
 ) -> dict[str, torch.Tensor]:
     """A padded batch (batch, seqlen, heads, headdim) of same-length sequences, one per seed."""
@@ -312,7 +197,7 @@ def _run_dense(
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-INVARIANCE_MASK = _Mask(True, (90, -1))
+INVARIANCE_MASK = BandMask(True, (90, -1))
 
 
 @pytest.mark.parametrize(
@@ -383,7 +268,7 @@ def test_zero_step_chains_and_keyless_rows_give_zeros() -> None:
     # (64, 300) with window (10, 0): row m sees keys m + 226 .. m + 236, so keys 0..225 are
     # seen by no row: KV tile 0 (keys 0..127) is a chain with no step and must still write
     # dK = dV = 0. (200, 70) causal-like: rows 0..129 see no key: out 0, lse -inf, dq 0.
-    mask = _Mask(False, (10, 0))
+    mask = BandMask(False, (10, 0))
     seqlens = [(64, 300), (200, 70)]
     plan = _band_schedule(seqlens, 2, 1, 64, mask)
     assert plan.schedule.chain_start[1] == plan.schedule.chain_start[0]  # chain (0, 0, 0): empty

@@ -151,6 +151,14 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
     size(common, "--kv-heads", "HKV", MAX_HEADS, "kv heads (default: H)")
     size(common, "--batch", "B", MAX_BATCH, "batch size (default 1)")
     common.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    common.add_argument(
+        "--invariant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="order-invariant schedules (default): each sequence's dQ summation order depends "
+        "only on its lengths, tiles and mask, never on workers, batch or heads; --no-invariant "
+        "keeps the worker-dependent shift rules",
+    )
     workers = f"persistent workers (SMs) of the backward (default {rep.DEFAULT_WORKERS})"
     size(common, "--workers", "P", MAX_WORKERS, workers, rep.DEFAULT_WORKERS)
     cost = p.add_argument_group(
@@ -198,7 +206,16 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
 
 _SHAPE_FLAGS = ("seqlen", "seqlen_k", "headdim")
 _TILE_FLAGS = ("q_tiles", "kv_tiles", "tile_ratio")
-_SINGLE_SHAPE_FLAGS = ("heads", "kv_heads", "batch", "causal", "schedule", "ascii", "plot")
+_SINGLE_SHAPE_FLAGS = (
+    "heads",
+    "kv_heads",
+    "batch",
+    "causal",
+    "invariant",
+    "schedule",
+    "ascii",
+    "plot",
+)
 
 
 def _given(args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
@@ -228,6 +245,7 @@ def resolve_spec(
     if heads % kv_heads:
         parser.error(f"argument --kv-heads: {kv_heads} does not divide --heads {heads}")
     batch, mask = args.batch or 1, Mask(causal=args.causal)
+    invariant = args.invariant is not False
     try:
         if shape_flags:
             if args.seqlen is None or args.headdim is None:
@@ -235,7 +253,7 @@ def resolve_spec(
                 parser.error(f"{shape_flags[0]} needs {missing} too")
             seqlen_k = args.seqlen_k or args.seqlen
             problem = Problem(batch, args.seqlen, seqlen_k, heads, kv_heads, args.headdim, mask)
-            spec, shape = rep.analysis_spec(problem, args.workers)
+            spec, shape = rep.analysis_spec(problem, args.workers, invariant)
         else:
             if args.q_tiles is None and args.kv_tiles is None:
                 parser.error("--tile-ratio needs --q-tiles or --kv-tiles")
@@ -251,6 +269,7 @@ def resolve_spec(
                 mask=mask,
                 tile_ratio=ratio,
                 workers=args.workers,
+                invariant=invariant,
             )
             shape = None
     except (ValueError, TypeError, NotImplementedError) as exc:

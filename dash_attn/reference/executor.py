@@ -20,7 +20,8 @@ Glossary:
     dynamic dispatch: a free worker takes the next ticket t and runs chain ``order[t]``.
 
 Per step (rows R of Q tile i, rows C of KV tile j, one query head; padded to full tiles, with the
-mask ``r < seqlen_q and c < seqlen_k and (not causal or c <= r + seqlen_k - seqlen_q)``)::
+mask ``spec.mask.keeps(r, c, seqlen_q, seqlen_k)``: flash-attn's row rule, windows included, with
+each sequence's own lengths for packed (varlen) input)::
 
     P = exp(scale * Q_R K_C^T - lse_R)   (0 where masked)
     dV_C += P^T dO_R
@@ -35,13 +36,14 @@ input dtype, as ``tl.dot`` consumes them, and accumulated in float32.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
 
 import torch
 
-from ..schedule.types import Dispatch, Mask, Schedule, ScheduleSpec
+from ..schedule.types import Dispatch, Schedule, ScheduleSpec
 from .attention import compute_dtype
 
 __all__ = ["ScheduleRun", "execute_schedule_backward", "run_schedule_backward"]
@@ -96,6 +98,29 @@ def _check_matches(
         )
 
 
+def _lengths(cu_seqlens: torch.Tensor, name: str) -> list[int]:
+    if cu_seqlens.ndim != 1 or len(cu_seqlens) < 2:
+        raise ValueError(f"{name} must be a 1-d tensor of batch + 1 offsets")
+    offsets = [int(x) for x in cu_seqlens.tolist()]
+    lengths = [hi - lo for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+    if offsets[0] != 0 or min(lengths) < 0:
+        raise ValueError(f"{name} must start at 0 and be non-decreasing, got {offsets}")
+    return lengths
+
+
+def _unpack(x: torch.Tensor, cu: list[int], rows: int) -> torch.Tensor:
+    """Packed ``(total, ...)`` rows -> a zero-padded ``(batch, rows, ...)`` batch."""
+    out = x.new_zeros((len(cu) - 1, rows, *x.shape[1:]))
+    for b in range(len(cu) - 1):
+        out[b, : cu[b + 1] - cu[b]] = x[cu[b] : cu[b + 1]]
+    return out
+
+
+def _pack(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """A padded ``(batch, rows, ...)`` batch -> packed ``(sum(lengths), ...)`` rows."""
+    return torch.cat([x[b, :n] for b, n in enumerate(lengths)], dim=0)
+
+
 def run_schedule_backward(
     schedule: Schedule,
     q: torch.Tensor,
@@ -109,43 +134,74 @@ def run_schedule_backward(
     block_m: int,
     block_n: int,
     timing_seed: int | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> ScheduleRun:
     """Execute ``schedule`` step by step and report gradients plus the observed dQ order.
 
     Arguments:
         schedule: tables for the tile-level shape of these tensors with these block sizes;
-            the mask (``schedule.spec.mask.causal``) and the worker count are taken from it.
-        q: (batch_size, seqlen_q, nheads, headdim)
-        k, v: (batch_size, seqlen_k, nheads_k, headdim)
-        out: (batch_size, seqlen_q, nheads, headdim), the forward output.
-        lse: (batch_size, nheads, seqlen_q), the forward logsumexp (``-inf`` for empty rows).
-        dout: (batch_size, seqlen_q, nheads, headdim)
+            the mask (``schedule.spec.mask``, windows included), the worker count and
+            ``invariant`` are taken from it.
+        q: (batch_size, seqlen_q, nheads, headdim), or (total_q, nheads, headdim) with
+            ``cu_seqlens_q`` (varlen: sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``).
+        k, v: (batch_size, seqlen_k, nheads_k, headdim), or (total_k, nheads_k, headdim).
+        out: like q, the forward output.
+        lse: (batch_size, nheads, seqlen_q), or (nheads, total_q) for varlen: the forward
+            logsumexp (``-inf`` for rows that see no key).
+        dout: like q.
         softmax_scale: float or None (1 / sqrt(headdim)).
         block_m, block_n: rows per Q tile and per KV tile.
         timing_seed: None for lockstep rounds; an int lets a random non-empty subset of the ready
             workers advance in each round (uneven worker speeds).
+        cu_seqlens_q, cu_seqlens_k: batch + 1 row offsets for packed sequences (both or none).
     Return:
-        ScheduleRun with dq, dk, dv, the addition order per dQ tile and round/stall counts.
+        ScheduleRun with dq, dk, dv (shaped like q, k, v), the addition order per dQ tile and
+        round/stall counts.
     Raises:
-        ValueError: the schedule was built for another shape or block size.
+        ValueError: the schedule was built for another shape or block size, or bad cu_seqlens.
         RuntimeError: the tables deadlock (every unfinished worker waits on a semaphore).
     """
     spec_in = schedule.spec
-    batch, seqlen_q, heads, headdim = q.shape
-    seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    causal = spec_in.mask.causal
-    spec = ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=seqlen_k,
-        q_heads=heads,
-        kv_heads=kv_heads,
-        block_m=block_m,
-        block_n=block_n,
-        mask=Mask(causal=causal),
-        workers=spec_in.workers,
-    )
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together (varlen), or neither")
+    varlen = cu_seqlens_q is not None and cu_seqlens_k is not None
+    heads, headdim = q.shape[-2], q.shape[-1]
+    kv_heads = k.shape[-2]
+    if varlen:
+        lengths_q = _lengths(cu_seqlens_q, "cu_seqlens_q")  # type: ignore[arg-type]
+        lengths_k = _lengths(cu_seqlens_k, "cu_seqlens_k")  # type: ignore[arg-type]
+        if len(lengths_q) != len(lengths_k):
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length")
+        seqlens = list(zip(lengths_q, lengths_k, strict=True))
+        spec = ScheduleSpec.from_seqlens(
+            seqlens=seqlens,
+            q_heads=heads,
+            kv_heads=kv_heads,
+            block_m=block_m,
+            block_n=block_n,
+            mask=spec_in.mask,
+            workers=spec_in.workers,
+            invariant=spec_in.invariant,
+        )
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        seqlens = [(seqlen_q, seqlen_k)] * batch
+        spec = ScheduleSpec.from_shape(
+            batch=batch,
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            q_heads=heads,
+            kv_heads=kv_heads,
+            block_m=block_m,
+            block_n=block_n,
+            mask=spec_in.mask,
+            workers=spec_in.workers,
+            invariant=spec_in.invariant,
+        )
     _check_matches(schedule, q, k, spec)
+    batch = spec.batch
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
 
     work = compute_dtype(q.dtype)
@@ -157,16 +213,24 @@ def run_schedule_backward(
 
     rows_q = spec.q_tiles * block_m
     rows_k = spec.kv_tiles * block_n
-    qp = _pad_rows(q.detach().to(work), rows_q)
-    dop = _pad_rows(dout.detach().to(work), rows_q)
-    kp = _pad_rows(k.detach().to(work), rows_k)
-    vp = _pad_rows(v.detach().to(work), rows_k)
-    # The preprocess kernel: delta = rowsum(dO * O), (b, sq, h) padded with zeros.
-    delta = _pad_rows((dout.detach().to(work) * out.detach().to(work)).sum(-1), rows_q)
-    lse_w = lse.detach().to(work).transpose(1, 2)  # (b, sq, h)
+    # The preprocess kernel: delta = rowsum(dO * O), padded with zeros.
+    delta_rows = (dout.detach().to(work) * out.detach().to(work)).sum(-1)
     # Empty rows carry lse = -inf; every entry of such a row is masked, so a finite stand-in
     # keeps exp() from producing inf (and inf * 0 = NaN) before the mask zeroes it.
-    lse_w = _pad_rows(torch.where(torch.isneginf(lse_w), 0.0, lse_w), rows_q)
+    lse_rows = lse.detach().to(work)
+    lse_rows = torch.where(torch.isneginf(lse_rows), 0.0, lse_rows)
+    if varlen:
+        cu_q = [0, *itertools.accumulate(lengths_q)]
+        cu_k = [0, *itertools.accumulate(lengths_k)]
+        qp, dop = (_unpack(x.detach().to(work), cu_q, rows_q) for x in (q, dout))
+        kp, vp = (_unpack(x.detach().to(work), cu_k, rows_k) for x in (k, v))
+        delta = _unpack(delta_rows, cu_q, rows_q)
+        lse_w = _unpack(lse_rows.transpose(0, 1), cu_q, rows_q)  # (b, rows, h)
+    else:
+        qp, dop = (_pad_rows(x.detach().to(work), rows_q) for x in (q, dout))
+        kp, vp = (_pad_rows(x.detach().to(work), rows_k) for x in (k, v))
+        delta = _pad_rows(delta_rows, rows_q)
+        lse_w = _pad_rows(lse_rows.transpose(1, 2), rows_q)  # (b, sq, h)
 
     dq_accum = torch.zeros((batch, rows_q, heads, headdim), dtype=work, device=q.device)
     dk_out = torch.zeros((batch, rows_k, kv_heads, headdim), dtype=work, device=q.device)
@@ -175,13 +239,10 @@ def run_schedule_backward(
     local_r = torch.arange(block_m, device=q.device).unsqueeze(1)
     local_c = torch.arange(block_n, device=q.device).unsqueeze(0)
 
-    def tile_mask(q_tile: int, kv_tile: int) -> torch.Tensor:
+    def tile_mask(b: int, q_tile: int, kv_tile: int) -> torch.Tensor:
         r = q_tile * block_m + local_r
         c = kv_tile * block_n + local_c
-        valid = (r < seqlen_q) & (c < seqlen_k)
-        if causal:
-            valid = valid & (c <= r + (seqlen_k - seqlen_q))
-        return valid
+        return spec.mask.keeps(r, c, *seqlens[b])  # the one row rule, windows included
 
     # Per-chain dK/dV accumulators, alive while a worker holds the chain (the kernel's registers).
     acc_dk: dict[int, torch.Tensor] = {}
@@ -201,14 +262,15 @@ def run_schedule_backward(
         v_t = operand(vp[b, rk, kv_head])
         s = (q_t @ k_t.T) * scale
         p = torch.exp(s - lse_w[b, rq, q_head].unsqueeze(1))
-        p = torch.where(tile_mask(q_tile, kv_tile), p, 0.0)
+        p = torch.where(tile_mask(b, q_tile, kv_tile), p, 0.0)
         dp = do_t @ v_t.T
         ds = p * (dp - delta[b, rq, q_head].unsqueeze(1))
         acc_dv[chain] += operand(p).T @ do_t
         acc_dk[chain] += operand(ds).T @ q_t
         # The ordered part: only here does the semaphore matter.
         dq_id = spec.dq_tile_id(b, q_head, q_tile)
-        assert semaphore[dq_id] == rank, "executor bug: a step ran before its turn"
+        if semaphore[dq_id] != rank:
+            raise RuntimeError(f"executor bug: a step of dQ tile {dq_id} ran before its turn")
         dq_accum[b, rq, q_head] += operand(ds) @ k_t
         semaphore[dq_id] += 1
         run.dq_additions.setdefault(dq_id, []).append((chain, rank))
@@ -283,9 +345,14 @@ def run_schedule_backward(
                 finish(worker.chain)
                 worker.chain = -1
 
-    run.dq = (dq_accum[:, :seqlen_q] * scale).to(q.dtype)
-    run.dk = dk_out[:, :seqlen_k].to(k.dtype)
-    run.dv = dv_out[:, :seqlen_k].to(v.dtype)
+    if varlen:
+        run.dq = (_pack(dq_accum, lengths_q) * scale).to(q.dtype)
+        run.dk = _pack(dk_out, lengths_k).to(k.dtype)
+        run.dv = _pack(dv_out, lengths_k).to(v.dtype)
+    else:
+        run.dq = (dq_accum[:, : seqlens[0][0]] * scale).to(q.dtype)
+        run.dk = dk_out[:, : seqlens[0][1]].to(k.dtype)
+        run.dv = dv_out[:, : seqlens[0][1]].to(v.dtype)
     return run
 
 
@@ -301,6 +368,8 @@ def execute_schedule_backward(
     softmax_scale: float | None,
     block_m: int,
     block_n: int,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward computed by executing ``schedule`` (see ``run_schedule_backward``).
 
@@ -318,5 +387,7 @@ def execute_schedule_backward(
         softmax_scale=softmax_scale,
         block_m=block_m,
         block_n=block_n,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
     )
     return run.dq, run.dk, run.dv

@@ -8,11 +8,13 @@ from .generators import (
     make_schedule,
     schedule_names,
 )
+from .invariance import SequenceOrder, invariance_errors, sequence_order
 from .render import dq_orders, render_ascii, schedule_from_json, schedule_to_json
 from .simulate import SimResult, simulate
 from .types import (
     CAUSAL,
     FULL,
+    MASK_KINDS,
     MASK_NAMES,
     TABLE_FIELDS,
     Dispatch,
@@ -25,12 +27,14 @@ from .validate import ValidationReport, rank_predecessors, validate
 __all__ = [
     "CAUSAL",
     "FULL",
+    "MASK_KINDS",
     "MASK_NAMES",
     "TABLE_FIELDS",
     "Dispatch",
     "Mask",
     "Schedule",
     "ScheduleSpec",
+    "SequenceOrder",
     "SimResult",
     "ValidationReport",
     "applicable_schedules",
@@ -38,12 +42,14 @@ __all__ = [
     "build_schedule",
     "check_schedule_fits",
     "dq_orders",
+    "invariance_errors",
     "make_schedule",
     "rank_predecessors",
     "render_ascii",
     "schedule_from_json",
     "schedule_names",
     "schedule_to_json",
+    "sequence_order",
     "simulate",
     "validate",
 ]

@@ -37,7 +37,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .types import Dispatch, Mask, Schedule, ScheduleSpec
+from .invariant import invariant_schedule
+from .types import Dispatch, Mask, Schedule, ScheduleSpec, range_tables
 
 RANK_KV_ORDER = "kv_order"
 RANK_ARRIVAL = "arrival"
@@ -54,20 +55,24 @@ def build_schedule(
     """Assemble a ``Schedule`` from visiting orders and a work split.
 
     Args:
-        q_order: chain index -> the Q tiles it visits, in order (the same for each q head).
-        units: groups of chains executed back to back by one worker, in dispatch order. Static
-            dispatch deals units round-robin to the ``spec.workers`` workers (worker ``w`` runs
-            units ``w, w + P, ...``); dynamic dispatch hands out the chains as tickets in this
-            order.
+        q_order: chain index -> the Q tiles it visits, in order (the same for each q head);
+            called for live chains only (``kv_tile < kv_tiles_b``; padded chains have no step).
+        units: groups of live chains executed back to back by one worker, in dispatch order.
+            Static dispatch deals units round-robin to the ``spec.workers`` workers (worker ``w``
+            runs units ``w, w + P, ...``); dynamic dispatch hands out the chains as tickets in
+            this order.
         rank_rule: ``"kv_order"`` or ``"arrival"`` (see the module docstring).
     """
     dispatch = Dispatch(dispatch)
     group = spec.group_size
+    tables = range_tables(spec)
     lengths = np.zeros(spec.num_chains, dtype=np.int64)
     heads: list[np.ndarray] = []
     tiles: list[np.ndarray] = []
     for chain in range(spec.num_chains):
-        _, kv_head, _ = _chain_coords(spec, chain)
+        batch, kv_head, kv_tile = _chain_coords(spec, chain)
+        if kv_tile >= tables.kv_tiles[batch]:
+            continue  # padding of a shorter sequence: no step, not dispatched
         order = np.asarray(q_order(chain), dtype=np.int64)
         heads.append(np.repeat(np.arange(kv_head * group, (kv_head + 1) * group), len(order)))
         tiles.append(np.tile(order, group))
@@ -77,8 +82,8 @@ def build_schedule(
     step_q_tile = np.concatenate(tiles) if tiles else np.zeros(0, np.int64)
 
     flat = [chain for unit in units for chain in unit]
-    if sorted(flat) != list(range(spec.num_chains)):
-        raise ValueError(f"{name}: units must list every chain exactly once")
+    if sorted(flat) != spec.live_chains().tolist():
+        raise ValueError(f"{name}: units must list every live chain exactly once")
     if dispatch is Dispatch.STATIC:
         per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
         for index, unit in enumerate(units):
@@ -87,7 +92,7 @@ def build_schedule(
         worker_start = np.concatenate([[0], np.cumsum([len(c) for c in per_worker])])
     else:
         order = flat
-        worker_start = np.array([0, spec.num_chains])
+        worker_start = np.array([0, len(flat)])
 
     schedule = Schedule(
         name=name,
@@ -97,12 +102,11 @@ def build_schedule(
         step_q_head=step_q_head,
         step_q_tile=step_q_tile,
         step_rank=np.zeros_like(step_q_tile),
-        order=np.asarray(order),
+        order=np.asarray(order, dtype=np.int64),
         worker_start=worker_start,
     )
     if rank_rule == RANK_KV_ORDER:
-        _, kv_tile = schedule.step_batch_kv()
-        ranks = kv_tile
+        ranks = kv_order_ranks(schedule)
     elif rank_rule == RANK_ARRIVAL:
         ranks = _arrival_ranks(schedule)
     else:
@@ -112,6 +116,15 @@ def build_schedule(
     object.__setattr__(schedule, "step_rank", np.ascontiguousarray(ranks, dtype=np.int32))
     schedule.step_rank.setflags(write=False)
     return schedule
+
+
+def kv_order_ranks(schedule: Schedule) -> np.ndarray:
+    """``[S]`` ranks in ascending KV-tile order: a step's KV tile minus the first KV tile that
+    contributes to its dQ tile, so ranks count contributing tiles only (a window's dQ tile
+    starts at rank 0 whatever its first KV tile)."""
+    batch, kv_tile = schedule.step_batch_kv()
+    first = range_tables(schedule.spec).kv_lo[batch, schedule.step_q_tile]
+    return kv_tile - first
 
 
 def step_depth_and_worker(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +157,11 @@ def step_depth_and_worker(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
 
 def _arrival_ranks(schedule: Schedule) -> np.ndarray:
     depth, worker = step_depth_and_worker(schedule)
-    dq = schedule.step_dq_tile()
+    return arrival_ranks(schedule.step_dq_tile(), depth, worker)
+
+
+def arrival_ranks(dq: np.ndarray, depth: np.ndarray, worker: np.ndarray) -> np.ndarray:
+    """``[S]`` each step's position among its dQ tile's steps sorted by (depth, worker)."""
     by_arrival = np.lexsort((worker, depth, dq))
     sorted_dq = dq[by_arrival]
     group_first = np.r_[0, np.flatnonzero(np.diff(sorted_dq)) + 1]
@@ -162,15 +179,19 @@ def _chain_coords(spec: ScheduleSpec, chain: int) -> tuple[int, int, int]:
 
 
 def _one_chain_per_unit(spec: ScheduleSpec) -> list[list[int]]:
-    return [[chain] for chain in range(spec.num_chains)]
+    return [[chain] for chain in spec.live_chains().tolist()]
+
+
+def _q_range(spec: ScheduleSpec, chain: int) -> tuple[int, int]:
+    batch, _, kv_tile = _chain_coords(spec, chain)
+    return spec.q_tile_range(batch, kv_tile)
 
 
 def fa3(spec: ScheduleSpec) -> Schedule:
     """FA3 deterministic baseline: ascending Q tiles, KV-order sums, dynamic dispatch."""
 
     def order(chain: int) -> np.ndarray:
-        kv_tile = chain % spec.kv_tiles
-        return np.arange(spec.first_q_tile(kv_tile), spec.q_tiles)
+        return np.arange(*_q_range(spec, chain))
 
     return build_schedule(
         "fa3", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
@@ -181,8 +202,8 @@ def descending(spec: ScheduleSpec) -> Schedule:
     """Descending Q-tile iteration: the baseline with each chain walking its column top-down."""
 
     def order(chain: int) -> np.ndarray:
-        kv_tile = chain % spec.kv_tiles
-        return np.arange(spec.q_tiles - 1, spec.first_q_tile(kv_tile) - 1, -1)
+        lo, hi = _q_range(spec, chain)
+        return np.arange(hi - 1, lo - 1, -1)
 
     return build_schedule(
         "descending", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
@@ -192,17 +213,30 @@ def descending(spec: ScheduleSpec) -> Schedule:
 def shift(spec: ScheduleSpec) -> Schedule:
     """Shift scheduling (full mask): KV tile j visits Q tiles k, k+1, ..., wrapping at M.
 
-    ``k`` is j's index within its wave group (paper section 3.5; equal to j within the first wave).
+    ``invariant=True`` (default): ``k = j mod V`` in the canonical layout of the chain's
+    (sequence, kv head) group (see ``invariant``), placed on the real workers without changing
+    a bit. ``invariant=False``: ``k`` is j's index within its wave group on the real workers
+    (paper section 3.5; equal to j within the first wave), so the order follows the worker count.
     """
     check_schedule_fits("shift", spec.mask)
+    if spec.invariant:
+        return invariant_schedule("shift", spec, legacy_shift)
+    return legacy_shift(spec)
+
+
+def legacy_shift(spec: ScheduleSpec) -> Schedule:
+    """``shift`` with the worker-dependent wave shift and arrival ranks over the whole launch."""
 
     def order(chain: int) -> np.ndarray:
-        kv_tile = chain % spec.kv_tiles
+        _, _, kv_tile = _chain_coords(spec, chain)
+        lo, hi = _q_range(spec, chain)
+        if hi == lo:
+            return np.zeros(0, dtype=np.int64)
         # Shift inside the chain's wave group (the chains of its (batch, kv head) dealt in the same
         # round of spec.workers), as the paper's code does: local index = kv_tile minus this head's
         # chains in earlier waves = min(kv_tile, chain mod workers).
         local = min(kv_tile, chain % spec.workers)
-        return (local + np.arange(spec.q_tiles)) % spec.q_tiles
+        return lo + (local + np.arange(hi - lo)) % (hi - lo)
 
     return build_schedule(
         "shift", spec, Dispatch.STATIC, order, _one_chain_per_unit(spec), RANK_ARRIVAL
@@ -210,16 +244,27 @@ def shift(spec: ScheduleSpec) -> Schedule:
 
 
 def symmetric_shift(spec: ScheduleSpec) -> Schedule:
-    """Symmetric shift with two-phase folding (causal): KV tiles p and N-1-p share a worker."""
+    """Symmetric shift with two-phase folding (causal): KV tiles p and N-1-p share a worker.
+
+    ``invariant`` as for ``shift``: by default the pairs of one (sequence, kv head) are laid out
+    on ``V`` canonical lanes, independent of the real workers.
+    """
     check_schedule_fits("symmetric_shift", spec.mask)
-    n_pairs = (spec.kv_tiles + 1) // 2
+    if spec.invariant:
+        return invariant_schedule("symmetric_shift", spec, legacy_symmetric_shift)
+    return legacy_symmetric_shift(spec)
+
+
+def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
+    """``symmetric_shift`` with wave groups of the real workers and launch-wide arrival ranks."""
     units: list[list[int]] = []
     unit_pair: list[tuple[int, int, int]] = []  # (batch, kv_head, pair) of each unit
     for batch in range(spec.batch):
+        q_tiles_b, kv_tiles_b = spec.seq_tiles(batch)
         for kv_head in range(spec.kv_heads):
-            for pair in range(n_pairs):
+            for pair in range((kv_tiles_b + 1) // 2):
                 long_chain = spec.chain_id(batch, kv_head, pair)
-                short_tile = spec.kv_tiles - 1 - pair
+                short_tile = kv_tiles_b - 1 - pair
                 unit = [long_chain]
                 if short_tile != pair:
                     unit.append(spec.chain_id(batch, kv_head, short_tile))
@@ -233,20 +278,22 @@ def symmetric_shift(spec: ScheduleSpec) -> Schedule:
         group_of.setdefault((batch, kv_head, index // spec.workers), []).append(pair)
     long_order: dict[tuple[int, int, int], np.ndarray] = {}
     for (batch, kv_head, _), pairs in group_of.items():
+        q_tiles_b = spec.seq_tiles(batch)[0]
         first, last = pairs[0], pairs[-1]
-        rect_start = spec.first_q_tile(last)
-        rect_len = spec.q_tiles - rect_start
+        rect_start = spec.q_tile_range(batch, last)[0]
+        rect_len = q_tiles_b - rect_start
         for pair in pairs:
             local = pair - first
-            rect = rect_start + (local + np.arange(rect_len)) % rect_len
-            tri = np.arange(spec.first_q_tile(pair), rect_start)
+            rect = rect_start + (local + np.arange(rect_len)) % max(rect_len, 1)
+            tri = np.arange(spec.q_tile_range(batch, pair)[0], rect_start)
             long_order[(batch, kv_head, pair)] = np.concatenate([rect, tri])
 
     def order(chain: int) -> np.ndarray:
         batch, kv_head, kv_tile = _chain_coords(spec, chain)
-        if kv_tile < n_pairs:
+        if kv_tile < (spec.seq_tiles(batch)[1] + 1) // 2:
             return long_order[(batch, kv_head, kv_tile)]
-        return np.arange(spec.q_tiles - 1, spec.first_q_tile(kv_tile) - 1, -1)
+        lo, hi = spec.q_tile_range(batch, kv_tile)
+        return np.arange(hi - 1, lo - 1, -1)
 
     return build_schedule("symmetric_shift", spec, Dispatch.STATIC, order, units, RANK_ARRIVAL)
 
@@ -259,11 +306,11 @@ GENERATORS: dict[str, Callable[[ScheduleSpec], Schedule]] = {
 }
 
 
-# The one statement of which schedule serves which mask (by Mask.name): the shift family is
+# The one statement of which schedule serves which mask (by Mask.kind): the shift family is
 # mask-specific, the two dynamic baselines serve any mask.
 SCHEDULE_MASKS: dict[str, tuple[str, ...]] = {
-    "fa3": ("full", "causal"),
-    "descending": ("full", "causal"),
+    "fa3": ("full", "causal", "local"),
+    "descending": ("full", "causal", "local"),
     "shift": ("full",),
     "symmetric_shift": ("causal",),
 }
@@ -277,12 +324,12 @@ def schedule_names() -> list[str]:
 def applicable_schedules(spec_or_mask: ScheduleSpec | Mask) -> list[str]:
     """The schedules that can serve a spec or a mask, in registration order."""
     mask = spec_or_mask.mask if isinstance(spec_or_mask, ScheduleSpec) else spec_or_mask
-    return [name for name in GENERATORS if mask.name in SCHEDULE_MASKS[name]]
+    return [name for name in GENERATORS if mask.kind in SCHEDULE_MASKS[name]]
 
 
 def check_schedule_fits(name: str, mask: Mask) -> None:
     """Raise ValueError if schedule ``name`` is not made for ``mask``, naming what is."""
-    if mask.name not in SCHEDULE_MASKS[name]:
+    if mask.kind not in SCHEDULE_MASKS[name]:
         fitting = [other for other in applicable_schedules(mask) if other != name]
         raise ValueError(
             f"schedule {name!r} is for the {' or '.join(SCHEDULE_MASKS[name])} mask, not the "
@@ -298,19 +345,34 @@ AUTO_PREFERENCE = ("shift", "symmetric_shift", "descending", "fa3")
 # lead (paper grid, 132 workers: shift 8192 vs descending 8195 steps at 16k full, symmetric_shift
 # 4128 vs 4175 at 16k causal) and a simulation would cost seconds.
 AUTO_SIMULATE_MAX_TASKS = 2048
+# auto of an order-invariant spec, by Mask.kind: a function of the mask alone, so of no worker
+# count, batch or other sequence (tools/invariance_model.py and tools/band_model.py measured it).
+AUTO_INVARIANT: dict[str, str] = {
+    "full": "shift",
+    "causal": "symmetric_shift",
+    "local": "descending",
+}
 
 
 def auto_schedule_name(spec: ScheduleSpec) -> str:
     """The documented ``schedule="auto"`` rule: a pure function of the tile-level shape.
 
-    Up to ``AUTO_SIMULATE_MAX_TASKS`` tile tasks: the schedule with the smallest makespan in the
-    DAG model (``simulate`` with c = r = 1) among those that fit the mask, ties going to the first
-    of ``AUTO_PREFERENCE`` (the mask's shift schedule, then ``descending``, then ``fa3``); so a
-    shape with fewer chains than workers (one head, causal) gets ``descending``, which uses them
-    all. Larger specs: the mask's shift schedule (``shift`` for full, ``symmetric_shift`` for
-    causal) without simulating. Never a timing-based choice: schedules differ in the low bits of
-    dQ, so the choice itself must be reproducible.
+    ``spec.invariant`` (the default): ``AUTO_INVARIANT[spec.mask.kind]``: ``shift`` for the full
+    mask, ``symmetric_shift`` for causal, ``descending`` for a window (local): its chains walk
+    their band top-down, so the KV tiles of a dQ tile arrive in ascending order, the order the
+    ranks ask for (the band-mask study in ``tools/invariance_model.py``). It depends on the mask
+    only, never on the worker count, so the order it implies is invariant too.
+
+    ``invariant=False``: up to ``AUTO_SIMULATE_MAX_TASKS`` tile tasks, the schedule with the
+    smallest makespan in the DAG model (``simulate`` with c = r = 1) among those that fit the
+    mask, ties going to the first of ``AUTO_PREFERENCE`` (the mask's shift schedule, then
+    ``descending``, then ``fa3``); so a shape with fewer chains than workers (one head, causal)
+    gets ``descending``, which uses them all. Larger specs: the mask's first schedule in
+    ``AUTO_PREFERENCE`` without simulating. Never a timing-based choice: schedules differ in the
+    low bits of dQ, so the choice itself must be reproducible.
     """
+    if spec.invariant:
+        return AUTO_INVARIANT[spec.mask.kind]
     names = [name for name in AUTO_PREFERENCE if name in applicable_schedules(spec)]
     if spec.num_tasks() > AUTO_SIMULATE_MAX_TASKS:
         return names[0]

@@ -16,7 +16,10 @@ from .generators import step_depth_and_worker
 from .types import TABLE_FIELDS, Dispatch, Mask, Schedule, ScheduleSpec
 
 JSON_FORMAT = "dash_attn.schedule"
-# Version 2 spells the spec's mask by name ("full", "causal"); version 1 had a causal flag.
+# Version 2 spells the spec's mask by name ("full", "causal", "local(L,R)") and repeats the window
+# as window_left / window_right; version 1 had a causal flag. Files written before seqlens, block_m
+# and invariant existed read back with their defaults, except invariant: tables of that time were
+# built by the worker-dependent rules, so a missing "invariant" reads as False.
 JSON_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 
@@ -187,6 +190,7 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
             for field in dataclasses.fields(ScheduleSpec)
         },
     }
+    data["spec"]["window_left"], data["spec"]["window_right"] = schedule.spec.mask.window
     for name in TABLE_FIELDS:
         data[name] = getattr(schedule, name).tolist()
     return data
@@ -212,12 +216,20 @@ def schedule_from_json(data: dict[str, Any]) -> Schedule:
     spec_data = dict(data["spec"])
     if data["version"] == 1 and "causal" in spec_data:
         spec_data["mask"] = "causal" if spec_data.pop("causal") else "full"
+    window = (spec_data.pop("window_left", None), spec_data.pop("window_right", None))
     spec_fields = {f.name for f in dataclasses.fields(ScheduleSpec)}
     unknown = set(spec_data) - spec_fields
     if unknown:
         raise ValueError(f"unknown spec fields {sorted(unknown)}")
     if "mask" in spec_data:
         spec_data["mask"] = Mask.parse(spec_data["mask"])
+        if window != (None, None) and tuple(window) != spec_data["mask"].window:
+            raise ValueError(
+                f"spec window {list(window)} contradicts mask {spec_data['mask'].name!r}"
+            )
+    spec_data.setdefault("invariant", False)
+    if spec_data.get("seqlens") is not None:
+        spec_data["seqlens"] = tuple(tuple(pair) for pair in spec_data["seqlens"])
     arrays = {name: np.asarray(data[name], dtype=np.int64) for name in TABLE_FIELDS}
     for name, array in arrays.items():
         if array.ndim != 1:
@@ -235,4 +247,6 @@ def _plain(value: object) -> object:
         return int(value)
     if isinstance(value, Mask):
         return value.name
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
     return value

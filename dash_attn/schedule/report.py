@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..backends import choose_backend
@@ -89,11 +89,13 @@ class Shape:
     block_n: int
 
 
-def analysis_spec(problem: Problem, workers: int) -> tuple[ScheduleSpec, Shape]:
+def analysis_spec(
+    problem: Problem, workers: int, invariant: bool = True
+) -> tuple[ScheduleSpec, Shape]:
     """The spec the Triton backward runs for ``problem`` on a ``workers``-SM Hopper GPU, and the
     shape it was tiled from. Raises ValueError / NotImplementedError (e.g. an unknown head dim)."""
     _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
-    spec = backward_spec(problem, tiles, workers)
+    spec = replace(backward_spec(problem, tiles, workers), invariant=invariant)
     shape = Shape(problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n)
     return spec, shape
 

@@ -38,9 +38,29 @@ a non-persistent grid); ranks then only ever wait on chains with a smaller ticke
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+from .geometry import SeqGeometry, tile_geometry, token_geometry
+from .mask import CAUSAL, FULL, MASK_KINDS, MASK_NAMES, Mask
+
+__all__ = [
+    "CAUSAL",
+    "FULL",
+    "MASK_KINDS",
+    "MASK_NAMES",
+    "TABLE_FIELDS",
+    "Dispatch",
+    "Mask",
+    "Schedule",
+    "ScheduleSpec",
+    "RangeTables",
+    "SeqGeometry",
+    "range_tables",
+]
 
 
 class Dispatch(str, enum.Enum):
@@ -48,47 +68,6 @@ class Dispatch(str, enum.Enum):
 
     STATIC = "static"
     DYNAMIC = "dynamic"
-
-
-@dataclass(frozen=True)
-class Mask:
-    """Which keys each query row attends to, in flash-attn's row semantics.
-
-    Attributes:
-        causal: query row ``m`` sees key ``n`` iff ``n <= m + seqlen_k - seqlen_q`` (aligned to the
-            bottom-right corner of the attention matrix). Otherwise every key (the full mask).
-
-    The schedule engine, the validator, the reference executor and both backends read the mask
-    from here; sliding windows and packed sequences extend this value, not the call sites.
-
-    >>> Mask.parse("causal")
-    Mask(causal=True)
-    >>> Mask(causal=False).name
-    'full'
-    """
-
-    causal: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"Mask.causal must be a bool, got {type(self.causal).__name__}")
-
-    @property
-    def name(self) -> str:
-        """``"causal"`` or ``"full"``: the spelling of the CLI, the CSV files and the JSON."""
-        return "causal" if self.causal else "full"
-
-    @classmethod
-    def parse(cls, name: str) -> Mask:
-        """The mask spelled ``name`` (``"full"`` or ``"causal"``)."""
-        if name not in MASK_NAMES:
-            raise ValueError(f"mask must be one of {list(MASK_NAMES)}, got {name!r}")
-        return cls(causal=name == "causal")
-
-
-MASK_NAMES = ("full", "causal")
-FULL = Mask(causal=False)
-CAUSAL = Mask(causal=True)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -103,15 +82,29 @@ class ScheduleSpec:
     """The tile-level shape of one attention backward, and the number of workers running it.
 
     Attributes:
-        batch: batch size B.
+        batch: batch size B (the number of sequences).
         q_heads: number of query heads H.
         kv_heads: number of key/value heads (H % kv_heads == 0; fewer means GQA/MQA).
-        q_tiles: number of Q tiles M per (batch, head).
-        kv_tiles: number of KV tiles N per (batch, kv head).
-        mask: which (query, key) pairs attend (``FULL`` or ``CAUSAL``).
+        q_tiles: number of Q tiles M per (batch, head): the largest sequence's when ``seqlens``
+            is set (a padded tile grid).
+        kv_tiles: number of KV tiles N per (batch, kv head), likewise.
+        mask: which (query, key) pairs attend (``Mask``: full, causal or a window).
         tile_ratio: s = BLOCK_N / BLOCK_M (Q tiles per KV tile along the diagonal).
         workers: number of persistent workers P (SMs given to the kernel).
-        causal_offset: ceil((seqlen_k - seqlen_q) / BLOCK_M); 0 for square causal attention.
+        causal_offset: ceil((seqlen_k - seqlen_q) / BLOCK_M) of a spec given in tiles; 0 for
+            square causal attention. Unused when ``seqlens`` is set.
+        seqlens: per sequence ``(seqlen_q, seqlen_k)`` in tokens, or None for a spec given in
+            tiles (every sequence then has M x N tiles). With it, the tile pairs each sequence
+            needs are exact to the token (``q_tile_range``, ``kv_tile_range``).
+        block_m: rows of a Q tile (tokens); needed with ``seqlens``.
+        invariant: the summation order of every dQ tile depends only on its sequence's lengths,
+            the tile sizes, the mask and the schedule name (never on the batch, the other
+            sequences, the heads or the workers). False keeps the worker-dependent shift rules
+            (see ``generators``).
+
+    Ids are on the padded grid: chain ``(b * kv_heads + g) * N + j``, dQ tile
+    ``(b * H + h) * M + i``. Chains with ``j >= kv_tiles_b`` and dQ tiles with ``i >= q_tiles_b``
+    are padding: they hold no step.
     """
 
     batch: int
@@ -123,6 +116,9 @@ class ScheduleSpec:
     tile_ratio: int = 1
     workers: int = 1
     causal_offset: int = 0
+    seqlens: tuple[tuple[int, int], ...] | None = None
+    block_m: int | None = None
+    invariant: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -143,9 +139,19 @@ class ScheduleSpec:
             raise TypeError(
                 f"causal_offset must be an int, got {type(self.causal_offset).__name__}"
             )
+        if not isinstance(self.invariant, bool):
+            raise TypeError(f"invariant must be a bool, got {type(self.invariant).__name__}")
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.seqlens is not None:
+            self._check_seqlens()
+            return
+        if self.mask.kind == "local":
+            raise ValueError(
+                f"a {self.mask.name} mask needs token lengths: give seqlens and block_m "
+                "(ScheduleSpec.from_shape or from_seqlens)"
             )
         if self.mask.causal:
             # Every KV tile must meet at least one Q tile, or the chain would be empty.
@@ -155,6 +161,32 @@ class ScheduleSpec:
                     f"causal_offset={self.causal_offset} leaves KV tile {self.kv_tiles - 1} "
                     f"with no Q tile (first Q tile {last} >= q_tiles {self.q_tiles})"
                 )
+
+    def _check_seqlens(self) -> None:
+        try:
+            pairs = tuple((a, b) for a, b in self.seqlens)  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"seqlens must be a sequence of (seqlen_q, seqlen_k) pairs, got {self.seqlens!r}"
+            ) from None
+        for index, (seqlen_q, seqlen_k) in enumerate(pairs):
+            _check_int(f"seqlens[{index}][0] (seqlen_q)", seqlen_q, 0)
+            _check_int(f"seqlens[{index}][1] (seqlen_k)", seqlen_k, 0)
+        pairs = tuple((int(a), int(b)) for a, b in pairs)
+        object.__setattr__(self, "seqlens", pairs)  # hashable and canonical
+        if len(pairs) != self.batch:
+            raise ValueError(f"seqlens has {len(pairs)} sequences, but batch is {self.batch}")
+        if self.block_m is None:
+            raise ValueError("seqlens needs block_m (the rows of a Q tile)")
+        _check_int("block_m", self.block_m, 1)
+        block_n = self.block_m * self.tile_ratio
+        q_tiles = max(1, max(-(-a // self.block_m) for a, _ in pairs))
+        kv_tiles = max(1, max(-(-b // block_n) for _, b in pairs))
+        if (self.q_tiles, self.kv_tiles) != (q_tiles, kv_tiles):
+            raise ValueError(
+                f"q_tiles={self.q_tiles}, kv_tiles={self.kv_tiles} do not match seqlens with "
+                f"block_m={self.block_m}, block_n={block_n} (expected {q_tiles}, {kv_tiles})"
+            )
 
     @classmethod
     def from_shape(
@@ -169,8 +201,9 @@ class ScheduleSpec:
         block_n: int,
         mask: Mask,
         workers: int,
+        invariant: bool = True,
     ) -> ScheduleSpec:
-        """Tile the problem with BLOCK_M x BLOCK_N tiles (BLOCK_N a multiple of BLOCK_M)."""
+        """Tile a padded batch with BLOCK_M x BLOCK_N tiles (BLOCK_N a multiple of BLOCK_M)."""
         for name, value in (
             ("seqlen_q", seqlen_q),
             ("seqlen_k", seqlen_k),
@@ -178,6 +211,7 @@ class ScheduleSpec:
             ("block_n", block_n),
         ):
             _check_int(name, value, 1)
+        _check_int("batch", batch, 1)
         if block_n % block_m:
             raise ValueError(f"block_n ({block_n}) must be a multiple of block_m ({block_m})")
         offset = -((seqlen_q - seqlen_k) // block_m) if mask.causal else 0  # ceil((sk - sq) / bm)
@@ -191,6 +225,56 @@ class ScheduleSpec:
             tile_ratio=block_n // block_m,
             workers=workers,
             causal_offset=offset,
+            seqlens=((seqlen_q, seqlen_k),) * batch,
+            block_m=block_m,
+            invariant=invariant,
+        )
+
+    @classmethod
+    def from_seqlens(
+        cls,
+        *,
+        seqlens: Sequence[tuple[int, int]],
+        q_heads: int,
+        kv_heads: int,
+        block_m: int,
+        block_n: int,
+        mask: Mask,
+        workers: int,
+        invariant: bool = True,
+    ) -> ScheduleSpec:
+        """Tile packed sequences (varlen): ``seqlens[b] = (seqlen_q, seqlen_k)`` of sequence b.
+
+        Lengths may be 0. The tile grid is padded to the longest sequence; ids as in the class
+        docstring.
+        """
+        for name, value in (("block_m", block_m), ("block_n", block_n)):
+            _check_int(name, value, 1)
+        if block_n % block_m:
+            raise ValueError(f"block_n ({block_n}) must be a multiple of block_m ({block_m})")
+        try:
+            pairs = tuple((a, b) for a, b in seqlens)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"seqlens must be a sequence of (seqlen_q, seqlen_k) pairs, got {seqlens!r}"
+            ) from None
+        if not pairs:
+            raise ValueError("seqlens must hold at least one sequence")
+        for index, (seqlen_q, seqlen_k) in enumerate(pairs):
+            _check_int(f"seqlens[{index}][0] (seqlen_q)", seqlen_q, 0)
+            _check_int(f"seqlens[{index}][1] (seqlen_k)", seqlen_k, 0)
+        return cls(
+            batch=len(pairs),
+            q_heads=q_heads,
+            kv_heads=kv_heads,
+            q_tiles=max(1, max(-(-int(a) // block_m) for a, _ in pairs)),
+            kv_tiles=max(1, max(-(-int(b) // block_n) for _, b in pairs)),
+            mask=mask,
+            tile_ratio=block_n // block_m,
+            workers=workers,
+            seqlens=pairs,
+            block_m=block_m,
+            invariant=invariant,
         )
 
     @property
@@ -200,26 +284,78 @@ class ScheduleSpec:
 
     @property
     def num_chains(self) -> int:
+        """Chains of the padded grid (``chain_start`` has one more entry)."""
         return self.batch * self.kv_heads * self.kv_tiles
 
+    @property
+    def block_n(self) -> int | None:
+        """Rows of a KV tile, when the spec knows ``block_m``."""
+        return None if self.block_m is None else self.block_m * self.tile_ratio
+
+    def geometry(self, batch: int) -> SeqGeometry:
+        """The tile ranges of sequence ``batch`` (cached per distinct sequence)."""
+        if not 0 <= batch < self.batch:
+            raise ValueError(f"batch must be in 0..{self.batch - 1}, got {batch}")
+        if self.seqlens is None:
+            return tile_geometry(
+                self.q_tiles,
+                self.kv_tiles,
+                self.tile_ratio,
+                int(self.causal_offset),
+                self.mask.causal,
+            )
+        seqlen_q, seqlen_k = self.seqlens[batch]
+        block_m = int(self.block_m or 0)  # __post_init__ demands block_m with seqlens
+        return token_geometry(seqlen_q, seqlen_k, block_m, block_m * self.tile_ratio, self.mask)
+
+    def seq_tiles(self, batch: int) -> tuple[int, int]:
+        """``(q_tiles_b, kv_tiles_b)``: the tiles sequence ``batch`` really has."""
+        geometry = self.geometry(batch)
+        return geometry.q_tiles, geometry.kv_tiles
+
+    def q_tile_range(self, batch: int, kv_tile: int) -> tuple[int, int]:
+        """Half-open range of the Q tiles KV tile ``kv_tile`` of sequence ``batch`` meets."""
+        return self.geometry(batch).q_range(kv_tile)
+
+    def kv_tile_range(self, batch: int, q_tile: int) -> tuple[int, int]:
+        """Half-open range of the KV tiles Q tile ``q_tile`` of sequence ``batch`` meets: its
+        contributions, whose ranks are ``0 .. hi - lo - 1``."""
+        return self.geometry(batch).kv_range(q_tile)
+
+    def is_uniform(self) -> bool:
+        """Every sequence has the same lengths (a padded batch, or a spec given in tiles)."""
+        return self.seqlens is None or len(set(self.seqlens)) == 1
+
+    def _dense_geometry(self, what: str) -> SeqGeometry:
+        if not self.is_uniform() or self.mask.kind == "local":
+            raise ValueError(
+                f"{what} describes a dense full or causal spec; use q_tile_range / kv_tile_range "
+                f"for varlen or windowed specs (mask {self.mask.name})"
+            )
+        return self.geometry(0)
+
     def first_q_tile(self, kv_tile: int) -> int:
-        """The lowest Q tile that KV tile ``kv_tile`` meets (it meets all tiles above it too)."""
-        if not self.mask.causal:
-            return 0
-        return max(0, kv_tile * self.tile_ratio - self.causal_offset)
+        """The lowest Q tile that KV tile ``kv_tile`` meets (it meets all tiles above it too).
+
+        Dense full/causal specs only (every sequence alike); ``q_tiles`` when it meets none.
+        """
+        if self.seqlens is None:
+            if not self.mask.causal:
+                return 0
+            return max(0, kv_tile * self.tile_ratio - self.causal_offset)
+        return self._dense_geometry("first_q_tile").q_range(kv_tile)[0]
 
     def kv_tiles_of(self, q_tile: int) -> int:
-        """How many KV tiles (0, 1, ...) Q tile ``q_tile`` meets: its number of dQ contributions."""
-        if not self.mask.causal:
-            return self.kv_tiles
-        # first_q_tile(j) <= i  <=>  j * s - d <= i  <=>  j <= (i + d) / s
-        count = (q_tile + self.causal_offset) // self.tile_ratio + 1
-        return max(0, min(self.kv_tiles, count))
+        """How many KV tiles (0, 1, ...) Q tile ``q_tile`` meets: its number of dQ contributions.
+
+        Dense full/causal specs only (their ranges start at KV tile 0).
+        """
+        return self._dense_geometry("kv_tiles_of").kv_range(q_tile)[1]
 
     def num_tasks(self) -> int:
         """Tile tasks the mask needs: the total number of steps of any schedule."""
-        per_head = sum(self.q_tiles - self.first_q_tile(j) for j in range(self.kv_tiles))
-        return per_head * self.batch * self.q_heads
+        pairs = sum(self.geometry(b).num_pairs for b in range(self.batch))
+        return pairs * self.q_heads
 
     def chain_id(self, batch: int, kv_head: int, kv_tile: int) -> int:
         """Canonical chain index: KV tile fastest, then KV head, then batch."""
@@ -228,6 +364,19 @@ class ScheduleSpec:
     def dq_tile_id(self, batch: int, q_head: int, q_tile: int) -> int:
         """Index of the semaphore (and the dQ accumulator tile) of ``(batch, q_head, q_tile)``."""
         return (batch * self.q_heads + q_head) * self.q_tiles + q_tile
+
+    def live_chains(self) -> np.ndarray:
+        """Chain ids with ``kv_tile < kv_tiles_b``, ascending: the chains ``order`` lists."""
+        per_batch = [self.seq_tiles(b)[1] for b in range(self.batch)]
+        tiles = np.arange(self.kv_tiles)
+        live = np.concatenate(
+            [
+                (b * self.kv_heads + g) * self.kv_tiles + tiles[:count]
+                for b, count in enumerate(per_batch)
+                for g in range(self.kv_heads)
+            ]
+        )
+        return live.astype(np.int64)
 
 
 # The integer tables a backward kernel reads, in the order the launchers pass them.
@@ -322,3 +471,39 @@ class Schedule:
         batch, _ = self.step_batch_kv()
         spec = self.spec
         return (batch * spec.q_heads + self.step_q_head) * spec.q_tiles + self.step_q_tile
+
+
+@dataclass(frozen=True, eq=False)
+class RangeTables:
+    """Every sequence's tile ranges on the padded grid (padding: empty ranges ``(0, 0)``).
+
+    Attributes:
+        q_lo, q_hi: ``[B, N]`` the Q tiles KV tile ``j`` of sequence ``b`` meets.
+        kv_lo, kv_hi: ``[B, M]`` the KV tiles Q tile ``i`` of sequence ``b`` meets.
+        q_tiles, kv_tiles: ``[B]`` each sequence's own tile counts.
+    """
+
+    q_lo: np.ndarray
+    q_hi: np.ndarray
+    kv_lo: np.ndarray
+    kv_hi: np.ndarray
+    q_tiles: np.ndarray
+    kv_tiles: np.ndarray
+
+
+@lru_cache(maxsize=64)
+def range_tables(spec: ScheduleSpec) -> RangeTables:
+    """The ``RangeTables`` of ``spec`` (cached: the validator and generators index them)."""
+    shape_q, shape_kv = (spec.batch, spec.kv_tiles), (spec.batch, spec.q_tiles)
+    q_lo, q_hi = np.zeros(shape_q, np.int64), np.zeros(shape_q, np.int64)
+    kv_lo, kv_hi = np.zeros(shape_kv, np.int64), np.zeros(shape_kv, np.int64)
+    q_tiles, kv_tiles = np.zeros(spec.batch, np.int64), np.zeros(spec.batch, np.int64)
+    for b in range(spec.batch):
+        geometry = spec.geometry(b)
+        n, m = geometry.kv_tiles, geometry.q_tiles
+        q_lo[b, :n], q_hi[b, :n] = geometry.q_lo, geometry.q_hi
+        kv_lo[b, :m], kv_hi[b, :m] = geometry.kv_lo, geometry.kv_hi
+        q_tiles[b], kv_tiles[b] = m, n
+    for array in (q_lo, q_hi, kv_lo, kv_hi, q_tiles, kv_tiles):
+        array.setflags(write=False)
+    return RangeTables(q_lo, q_hi, kv_lo, kv_hi, q_tiles, kv_tiles)

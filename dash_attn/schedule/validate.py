@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .generators import step_depth_and_worker
-from .types import Dispatch, Schedule, ScheduleSpec
+from .types import Dispatch, Schedule, ScheduleSpec, range_tables
 
 MAX_ERRORS = 5
 """How many problems a report keeps (the first ones, in check order)."""
@@ -226,12 +226,6 @@ def _pair_name(b: int, h: int, q: int, kv: int) -> str:
     return f"pair (b={b}, h={h}, q={q}, kv={kv})"
 
 
-def _first_q_tiles(spec: ScheduleSpec, kv_tile: np.ndarray) -> np.ndarray:
-    if not spec.mask.causal:
-        return np.zeros_like(kv_tile)
-    return np.maximum(0, kv_tile * spec.tile_ratio - spec.causal_offset)
-
-
 def _check_coverage(
     schedule: Schedule,
     errors: _Errors,
@@ -246,8 +240,9 @@ def _check_coverage(
     group = spec.group_size
     bad_head = (q_head < 0) | (q_head >= spec.q_heads) | (q_head // group != kv_head)
     bad_tile = (q_tile < 0) | (q_tile >= spec.q_tiles)
-    first = _first_q_tiles(spec, kv_tile)
-    masked = ~bad_tile & (q_tile < first)
+    tables = range_tables(spec)
+    first, end = tables.q_lo[batch, kv_tile], tables.q_hi[batch, kv_tile]
+    masked = ~bad_tile & ((q_tile < first) | (q_tile >= end))
     for step in np.flatnonzero(bad_head | bad_tile | masked)[:MAX_ERRORS].tolist():
         b, g, kv = int(batch[step]), int(kv_head[step]), int(kv_tile[step])
         h, q = int(q_head[step]), int(q_tile[step])
@@ -260,9 +255,11 @@ def _check_coverage(
         elif bad_tile[step]:
             errors.add(f"{where}: q_tile {q} out of range 0..{spec.q_tiles - 1}")
         else:
+            lo, hi = int(first[step]), int(end[step])
+            met = f"Q tiles {lo}..{hi - 1}" if hi > lo else "no Q tile"
             errors.add(
-                f"{_pair_name(b, h, q, kv)} at step {step} is outside the causal mask "
-                f"(KV tile {kv} starts at Q tile {int(first[step])})"
+                f"{_pair_name(b, h, q, kv)} at step {step} is outside the {spec.mask.name} mask "
+                f"(KV tile {kv} of sequence {b} meets {met})"
             )
     in_range = not (bad_head.any() or bad_tile.any())
     good = ~(bad_head | bad_tile | masked)
@@ -300,15 +297,19 @@ def _unkey(spec: ScheduleSpec, key: int) -> tuple[int, int, int, int]:
 
 def _needed_keys(spec: ScheduleSpec) -> np.ndarray:
     """Sorted keys ``((b * H + h) * M + q) * N + kv`` of every pair the mask needs."""
-    kv = np.arange(spec.kv_tiles, dtype=np.int64)
-    first = _first_q_tiles(spec, kv)
-    lengths = spec.q_tiles - first
-    kv_rep = np.repeat(kv, lengths)
-    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    q = np.arange(len(kv_rep), dtype=np.int64) - offsets + np.repeat(first, lengths)
-    per_head = np.sort(q * spec.kv_tiles + kv_rep)
-    heads = np.arange(spec.batch * spec.q_heads, dtype=np.int64) * (spec.q_tiles * spec.kv_tiles)
-    return (heads[:, None] + per_head[None, :]).ravel()
+    tables = range_tables(spec)
+    keys = []
+    for b in range(spec.batch):
+        kv = np.arange(spec.kv_tiles, dtype=np.int64)
+        lo, hi = tables.q_lo[b], tables.q_hi[b]
+        lengths = hi - lo
+        kv_rep = np.repeat(kv, lengths)
+        offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        q = np.arange(len(kv_rep), dtype=np.int64) - offsets + np.repeat(lo, lengths)
+        per_head = np.sort(q * spec.kv_tiles + kv_rep)
+        heads = np.arange(b * spec.q_heads, (b + 1) * spec.q_heads, dtype=np.int64)
+        keys.append((heads[:, None] * (spec.q_tiles * spec.kv_tiles) + per_head[None, :]).ravel())
+    return np.concatenate(keys)
 
 
 def _check_ranks(
@@ -346,8 +347,14 @@ def _check_dispatch_tables(schedule: Schedule, errors: _Errors) -> None:
     spec = schedule.spec
     num_chains = spec.num_chains
     order = schedule.order.astype(np.int64)
-    if len(order) != num_chains:
-        errors.add(f"order has {len(order)} entries, expected one per chain ({num_chains})")
+    live = np.zeros(num_chains, dtype=bool)
+    live[spec.live_chains()] = True
+    num_live = int(live.sum())
+    if len(order) != num_live:
+        errors.add(
+            f"order has {len(order)} entries, expected one per live chain ({num_live}: "
+            "KV tiles inside their sequence)"
+        )
     outside = np.flatnonzero((order < 0) | (order >= num_chains))
     for position in outside[:MAX_ERRORS].tolist():
         errors.add(
@@ -356,8 +363,14 @@ def _check_dispatch_tables(schedule: Schedule, errors: _Errors) -> None:
     counts = np.bincount(order[(order >= 0) & (order < num_chains)], minlength=num_chains)
     for chain in np.flatnonzero(counts > 1)[:MAX_ERRORS].tolist():
         errors.add(f"order lists chain {chain} {int(counts[chain])} times")
-    for chain in np.flatnonzero(counts == 0)[:MAX_ERRORS].tolist():
+    for chain in np.flatnonzero((counts == 0) & live)[:MAX_ERRORS].tolist():
         errors.add(f"order misses chain {chain}")
+    for chain in np.flatnonzero((counts > 0) & ~live)[:MAX_ERRORS].tolist():
+        b, kv_head, kv_tile = schedule.chain_coords(chain)
+        errors.add(
+            f"order lists chain {chain} (b={b}, kv_head={kv_head}, kv={kv_tile}), padding past "
+            f"sequence {b}'s {spec.seq_tiles(b)[1]} KV tiles"
+        )
 
     start = schedule.worker_start.astype(np.int64)
     if schedule.dispatch is Dispatch.DYNAMIC:
@@ -397,8 +410,9 @@ def _check_dynamic_deadlock(
     q_tile: np.ndarray,
 ) -> None:
     """Every rank predecessor must be dispensed first: smaller ticket, or earlier in the chain."""
-    ticket = np.empty(schedule.num_chains, dtype=np.int64)
-    ticket[schedule.order] = np.arange(schedule.num_chains)
+    # Padded chains hold no step, so their (absent) ticket is never read.
+    ticket = np.zeros(schedule.num_chains, dtype=np.int64)
+    ticket[schedule.order] = np.arange(len(schedule.order))
     steps = np.flatnonzero(pred >= 0)
     before = pred[steps]
     own, other = step_chain[steps], step_chain[before]

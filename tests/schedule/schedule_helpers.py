@@ -126,7 +126,11 @@ def reference_static_times(schedule: Schedule, c: float, r: float) -> tuple[bool
 
 
 def make_spec(*, causal: bool = False, **kwargs: object) -> ScheduleSpec:
-    """A ScheduleSpec with batch, heads = 1 unless given; ``causal`` picks the mask."""
-    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1)
+    """A ScheduleSpec with batch, heads = 1 unless given; ``causal`` picks the mask.
+
+    ``invariant`` defaults to False here: these tests pin the worker-dependent tables of the
+    paper's generators; the order-invariant ones have their own tests.
+    """
+    defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1, invariant=False)
     defaults.update(kwargs)
     return ScheduleSpec(mask=Mask(causal=causal), **defaults)  # type: ignore[arg-type]

@@ -206,7 +206,7 @@ def _cases() -> list:
             for causal in (False, True):
                 if not causal and shape.get("causal_offset", 0):
                     continue
-                spec = ScheduleSpec(mask=Mask(causal=causal), **heads, **shape)
+                spec = ScheduleSpec(invariant=False, mask=Mask(causal=causal), **heads, **shape)
                 for name in applicable_schedules(spec):
                     cases.append(pytest.param(name, spec, id=f"{name}-{spec_id(spec)}"))
     return cases

@@ -30,7 +30,14 @@ COSTS = [(1.0, 1.0), (2.0, 1.0), (1.0, 0.5), (3.0, 2.0)]
 def _paper_spec(n: int, m: int, causal: bool) -> ScheduleSpec:
     """The model's shape: N KV tiles = N Q tiles = N workers, m heads, batch 1, s = 1."""
     return ScheduleSpec(
-        batch=1, q_heads=m, kv_heads=m, q_tiles=n, kv_tiles=n, mask=Mask(causal=causal), workers=n
+        invariant=False,
+        batch=1,
+        q_heads=m,
+        kv_heads=m,
+        q_tiles=n,
+        kv_tiles=n,
+        mask=Mask(causal=causal),
+        workers=n,
     )
 
 
@@ -88,11 +95,22 @@ def test_depth_monotone_on_paper_shapes(spec: ScheduleSpec) -> None:
 
 
 _MIXED = [
-    ScheduleSpec(batch=2, q_heads=4, kv_heads=2, q_tiles=7, kv_tiles=5, mask=FULL, workers=3),
     ScheduleSpec(
-        batch=1, q_heads=3, kv_heads=1, q_tiles=8, kv_tiles=4, mask=CAUSAL, tile_ratio=2, workers=5
+        invariant=False, batch=2, q_heads=4, kv_heads=2, q_tiles=7, kv_tiles=5, mask=FULL, workers=3
     ),
     ScheduleSpec(
+        invariant=False,
+        batch=1,
+        q_heads=3,
+        kv_heads=1,
+        q_tiles=8,
+        kv_tiles=4,
+        mask=CAUSAL,
+        tile_ratio=2,
+        workers=5,
+    ),
+    ScheduleSpec(
+        invariant=False,
         batch=2,
         q_heads=2,
         kv_heads=2,
@@ -102,7 +120,16 @@ _MIXED = [
         workers=4,
         causal_offset=1,
     ),
-    ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=5, kv_tiles=5, mask=CAUSAL, workers=8),
+    ScheduleSpec(
+        invariant=False,
+        batch=1,
+        q_heads=2,
+        kv_heads=2,
+        q_tiles=5,
+        kv_tiles=5,
+        mask=CAUSAL,
+        workers=8,
+    ),
 ]
 _MIXED_CASES = [
     pytest.param(name, spec, c, r, id=f"{name}-{spec_id(spec)}-c{c:g}-r{r:g}")
@@ -163,7 +190,9 @@ def test_simulation_invariants(name: str, spec: ScheduleSpec, c: float, r: float
 
 def test_static_staircase_matches_reference() -> None:
     """A static schedule that waits a lot (KV-order ranks) against the naive Kahn reference."""
-    spec = ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=6, kv_tiles=6, mask=FULL, workers=4)
+    spec = ScheduleSpec(
+        invariant=False, batch=1, q_heads=2, kv_heads=2, q_tiles=6, kv_tiles=6, mask=FULL, workers=4
+    )
     units = [[chain] for chain in range(spec.num_chains)]
     schedule = build_schedule(
         "ascending_static", spec, "static", lambda c: range(6), units, RANK_KV_ORDER
@@ -179,7 +208,14 @@ def test_dynamic_dispatch_fills_the_earliest_free_worker() -> None:
     """Descending causal, 1 head, 2 workers, c = r = 1: kv0 (4 steps) and kv1 (3 steps) start
     together; kv2 goes to worker 1, freed first, and kv3 to worker 0."""
     spec = ScheduleSpec(
-        batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=4, mask=CAUSAL, workers=2
+        invariant=False,
+        batch=1,
+        q_heads=1,
+        kv_heads=1,
+        q_tiles=4,
+        kv_tiles=4,
+        mask=CAUSAL,
+        workers=2,
     )
     schedule = make_schedule("descending", spec)
     sim = simulate(schedule)

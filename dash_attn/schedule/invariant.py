@@ -1,0 +1,192 @@
+"""Order-invariant static schedules: one canonical layout per (sequence, kv head), then placement.
+
+Why. A ``shift`` schedule's summation order is the order in which contributions *arrive* in its
+layout (``generators``: arrival ranks). Computed over the whole launch, that layout, and so the
+dQ bits, change with the worker count, the batch, the heads and the other sequences of a pack.
+Here the layout that defines the order belongs to one (sequence, kv head) *group* alone:
+
+1. Canonical layout. The group's units (chains, or pairs of chains for ``symmetric_shift``) are
+   dealt round-robin to ``V = min(units, WAVE)`` virtual lanes, and the generator's
+   worker-dependent rule (``legacy_*``) is run on that one sequence, one head and ``V`` workers.
+   Its Q-tile orders and arrival ranks (ties by lane) are a function of the sequence's lengths,
+   the tile sizes, the mask and ``WAVE`` only: a constant, not a property of the GPU.
+2. Heads. A chain of a GQA group runs every query head of its kv head; its steps go Q tile
+   major, heads inner (``q0h0, q0h1, ..., q1h0, ...``), and every head gets the canonical ranks.
+   A step at canonical depth ``t`` of head ``h`` then sits at depth ``G t + h`` of its lane, an
+   increasing function of ``t`` for each head, so the canonical layout's properties (no cycle,
+   no wait in the unit-cost model) hold for any group size ``G``.
+3. Placement. Groups are placed one after another; each takes the ``V`` workers with the least
+   nominal load (ties to the lower index), all its lanes start at the largest of those loads (a
+   nominal gap: the worker runs ahead and waits at a semaphore, it never idles for nothing), and
+   each worker appends the lane's chains to its list.
+
+Deadlock freedom. Rank edges join steps of one group; inside a group they go from a smaller to
+a larger (depth, lane) of the canonical layout, as do the worker edges of a lane, so a group alone
+is acyclic. A worker edge between two groups goes from the group placed first to the later one.
+A cycle would therefore have to stay in one group: there is none. All of a group's lanes are on
+distinct co-resident workers, which is why a group needs ``V <= workers`` (``ValueError``
+otherwise). ``validate`` checks the result independently.
+
+Only the dispatch (which worker runs which lane) depends on the worker count and the other
+groups; it changes no bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from .types import Dispatch, Schedule, ScheduleSpec
+
+WAVE = 64
+"""Lanes of a canonical layout at most: a constant of the engine, not of the GPU. It must stay
+at or below the worker count of every machine that should reproduce the bits (114 on an H100
+PCIe, minus any ``sm_margin``); ``tools/invariance_model.py`` measured the choice."""
+
+
+@dataclass(frozen=True)
+class CanonicalLayout:
+    """The order-defining layout of one sequence's (one kv head's) chains.
+
+    Attributes:
+        lanes: per virtual lane, the KV tiles of its chains in execution order.
+        q_order: per KV tile, the Q tiles it visits (one query head).
+        ranks: per KV tile, the rank of each of those contributions in its dQ tile's sum.
+    """
+
+    lanes: tuple[tuple[int, ...], ...]
+    q_order: tuple[np.ndarray, ...]
+    ranks: tuple[np.ndarray, ...]
+
+    def lane_steps(self) -> list[int]:
+        """Steps of each lane for one query head."""
+        return [sum(len(self.q_order[j]) for j in lane) for lane in self.lanes]
+
+
+Generator = Callable[[ScheduleSpec], Schedule]
+
+
+def sequence_spec(spec: ScheduleSpec, batch: int, lanes: int) -> ScheduleSpec:
+    """One sequence of ``spec``, one head, ``lanes`` workers, worker-dependent rules: the spec
+    whose legacy schedule is the canonical layout of ``batch``'s groups."""
+    q_tiles, kv_tiles = spec.seq_tiles(batch)
+    seqlens = None if spec.seqlens is None else (spec.seqlens[batch],)
+    return replace(
+        spec,
+        batch=1,
+        q_heads=1,
+        kv_heads=1,
+        q_tiles=max(q_tiles, 1),
+        kv_tiles=max(kv_tiles, 1),
+        workers=lanes,
+        seqlens=seqlens,
+        invariant=False,
+    )
+
+
+def units_per_group(name: str, kv_tiles: int) -> int:
+    """Units of one group: chains for ``shift``, long/short pairs for ``symmetric_shift``."""
+    return (kv_tiles + 1) // 2 if name == "symmetric_shift" else kv_tiles
+
+
+def lanes_per_group(name: str, kv_tiles: int, wave: int = WAVE) -> int:
+    """``V = min(units, wave)``: the virtual lanes (and real workers) a group uses."""
+    return min(units_per_group(name, kv_tiles), wave)
+
+
+@lru_cache(maxsize=256)
+def canonical_layout(name: str, seq_spec: ScheduleSpec, legacy: Generator) -> CanonicalLayout:
+    """Run the worker-dependent generator on the one-sequence spec and keep its order."""
+    virtual = legacy(seq_spec)
+    steps = [virtual.chain_steps(j) for j in range(seq_spec.kv_tiles)]
+    q_order = tuple(np.array([q for _, q, _ in s], dtype=np.int64) for s in steps)
+    ranks = tuple(np.array([r for _, _, r in s], dtype=np.int64) for s in steps)
+    lanes = tuple(tuple(virtual.worker_chains(w)) for w in range(seq_spec.workers))
+    return CanonicalLayout(lanes=lanes, q_order=q_order, ranks=ranks)
+
+
+def group_layout(
+    name: str, spec: ScheduleSpec, batch: int, legacy: Generator, wave: int = WAVE
+) -> CanonicalLayout:
+    """The canonical layout of sequence ``batch`` (shared by its kv heads)."""
+    kv_tiles = spec.seq_tiles(batch)[1]
+    if kv_tiles == 0:
+        return CanonicalLayout(lanes=(), q_order=(), ranks=())
+    lanes = lanes_per_group(name, kv_tiles, wave)
+    return canonical_layout(name, sequence_spec(spec, batch, lanes), legacy)
+
+
+def place_groups(lane_lengths: list[list[int]], workers: int) -> list[list[int]]:
+    """The worker of every lane of every group (greedy, in group order; see the module).
+
+    Raises:
+        ValueError: a group has more lanes than there are workers.
+    """
+    load = np.zeros(workers, dtype=np.int64)
+    placement = []
+    for lengths in lane_lengths:
+        lanes = len(lengths)
+        if lanes > workers:
+            raise ValueError(
+                f"an order-invariant schedule needs {lanes} co-resident workers for one "
+                f"(sequence, kv head), but the backward has {workers} (the GPU's SMs minus "
+                f"sm_margin): lower sm_margin, or pass invariant=False"
+            )
+        if lanes == 0:
+            placement.append([])
+            continue
+        chosen = np.lexsort((np.arange(workers), load))[:lanes]
+        start = load[chosen].max()
+        load[chosen] = start + np.asarray(lengths, dtype=np.int64)
+        placement.append(chosen.tolist())
+    return placement
+
+
+def invariant_schedule(
+    name: str, spec: ScheduleSpec, legacy: Generator, wave: int = WAVE
+) -> Schedule:
+    """The order-invariant version of a static generator (see the module docstring).
+
+    ``wave`` other than ``WAVE`` is for studies of the constant (``tools/invariance_model.py``):
+    the generators always use ``WAVE``, or the bits would depend on a caller's choice.
+    """
+    group = spec.group_size
+    layouts = [group_layout(name, spec, b, legacy, wave) for b in range(spec.batch)]
+    groups = [(b, g) for b in range(spec.batch) for g in range(spec.kv_heads)]
+    lane_lengths = [[n * group for n in layouts[b].lane_steps()] for b, _ in groups]
+    placement = place_groups(lane_lengths, spec.workers)
+
+    per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
+    for (b, g), workers in zip(groups, placement, strict=True):
+        for lane, worker in zip(layouts[b].lanes, workers, strict=True):
+            per_worker[worker].extend(spec.chain_id(b, g, j) for j in lane)
+
+    lengths = np.zeros(spec.num_chains, dtype=np.int64)
+    heads, tiles, ranks = [], [], []
+    for chain in range(spec.num_chains):
+        rest, kv_tile = divmod(chain, spec.kv_tiles)
+        b, g = divmod(rest, spec.kv_heads)
+        layout = layouts[b]
+        if kv_tile >= len(layout.q_order):
+            continue  # padding: no step
+        q_order, rank = layout.q_order[kv_tile], layout.ranks[kv_tile]
+        # Q tile major, heads inner: head h of canonical step t lands at depth G t + h.
+        heads.append(np.tile(np.arange(g * group, (g + 1) * group), len(q_order)))
+        tiles.append(np.repeat(q_order, group))
+        ranks.append(np.repeat(rank, group))
+        lengths[chain] = len(q_order) * group
+    empty = np.zeros(0, np.int64)
+    return Schedule(
+        name=name,
+        spec=spec,
+        dispatch=Dispatch.STATIC,
+        chain_start=np.concatenate([[0], np.cumsum(lengths)]),
+        step_q_head=np.concatenate(heads) if heads else empty,
+        step_q_tile=np.concatenate(tiles) if tiles else empty,
+        step_rank=np.concatenate(ranks) if ranks else empty,
+        order=np.asarray([c for chains in per_worker for c in chains], dtype=np.int64),
+        worker_start=np.concatenate([[0], np.cumsum([len(c) for c in per_worker])]),
+    )

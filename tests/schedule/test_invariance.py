@@ -1,0 +1,169 @@
+"""Order invariance (the default): a sequence's bits do not depend on anything but the sequence.
+
+Seeded numpy draws (no hypothesis): varlen packs with windows, causal and full masks, GQA and
+worker counts, through every applicable generator, the validator and the invariance check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dash_attn.schedule import (
+    CAUSAL,
+    FULL,
+    Mask,
+    ScheduleSpec,
+    applicable_schedules,
+    auto_schedule_name,
+    make_schedule,
+    simulate,
+    validate,
+)
+from dash_attn.schedule.invariance import invariance_errors, sequence_order
+from dash_attn.schedule.invariant import WAVE, lanes_per_group
+
+BLOCKS = [(8, 8), (8, 16), (16, 16), (4, 12)]
+MASKS = [FULL, CAUSAL, Mask(window_left=24, window_right=0), Mask(window_left=7, window_right=30)]
+
+
+def _spec(
+    seqlens: list[tuple[int, int]],
+    *,
+    mask: Mask,
+    block: tuple[int, int],
+    heads: tuple[int, int] = (2, 1),
+    workers: int = 16,
+) -> ScheduleSpec:
+    return ScheduleSpec.from_seqlens(
+        seqlens=seqlens,
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        block_m=block[0],
+        block_n=block[1],
+        mask=mask,
+        workers=workers,
+    )
+
+
+def _min_workers(spec: ScheduleSpec, name: str) -> int:
+    return max([lanes_per_group(name, spec.seq_tiles(b)[1]) for b in range(spec.batch)] + [1])
+
+
+def _draw_pack(rng: np.random.Generator) -> list[tuple[int, int]]:
+    count = int(rng.integers(1, 5))
+    pack = []
+    for _ in range(count):
+        seqlen_q = int(rng.integers(0, 90))
+        seqlen_k = seqlen_q if rng.random() < 0.6 else int(rng.integers(0, 90))
+        pack.append((seqlen_q, seqlen_k))
+    if all(q == 0 for q, _ in pack):
+        pack[0] = (5, pack[0][1] or 5)
+    return pack
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fuzz_packs_are_valid_and_invariant(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pack = _draw_pack(rng)
+    mask = MASKS[int(rng.integers(len(MASKS)))]
+    block = BLOCKS[int(rng.integers(len(BLOCKS)))]
+    kv_heads = int(rng.integers(1, 3))
+    heads = (kv_heads * int(rng.integers(1, 4)), kv_heads)
+    probe = _spec(pack, mask=mask, block=block, heads=heads)
+    for name in applicable_schedules(probe):
+        least = _min_workers(probe, name)
+        workers = least + int(rng.integers(0, 12))
+        spec = dataclasses.replace(probe, workers=workers)
+        schedule = make_schedule(name, spec)
+        assert validate(schedule).valid
+        assert schedule.num_steps == spec.num_tasks()
+        simulate(schedule)  # runs to the end: no stall on a validated schedule
+
+        # The pack reversed, on other workers, with one query head per kv head.
+        other_workers = least + int(rng.integers(0, 12))
+        reordered = _spec(
+            pack[::-1], mask=mask, block=block, heads=(kv_heads, kv_heads), workers=other_workers
+        )
+        other = make_schedule(name, reordered)
+        assert validate(other).valid
+        for b, lengths in enumerate(pack):
+            alone = make_schedule(
+                name, _spec([lengths], mask=mask, block=block, heads=(1, 1), workers=least)
+            )
+            assert invariance_errors(schedule, b, alone, 0) == [], (name, pack, b)
+            assert invariance_errors(other, len(pack) - 1 - b, alone, 0) == []
+            # Every query head of the pack carries the same order as head 0 alone.
+            for q_head in range(heads[0]):
+                assert sequence_order(schedule, b, q_head) == sequence_order(alone, 0, 0)
+
+
+@pytest.mark.parametrize("name", ["shift", "symmetric_shift"])
+@pytest.mark.parametrize("workers", [132, 124, 114, 112, 100])
+def test_worker_count_changes_no_bit(name: str, workers: int) -> None:
+    """sm_margin 0 / 8 / 20 on an H200 and an H100 PCIe: the same order for every sequence."""
+    mask = FULL if name == "shift" else CAUSAL
+    pack = [(1000, 1000), (3000, 3000), (517, 517), (2048, 2048)]
+    spec = _spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=workers)
+    base = _spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=132)
+    schedule, reference = make_schedule(name, spec), make_schedule(name, base)
+    assert validate(schedule).valid
+    for b in range(len(pack)):
+        assert invariance_errors(schedule, b, reference, b) == []
+
+
+def test_padded_batch_and_varlen_agree() -> None:
+    dense = ScheduleSpec.from_shape(
+        batch=3,
+        seqlen_q=200,
+        seqlen_k=200,
+        q_heads=2,
+        kv_heads=2,
+        block_m=16,
+        block_n=32,
+        mask=CAUSAL,
+        workers=40,
+    )
+    packed = _spec([(77, 77), (200, 200)], mask=CAUSAL, block=(16, 32), heads=(2, 2), workers=9)
+    for name in applicable_schedules(dense):
+        a, b = make_schedule(name, dense), make_schedule(name, packed)
+        assert invariance_errors(a, 2, b, 1) == []
+
+
+def test_worker_dependent_rules_do_change_the_order() -> None:
+    """The opt-out is what it says: invariant=False reorders dQ with the worker count."""
+    spec = ScheduleSpec.from_shape(
+        batch=1,
+        seqlen_q=1024,
+        seqlen_k=1024,
+        q_heads=4,
+        kv_heads=4,
+        block_m=64,
+        block_n=128,
+        mask=FULL,
+        workers=132,
+        invariant=False,
+    )
+    small = dataclasses.replace(spec, workers=7)
+    errors = invariance_errors(make_schedule("shift", spec), 0, make_schedule("shift", small), 0)
+    assert errors
+
+
+def test_group_wider_than_the_workers_is_a_clear_error() -> None:
+    spec = _spec([(4096, 4096)], mask=FULL, block=(64, 128), heads=(1, 1), workers=8)
+    with pytest.raises(ValueError, match="needs 32 co-resident workers .* has 8 .*sm_margin"):
+        make_schedule("shift", spec)
+    assert lanes_per_group("shift", 1000) == WAVE
+
+
+def test_auto_is_a_function_of_the_mask_only() -> None:
+    for mask, name in [
+        (FULL, "shift"),
+        (CAUSAL, "symmetric_shift"),
+        (Mask(window_left=64, window_right=0), "descending"),
+    ]:
+        for workers in (16, 132):
+            spec = _spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
+            assert auto_schedule_name(spec) == name

@@ -44,6 +44,8 @@ import math
 
 import torch
 
+from ..schedule import Mask
+
 __all__ = [
     "attention_bwd_ref",
     "attention_ref",
@@ -81,24 +83,15 @@ def visible_mask(
     """Boolean ``(seqlen_q, seqlen_k)`` mask of the row rule (module docstring), or None when
     every row sees every key (the full mask: no mask needed).
 
-    The one statement of the rule in this module; ``Mask.keeps`` of the schedule engine states
-    it for the tables.
+    The rule is ``Mask.keeps`` of the schedule engine, the one statement of it that the
+    tables, the validator and the references share. Raises ValueError for window sides < -1.
     """
-    left, right = window
-    if left < -1 or right < -1:
-        raise ValueError(f"window sides must be >= -1 (-1 = unbounded), got {window!r}")
-    if causal:
-        right = 0
-    if left < 0 and right < 0:
+    mask = Mask(causal=causal, window_left=window[0], window_right=window[1])
+    if mask.kind == "full":
         return None
-    rows = torch.arange(seqlen_q, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
     cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        keep &= cols <= rows + right
-    if left >= 0:
-        keep &= cols >= rows - left
-    return keep
+    return mask.keeps(rows, cols, seqlen_q, seqlen_k)
 
 
 def _sequences(

@@ -533,7 +533,7 @@ def attn_bwd_preprocess(
 def mask_window(mask: Mask) -> tuple[str, int, int]:
     """The plan's mask as the kernels take it: (kind, window_left, window_right), see
     :func:`utils.kernel_window`."""
-    return kernel_window(mask.causal, getattr(mask, "window", (-1, -1)))  # TODO(h-sched)
+    return kernel_window(mask.causal, mask.window)
 
 
 def attn_bwd_main(

@@ -31,8 +31,10 @@ from typing import Any
 import torch
 
 from dash_attn.backends.triton.launch import run_backward, run_forward
-from dash_attn.plan import INTERPRETER
+from dash_attn.backends.triton.tiles import backward_tiles
+from dash_attn.plan import INTERPRETER, BackwardPlan, Problem, first_blocked_program
 from dash_attn.reference.attention import attention_ref
+from dash_attn.schedule import Dispatch, Mask, ScheduleSpec, applicable_schedules, make_schedule
 from dash_attn.testing import BandMask, assert_close_to_ref, band_plan, bitwise_equal
 
 pytestmark = [
@@ -92,7 +94,22 @@ def _run_varlen(
     mask: BandMask,
     **schedule: Any,
 ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """Forward and backward of a pack on the kernels; also returns the packed inputs."""
+    """Forward and backward of a pack on the kernels (tables from the row rule); also returns
+    the packed inputs."""
+    plan = _band_schedule(seqlens, heads, kv_heads, headdim, mask, **schedule)
+    return _run_with_plan(plan, seqlens, seeds, heads, kv_heads, headdim, mask)
+
+
+def _run_with_plan(
+    plan: Any,
+    seqlens: list[tuple[int, int]],
+    seeds: list[int],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: BandMask,
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Forward and backward of a pack by ``plan``; also returns the packed inputs."""
     parts = [
         _sequence(sq, sk, heads, kv_heads, headdim, s)
         for (sq, sk), s in zip(seqlens, seeds, strict=True)
@@ -104,7 +121,6 @@ def _run_varlen(
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         max_seqlen_q=max(sq for sq, _ in seqlens), max_seqlen_k=max(sk for _, sk in seqlens),
     )  # fmt: skip
-    plan = _band_schedule(seqlens, heads, kv_heads, headdim, mask, **schedule)
     dq, dk, dv = run_backward(
         plan, dout, q, k, v, out, lse, scale,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sync_check=True,
@@ -288,3 +304,75 @@ def test_zero_step_chains_and_keyless_rows_give_zeros() -> None:
     ref, same = _reference(inputs, mask)
     for name in NAMES:
         assert_close_to_ref(name, got[name], ref[name], same[name], atol=ATOL)
+
+
+# --- the schedule engine's tables -----------------------------------------------------------------
+
+
+def _engine_plan(
+    seqlens: list[tuple[int, int]], heads: int, kv_heads: int, headdim: int, mask: BandMask,
+    schedule: str,
+) -> BackwardPlan | None:  # fmt: skip
+    """A plan with the engine's tables for a pack (what ``make_backward_plan`` will build once
+    problems carry seqlens), or None for a static schedule that would block in the interpreter's
+    program order."""
+    tiles = backward_tiles(headdim, "atomic")
+    spec = ScheduleSpec.from_seqlens(
+        seqlens=seqlens, q_heads=heads, kv_heads=kv_heads, block_m=tiles.block_m,
+        block_n=tiles.block_n, mask=_engine_mask(mask), workers=INTERPRETER.sm_count,
+    )  # fmt: skip
+    sched = make_schedule(schedule, spec)
+    if first_blocked_program(sched) is not None:
+        return None
+    if sched.dispatch is Dispatch.DYNAMIC:
+        grid = min(INTERPRETER.sm_count, len(sched.order))
+    else:
+        grid = int((sched.worker_start[1:] > sched.worker_start[:-1]).sum())
+    problem = Problem(
+        batch=len(seqlens), seqlen_q=max(sq for sq, _ in seqlens),
+        seqlen_k=max(sk for _, sk in seqlens), heads=heads, kv_heads=kv_heads, headdim=headdim,
+        mask=spec.mask, dtype="float16",
+    )  # fmt: skip
+    return BackwardPlan(
+        problem, INTERPRETER, sched, tiles, "triton", "test", True, "atomic", max(grid, 1), 10.0
+    )
+
+
+def _engine_mask(mask: BandMask) -> Mask:
+    return Mask(causal=mask.causal, window_left=mask.window[0], window_right=mask.window[1])
+
+
+ENGINE_PACK = [(37, 50), (150, 150), (5, 0), (70, 200)]
+
+
+@pytest.mark.parametrize("mask", ["causal", "local(40,0)", "local(20,9)"])
+def test_engine_schedules_match_reference_and_keep_sequence_bits(mask: str) -> None:
+    # Every schedule the engine offers for the mask (static ones where the interpreter's program
+    # order can run them): right by the 2x rule, and sequence (150, 150) gives the same bits
+    # alone as inside the pack.
+    band = MASKS[mask]
+    heads, kv_heads, headdim = 2, 1, 64
+    names = applicable_schedules(_engine_mask(band))
+    assert names, mask
+    ran = 0
+    for name in names:
+        plan = _engine_plan(ENGINE_PACK, heads, kv_heads, headdim, band, name)
+        alone_plan = _engine_plan([ENGINE_PACK[1]], heads, kv_heads, headdim, band, name)
+        if plan is None or alone_plan is None:
+            continue
+        ran += 1
+        got, inputs = _run_with_plan(
+            plan, ENGINE_PACK, [0, 1, 2, 3], heads, kv_heads, headdim, band
+        )
+        ref, same = _reference(inputs, band)
+        for key in NAMES:
+            assert_close_to_ref(f"{key} [{mask}, {name}]", got[key], ref[key], same[key], atol=ATOL)
+        alone, alone_in = _run_with_plan(
+            alone_plan, [ENGINE_PACK[1]], [1], heads, kv_heads, headdim, band
+        )
+        _assert_bitwise(
+            _seq_slice(got, inputs[4], inputs[5], 1),
+            _seq_slice(alone, alone_in[4], alone_in[5], 0),
+            name,
+        )
+    assert ran >= 2  # fa3 and descending at least

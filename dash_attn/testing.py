@@ -173,6 +173,7 @@ class _BandSpec:
     q_tiles: int
     kv_tiles: int
     mask: BandMask
+    block_m: int
 
     @property
     def num_chains(self) -> int:
@@ -238,7 +239,7 @@ def band_plan(
     group = heads // kv_heads
     q_tiles = max([_cdiv(sq, bm) for sq, _ in seqlens] + [1])
     kv_tiles = max([_cdiv(sk, bn) for _, sk in seqlens] + [1])
-    spec = _BandSpec(tuple(map(tuple, seqlens)), heads, kv_heads, q_tiles, kv_tiles, mask)
+    spec = _BandSpec(tuple(map(tuple, seqlens)), heads, kv_heads, q_tiles, kv_tiles, mask, bm)
     steps: dict[int, list[tuple[int, int, int]]] = {}
     groups: list[list[int]] = []
     for b, (sq, sk) in enumerate(seqlens):

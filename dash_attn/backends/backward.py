@@ -59,6 +59,11 @@ def run_backward(
                 "cu_seqlens_q was given but the plan has no per-sequence lengths "
                 "(plan.spec.seqlens is None): make the plan from a Problem with seqlens"
             )
+        if plan.spec.block_m not in (None, plan.tiles.block_m):
+            raise ValueError(
+                f"plan.spec.block_m ({plan.spec.block_m}) differs from the kernel's BLOCK_M "
+                f"({plan.tiles.block_m}): the tables were made for other tiles"
+            )
         varlen = varlen_rows(
             plan.spec.seqlens, plan.tiles.block_m, cu_seqlens_q, cu_seqlens_k, q.shape[0]
         )

@@ -587,9 +587,10 @@ def attn_bwd_main(
         desc_view = dq_acc
     else:
         batch, seqlen_q, seqlen_k = varlen.batch, 0, 0  # lengths are read per chain
-        dq_acc = torch.zeros(
-            (varlen.rows_pad_total, heads, headdim), device=q.device, dtype=torch.float32
-        )
+        # At least one row: a TMA descriptor needs a non-empty tensor (a pack of empty query
+        # sequences has no step, so the row is never touched).
+        rows = max(varlen.rows_pad_total, 1)
+        dq_acc = torch.zeros((rows, heads, headdim), device=q.device, dtype=torch.float32)
         strides = [(0, *t.stride()[:2]) for t in (q, k, v, dout, dq_acc)]
         cu_q, cu_k, cu_pad = varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.cu_rows_pad
         desc_view = dq_acc.unsqueeze(0)  # one "batch" of padded sequences

@@ -376,3 +376,27 @@ def test_engine_schedules_match_reference_and_keep_sequence_bits(mask: str) -> N
             name,
         )
     assert ran >= 2  # fa3 and descending at least
+
+
+# Windows around the forward's block edges (BLOCK_M x BLOCK_N = 128 x 64 at head dim 64, 64 x 32
+# at 256): where the masked, unmasked and masked again key ranges of a Q tile meet.
+FORWARD_WINDOWS = [(0, 0), (1, 0), (63, 0), (64, 0), (65, 1), (127, 31), (-1, 63), (200, -1)]
+
+
+@pytest.mark.parametrize("headdim", [64, 256])
+@pytest.mark.parametrize("window", FORWARD_WINDOWS, ids=[f"{w[0]},{w[1]}" for w in FORWARD_WINDOWS])
+def test_forward_band_edges_match_reference(window: tuple[int, int], headdim: int) -> None:
+    seqlens = [(260, 260), (100, 300), (300, 97)]
+    parts = [
+        _sequence(sq, sk, 1, 1, headdim, s) for (sq, sk), s in zip(seqlens, [1, 2, 3], strict=True)
+    ]
+    q, k, v, _, cu_q, cu_k = _pack(parts)
+    out, lse = run_forward(
+        q, k, v, causal=False, softmax_scale=headdim**-0.5, window=window,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=300,
+    )  # fmt: skip
+    kwargs = dict(window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    ref_out, ref_lse = attention_ref(q, k, v, **kwargs)
+    same_out, same_lse = attention_ref(q, k, v, upcast=False, **kwargs)
+    assert_close_to_ref(f"out {window}", out, ref_out, same_out, atol=ATOL)
+    assert_close_to_ref(f"lse {window}", lse, ref_lse, same_lse, atol=ATOL)

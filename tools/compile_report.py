@@ -125,11 +125,11 @@ def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
             kind = "fp32"
         elif name in _INT64:
             kind = "i64"
-        elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k"):
+        elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k", "rows_pad_total"):
             kind = "i32"
         elif name in (
             "q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift",
-            "window_left", "window_right", "rows_pad_total",
+            "window_left", "window_right",
         ):  # fmt: skip
             kind = "i32"
             signature[name] = kind

@@ -87,3 +87,26 @@ def test_run_backward_varlen_arguments_are_checked_before_any_launch() -> None:
         _varlen_call(_plan(block_m=64), cu_seqlens_q=cu, cu_seqlens_k=cu)
     with pytest.raises(NotImplementedError, match="hopper backward runs padded batches"):
         _varlen_call(_plan(backend="hopper"), cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_every_q_tile_box_stays_inside_its_sequence(block_m: int) -> None:
+    # What keeps the TMA dQ reduction correct for packed sequences: the (BLOCK_M x headdim) box
+    # of Q tile i of sequence b covers padded rows cu_rows_pad[b] + i * BLOCK_M + [0, BLOCK_M),
+    # all inside sequence b's padded range, so no row of another sequence is ever added to; and
+    # every real token has its own padded row inside its sequence's range.
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        count = int(torch.randint(1, 9, (1,), generator=gen))
+        lengths = tuple(int(x) for x in torch.randint(0, 400, (count,), generator=gen))
+        starts = padded_row_starts(lengths, block_m)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        rows = varlen_rows(tuple((n, 1) for n in lengths), block_m, cu, cu, sum(lengths))
+        for b, seqlen in enumerate(lengths):
+            assert starts[b] % block_m == 0
+            for tile in range(-(-seqlen // block_m)):
+                box = starts[b] + tile * block_m
+                assert starts[b] <= box and box + block_m <= starts[b + 1]
+            token_rows = rows.row_index[int(cu[b]) : int(cu[b + 1])]
+            assert token_rows.tolist() == list(range(starts[b], starts[b] + seqlen))
+        assert rows.rows_pad_total == starts[-1]

@@ -32,7 +32,13 @@ import torch
 
 from dash_attn.backends.triton.launch import run_backward, run_forward
 from dash_attn.backends.triton.tiles import backward_tiles
-from dash_attn.plan import INTERPRETER, BackwardPlan, Problem, first_blocked_program
+from dash_attn.plan import (
+    INTERPRETER,
+    BackwardPlan,
+    Problem,
+    first_blocked_program,
+    make_backward_plan,
+)
 from dash_attn.reference.attention import attention_ref
 from dash_attn.schedule import Dispatch, Mask, ScheduleSpec, applicable_schedules, make_schedule
 from dash_attn.testing import BandMask, assert_close_to_ref, band_plan, bitwise_equal
@@ -400,3 +406,38 @@ def test_forward_band_edges_match_reference(window: tuple[int, int], headdim: in
     same_out, same_lse = attention_ref(q, k, v, upcast=False, **kwargs)
     assert_close_to_ref(f"out {window}", out, ref_out, same_out, atol=ATOL)
     assert_close_to_ref(f"lse {window}", lse, ref_lse, same_lse, atol=ATOL)
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "descending"])
+def test_planned_padded_batch_window_matches_reference_and_varlen_bits(schedule: str) -> None:
+    # The padded-batch layout with a window through make_backward_plan (dense problems carry
+    # their mask into the engine already), against the reference, and bitwise equal to the same
+    # sequences packed (varlen) with the engine's tables.
+    seqlen_q, seqlen_k, heads, kv_heads, headdim = 130, 190, 2, 1, 64
+    band = MASKS["local(20,9)"]
+    mask = _engine_mask(band)
+    problem = Problem(2, seqlen_q, seqlen_k, heads, kv_heads, headdim, mask, "float16")
+    plan = make_backward_plan(problem, device=INTERPRETER, schedule=schedule)
+    assert plan.spec.mask.kind == "local" and plan.schedule_name == schedule
+    parts = [_sequence(seqlen_q, seqlen_k, heads, kv_heads, headdim, s) for s in (11, 12)]
+    q, k, v, dout = (torch.stack(xs) for xs in zip(*parts, strict=True))
+    scale = headdim**-0.5
+    out, lse = run_forward(q, k, v, causal=False, softmax_scale=scale, window=band.window)
+    dq, dk, dv = run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
+    got = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    refs = []
+    for upcast in (True, False):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        ref_out, ref_lse = attention_ref(*leaves, window=band.window, upcast=upcast)
+        ref_out.backward(dout)
+        grads = dict(zip(("dq", "dk", "dv"), (x.grad for x in leaves), strict=True))
+        refs.append({"out": ref_out.detach(), "lse": ref_lse.detach(), **grads})
+    for name in NAMES:
+        assert_close_to_ref(name, got[name], refs[0][name], refs[1][name], atol=ATOL)
+    packed_plan = _engine_plan([(seqlen_q, seqlen_k)] * 2, heads, kv_heads, headdim, band, schedule)
+    packed, inputs = _run_with_plan(
+        packed_plan, [(seqlen_q, seqlen_k)] * 2, [11, 12], heads, kv_heads, headdim, band
+    )
+    for b in range(2):
+        dense_b = {"out": out[b], "lse": lse[b], "dq": dq[b], "dk": dk[b], "dv": dv[b]}
+        _assert_bitwise(dense_b, _seq_slice(packed, inputs[4], inputs[5], b), f"sequence {b}")

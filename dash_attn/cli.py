@@ -70,6 +70,32 @@ def _cost(minimum_exclusive: bool) -> Callable[[str], float]:
     return parse
 
 
+def _length_list(text: str) -> list[int]:
+    """``1000,3000,517``: sequence lengths of a pack (0 allowed)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not 1 <= len(values) <= MAX_BATCH or not all(0 <= v <= MAX_SEQLEN for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected 1..{MAX_BATCH} lengths, each 0..{MAX_SEQLEN}, got {text!r}"
+        )
+    return values
+
+
+def _window(text: str) -> tuple[int, int]:
+    """``L,R``: flash-attn's window_size (-1 = unbounded side)."""
+    try:
+        left, right = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected L,R (two integers), got {text!r}") from None
+    if min(left, right) < -1 or max(left, right) > MAX_SEQLEN:
+        raise argparse.ArgumentTypeError(f"expected -1 <= L, R <= {MAX_SEQLEN}, got {text!r}")
+    return left, right
+
+
 def _plot_path(text: str) -> Path:
     path = Path(text)
     if path.suffix.lower() not in PLOT_SUFFIXES:
@@ -140,6 +166,18 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
     size(shape, "--seqlen", "L", MAX_SEQLEN, "query sequence length")
     size(shape, "--seqlen-k", "LK", MAX_SEQLEN, "key length (default: L)")
     shape.add_argument(
+        "--seqlens",
+        type=_length_list,
+        metavar="L1,L2,...",
+        help="packed sequences (varlen): each sequence's query length; replaces --seqlen/--batch",
+    )
+    shape.add_argument(
+        "--seqlens-k",
+        type=_length_list,
+        metavar="K1,K2,...",
+        help="each packed sequence's key length (default: the --seqlens)",
+    )
+    shape.add_argument(
         "--headdim",
         type=int,
         choices=SUPPORTED_HEADDIMS,
@@ -151,6 +189,13 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
     size(common, "--kv-heads", "HKV", MAX_HEADS, "kv heads (default: H)")
     size(common, "--batch", "B", MAX_BATCH, "batch size (default 1)")
     common.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    common.add_argument(
+        "--window",
+        type=_window,
+        metavar="L,R",
+        help="sliding window (flash-attn window_size, -1 = unbounded side, bottom-right "
+        "aligned per sequence; write --window=-1,R when L is -1); needs a shape in tokens",
+    )
     common.add_argument(
         "--invariant",
         action=argparse.BooleanOptionalAction,
@@ -204,13 +249,14 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
     size(out, "--plot-workers", "N", MAX_WORKERS, draw, DEFAULT_PLOT_WORKERS)
 
 
-_SHAPE_FLAGS = ("seqlen", "seqlen_k", "headdim")
+_SHAPE_FLAGS = ("seqlen", "seqlen_k", "seqlens", "seqlens_k", "headdim")
 _TILE_FLAGS = ("q_tiles", "kv_tiles", "tile_ratio")
 _SINGLE_SHAPE_FLAGS = (
     "heads",
     "kv_heads",
     "batch",
     "causal",
+    "window",
     "invariant",
     "schedule",
     "ascii",
@@ -244,10 +290,19 @@ def resolve_spec(
     kv_heads = args.kv_heads or heads
     if heads % kv_heads:
         parser.error(f"argument --kv-heads: {kv_heads} does not divide --heads {heads}")
-    batch, mask = args.batch or 1, Mask(causal=args.causal)
+    batch = args.batch or 1
     invariant = args.invariant is not False
     try:
-        if shape_flags:
+        left, right = args.window if args.window is not None else (-1, -1)
+        mask = Mask(causal=args.causal, window_left=left, window_right=right)
+    except ValueError as exc:
+        parser.error(f"argument --window: {exc}")
+    try:
+        if args.seqlens_k is not None and args.seqlens is None:
+            parser.error("--seqlens-k needs --seqlens")
+        if args.seqlens is not None:
+            spec, shape = _varlen_spec(args, parser, heads, kv_heads, mask, invariant)
+        elif shape_flags:
             if args.seqlen is None or args.headdim is None:
                 missing = "--seqlen" if args.seqlen is None else "--headdim"
                 parser.error(f"{shape_flags[0]} needs {missing} too")
@@ -281,6 +336,32 @@ def resolve_spec(
             "takes (fewer --batch, --heads or tiles)"
         )
     return spec, shape
+
+
+def _varlen_spec(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    heads: int,
+    kv_heads: int,
+    mask: Mask,
+    invariant: bool,
+) -> tuple[ScheduleSpec, rep.Shape]:
+    """The spec of ``--seqlens`` (and ``--seqlens-k``): packed sequences tiled as the backward."""
+    for flag in ("seqlen", "seqlen_k", "batch"):
+        if getattr(args, flag) is not None:
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"argument --seqlens: not allowed with {name} (it gives every length)")
+    if args.headdim is None:
+        parser.error("--seqlens needs --headdim too")
+    lengths_k = args.seqlens_k if args.seqlens_k is not None else args.seqlens
+    if len(lengths_k) != len(args.seqlens):
+        parser.error(
+            f"argument --seqlens-k: {len(lengths_k)} lengths for {len(args.seqlens)} sequences"
+        )
+    seqlens = list(zip(args.seqlens, lengths_k, strict=True))
+    return rep.varlen_analysis_spec(
+        seqlens, heads, kv_heads, args.headdim, mask, args.workers, invariant
+    )
 
 
 def run_schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

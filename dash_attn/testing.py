@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 __all__ = [
+    "BandMask",
     "assert_close_to_ref",
+    "band_plan",
     "bitwise_equal",
     "make_qkv",
     "max_abs_diff",
@@ -143,3 +149,153 @@ def repeat_equal(
                 same_shape = a.shape == b.shape
                 worst = max(worst, max_abs_diff(a, b) if same_shape else float("inf"))
     return all_equal, worst
+
+
+# --- backward tables from the row rule alone (kernel tests independent of the schedule engine) ---
+
+
+@dataclass(frozen=True)
+class BandMask:
+    """What the kernels read of a plan's mask: ``causal`` and ``window`` (left, right; -1 =
+    unbounded), flash-attn semantics."""
+
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+
+
+@dataclass(frozen=True)
+class _BandSpec:
+    """What the launchers read of a ScheduleSpec (hashable: the device-table cache keys on it)."""
+
+    seqlens: tuple[tuple[int, int], ...]
+    q_heads: int
+    kv_heads: int
+    q_tiles: int
+    kv_tiles: int
+    mask: BandMask
+    block_m: int
+
+    @property
+    def num_chains(self) -> int:
+        return len(self.seqlens) * self.kv_heads * self.kv_tiles
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tiles_meet(seqlen_q: int, seqlen_k: int, mask: BandMask, block_m: int, block_n: int):
+    """[q_tiles_b, kv_tiles_b] bool: Q tile i and KV tile j share a visible (row, key) pair."""
+    from .reference.attention import visible_mask
+
+    q_tiles, kv_tiles = _cdiv(seqlen_q, block_m), _cdiv(seqlen_k, block_n)
+    visible = visible_mask(seqlen_q, seqlen_k, causal=mask.causal, window=mask.window)
+    keep = np.ones((seqlen_q, seqlen_k), bool) if visible is None else visible.numpy()
+    meets = np.zeros((q_tiles, kv_tiles), bool)
+    for i, j in itertools.product(range(q_tiles), range(kv_tiles)):
+        meets[i, j] = keep[i * block_m : (i + 1) * block_m, j * block_n : (j + 1) * block_n].any()
+    return meets
+
+
+def band_plan(
+    seqlens: Sequence[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: BandMask,
+    *,
+    device,
+    descending: bool = False,
+    static_workers: int = 0,
+    dq_reduce: str = "atomic",
+    deterministic: bool = True,
+    timeout_s: float = 10.0,
+) -> SimpleNamespace:
+    """A stand-in for a ``BackwardPlan`` whose tables are built from the row rule alone, so that
+    kernel tests pin the kernel to the varlen/window table contract rather than to one
+    generator's output (and run before or without the schedule engine's varlen support).
+
+    The tables follow the contract: on the padded tile grid, every KV tile of a sequence is a
+    chain listed once in ``order`` (also with no step: the kernel must write dK = dV = 0);
+    its steps are the Q tiles it meets, every q head of its group; a contribution's rank is its
+    position among the KV tiles that actually contribute to that dQ tile, counted in ascending
+    (or ``descending``) KV order, so every rank depends on the sequence's own geometry only.
+
+    Dispatch: dynamic tickets in that KV order; ``static_workers`` > 0 deals whole (sequence,
+    kv head) groups round-robin to that many static workers (every wait is then on the worker's
+    own earlier chains, so it also completes in the interpreter's program order).
+
+    Arguments:
+        seqlens: (seqlen_q, seqlen_k) per sequence (a padded batch: all equal).
+        mask: BandMask(causal, window).
+        device: a ``plan.DeviceInfo`` (``INTERPRETER``, or the GPU's).
+        dq_reduce: "atomic" or "tma" (Hopper).
+    """
+    from .backends.triton.tiles import backward_tiles
+    from .schedule import Dispatch
+
+    tiles = backward_tiles(headdim, dq_reduce)
+    bm, bn = tiles.block_m, tiles.block_n
+    group = heads // kv_heads
+    q_tiles = max([_cdiv(sq, bm) for sq, _ in seqlens] + [1])
+    kv_tiles = max([_cdiv(sk, bn) for _, sk in seqlens] + [1])
+    spec = _BandSpec(tuple(map(tuple, seqlens)), heads, kv_heads, q_tiles, kv_tiles, mask, bm)
+    steps: dict[int, list[tuple[int, int, int]]] = {}
+    groups: list[list[int]] = []
+    for b, (sq, sk) in enumerate(seqlens):
+        meets = _tiles_meet(sq, sk, mask, bm, bn)
+        kv_order = list(range(meets.shape[1]))
+        if descending:
+            kv_order.reverse()
+        for kvh in range(kv_heads):
+            chains = []
+            for j in kv_order:
+                chain = (b * kv_heads + kvh) * kv_tiles + j
+                before = meets[:, j + 1 :] if descending else meets[:, :j]
+                steps[chain] = [
+                    (h, int(i), int(before[i].sum()))
+                    for h in range(kvh * group, (kvh + 1) * group)
+                    for i in np.flatnonzero(meets[:, j])
+                ]
+                chains.append(chain)
+            groups.append(chains)
+    chain_start, flat = [0], []
+    for chain in range(spec.num_chains):
+        flat += steps.get(chain, [])
+        chain_start.append(len(flat))
+    if static_workers:
+        lists = [[c for g in groups[w::static_workers] for c in g] for w in range(static_workers)]
+        order = [c for chains in lists for c in chains]
+        worker_start = np.cumsum([0] + [len(chains) for chains in lists])
+        dispatch = Dispatch.STATIC
+    else:
+        order = [c for g in groups for c in g]
+        worker_start = [0, len(order)]
+        dispatch = Dispatch.DYNAMIC
+    columns = np.array(flat, dtype=np.int32).reshape(-1, 3)
+    name = f"band-{'descending' if descending else 'ascending'}-{dispatch.value}"
+    schedule = SimpleNamespace(
+        name=name,
+        spec=spec,
+        dispatch=dispatch,
+        chain_start=np.array(chain_start, np.int32),
+        step_q_head=columns[:, 0].copy(),
+        step_q_tile=columns[:, 1].copy(),
+        step_rank=columns[:, 2].copy(),
+        order=np.array(order, np.int32),
+        worker_start=np.array(worker_start, np.int32),
+    )
+    return SimpleNamespace(
+        spec=spec,
+        schedule=schedule,
+        schedule_name=name,
+        tiles=tiles,
+        device=device,
+        backend="triton",
+        deterministic=deterministic,
+        dq_reduce=dq_reduce,
+        timeout_s=timeout_s,
+        dispatch=dispatch,
+        grid=static_workers or min(device.sm_count, max(len(order), 1)),
+        describe=lambda: f"test tables {name} (dash_attn.testing.band_plan)",
+    )

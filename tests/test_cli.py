@@ -403,3 +403,77 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     match = re.search(r"^test_command='(.+)'$", ci.read_text(), re.MULTILINE)
     assert match, ".ci/run must define test_command='...'"
     assert match.group(1) in readme.read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed sequences, windows and the order-invariance switch
+
+
+def test_seqlens_analyse_a_pack(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["schedule", "--seqlens", "1000,3000,517", "--headdim", "128", "--causal", "--json"]
+    status, out, _ = run_cli([*argv, "--heads", "4", "--kv-heads", "2"], capsys)
+    data = json.loads(out)
+    assert status == 0 and data["schedule"] == "symmetric_shift" and data["valid"]
+    assert data["seqlens"] == [[1000, 1000], [3000, 3000], [517, 517]]
+    assert data["batch"] == 3 and data["invariant"] is True
+    spec = ScheduleSpec.from_seqlens(
+        seqlens=[(1000, 1000), (3000, 3000), (517, 517)],
+        q_heads=4,
+        kv_heads=2,
+        block_m=data["block_m"],
+        block_n=data["block_m"] * data["tile_ratio"],
+        mask=Mask(causal=True),
+        workers=data["workers"],
+    )
+    assert data["tasks"] == spec.num_tasks()
+
+
+def test_seqlens_k_and_window(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["schedule", "--seqlens", "100,200", "--seqlens-k", "300,50", "--headdim", "64"]
+    status, out, _ = run_cli([*argv, "--window", "64,64", "--compare", "--json"], capsys)
+    data = json.loads(out)
+    assert status == 0 and data["mask"] == "local(64,64)" and data["schedule"] == "descending"
+    assert data["seqlens"] == [[100, 300], [200, 50]]
+    assert {entry["schedule"] for entry in data["compare"]} == {"fa3", "descending"}
+
+
+def test_window_with_causal_is_a_causal_window(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["schedule", "--seqlen", "4096", "--headdim", "128", "--window", "1024,-1"]
+    status, out, _ = run_cli([*argv, "--causal", "--json"], capsys)
+    assert status == 0 and json.loads(out)["mask"] == "local(1024,0)"
+    argv = ["schedule", "--seqlen", "4096", "--headdim", "128", "--window=-1,0", "--json"]
+    status, out, _ = run_cli(argv, capsys)
+    assert status == 0 and json.loads(out)["mask"] == "causal"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seqlens", "10,x", "--headdim", "64"], "expected comma-separated integers"),
+        (["--seqlens", "10,20", "--batch", "2", "--headdim", "64"], "not allowed with --batch"),
+        (["--seqlens", "10,20"], "--seqlens needs --headdim"),
+        (["--seqlens-k", "10", "--headdim", "64"], "--seqlens-k needs --seqlens"),
+        (["--seqlens", "1,2", "--seqlens-k", "3", "--headdim", "64"], "1 lengths for 2 sequences"),
+        (["--seqlen", "64", "--headdim", "64", "--window", "3"], "expected L,R"),
+        (["--seqlen", "64", "--headdim", "64", "--window=-2,0"], "expected -1 <= L, R"),
+        (["--q-tiles", "4", "--window", "3,0"], "needs token lengths"),
+        (["--window", "3,0"], "--window needs a shape"),
+    ],
+)
+def test_varlen_and_window_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_cli(["schedule", *argv], capsys)
+    assert status == 2 and message in err
+
+
+def test_no_invariant_keeps_the_worker_dependent_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["schedule", "--seqlen", "2048", "--headdim", "128", "--heads", "4", "--json"]
+    _, out, _ = run_cli([*base, "--workers", "20"], capsys)
+    invariant = json.loads(out)
+    _, out, _ = run_cli([*base, "--workers", "20", "--no-invariant"], capsys)
+    legacy = json.loads(out)
+    assert invariant["invariant"] is True and legacy["invariant"] is False
+    assert invariant["schedule"] == legacy["schedule"] == "shift"
+    status, _, err = run_cli([*base, "--workers", "8"], capsys)
+    assert status == 2 and "co-resident workers" in err

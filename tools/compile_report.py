@@ -125,9 +125,12 @@ def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
             kind = "fp32"
         elif name in _INT64:
             kind = "i64"
-        elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k"):
+        elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k", "rows_pad_total"):
             kind = "i32"
-        elif name in ("q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift"):
+        elif name in (
+            "q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift",
+            "window_left", "window_right",
+        ):  # fmt: skip
             kind = "i32"
             signature[name] = kind
             continue  # no divisibility: these are small counts
@@ -153,9 +156,12 @@ def compile_backward(
     tiles: BackwardTiles | None = None,
     dtype: str = "bf16",
     dq_tma: bool = False,
+    window: bool = False,
+    varlen: bool = False,
     kernel=None,
 ) -> KernelReport:
-    """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it."""
+    """Compile ``attn_bwd_kernel`` (or a variant ``kernel``) for sm_90a and report on it
+    (``window``: the sliding-window mask instead of ``causal``; ``varlen``: packed sequences)."""
     from dash_attn.backends.triton.bwd import attn_bwd_kernel
 
     kernel = kernel or attn_bwd_kernel
@@ -171,6 +177,8 @@ def compile_backward(
         TIMED_WAIT=True,
     )
     options = (
+        ("WINDOW", window),
+        ("IS_VARLEN", varlen),
         ("DQ_TMA", dq_tma),
         ("TABLES_AHEAD", tiles.tables_ahead),
         ("RELEASE_AFTER_QK", tiles.release_after_qk),

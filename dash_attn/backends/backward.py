@@ -14,10 +14,12 @@ import torch
 from ..errors import record_status
 from ..plan import BackwardPlan
 from .tables import device_tables
-from .triton.bwd import INTERPRETER_MAX_POLLS, attn_bwd_preprocess
+from .triton.bwd import INTERPRETER_MAX_POLLS, attn_bwd_preprocess, mask_window
+from .triton.varlen import varlen_rows
 
 # (plan, q, k, v, dout, lse2, delta, tables, softmax_scale) -> (dq_acc fp32 unscaled, dk, dv,
-# status int32[2]: ticket counter, error flag)
+# status int32[2]: ticket counter, error flag); a main kernel that runs packed sequences also
+# takes ``varlen=VarlenRows`` (the Triton one does, the Hopper one does not).
 MainKernel = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -32,19 +34,57 @@ def run_backward(
     lse: torch.Tensor,
     softmax_scale: float,
     *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
     sync_check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in q/k/v's dtype, by ``main`` running the plan's tables.
+
+    Packed sequences: ``cu_seqlens_q``/``cu_seqlens_k`` (int32 [batch + 1] on the device) with
+    q/dout/out ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)`` and lse ``(H, total_q)``; the
+    per-sequence lengths are the plan's (``plan.spec.seqlens``), which must be what the tensors
+    hold (the caller validated them; reading them here would sync). The window is the plan's
+    mask.
 
     ``sync_check`` waits for the kernel and raises at once on a timed-out wait (always so under
     the interpreter, where the launch has already run); otherwise the error surfaces at the next
     backward or at ``dash_attn.check_errors()``.
     """
-    lse2, delta = attn_bwd_preprocess(out, dout, lse, plan.spec.q_tiles * plan.tiles.block_m)
+    varlen = None
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen)")
+        if plan.spec.seqlens is None:
+            raise ValueError(
+                "cu_seqlens_q was given but the plan has no per-sequence lengths "
+                "(plan.spec.seqlens is None): make the plan from a Problem with seqlens"
+            )
+        if plan.spec.block_m not in (None, plan.tiles.block_m):
+            raise ValueError(
+                f"plan.spec.block_m ({plan.spec.block_m}) differs from the kernel's BLOCK_M "
+                f"({plan.tiles.block_m}): the tables were made for other tiles"
+            )
+        varlen = varlen_rows(
+            plan.spec.seqlens, plan.tiles.block_m, cu_seqlens_q, cu_seqlens_k, q.shape[0]
+        )
+    if plan.backend != "triton" and (
+        varlen is not None or mask_window(plan.spec.mask)[0] == "local"
+    ):
+        raise NotImplementedError(
+            f"the {plan.backend} backward runs padded batches with full or causal masks only; "
+            "packed sequences and sliding windows run on the triton backend"
+        )
+    lse2, delta = attn_bwd_preprocess(
+        out, dout, lse, plan.spec.q_tiles * plan.tiles.block_m, varlen=varlen
+    )
     tables = device_tables(plan.schedule, q.device)
-    dq_acc, dk, dv, status = main(plan, q, k, v, dout, lse2, delta, tables, softmax_scale)
+    extra = {} if varlen is None else {"varlen": varlen}
+    dq_acc, dk, dv, status = main(plan, q, k, v, dout, lse2, delta, tables, softmax_scale, **extra)
     if plan.deterministic:
         record_status(status[1], timeout_error(plan), sync_check or plan.device.is_interpreter)
+    if varlen is not None:
+        # The accumulator pads every sequence to whole Q tiles: keep the real rows.
+        dq_acc = dq_acc.index_select(0, varlen.row_index)
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
     return (dq_acc * softmax_scale).to(q.dtype), dk, dv

@@ -23,6 +23,19 @@ and for ``seqlen_q = 5, seqlen_k = 2`` the first three rows see no key at all::
     1 1
 
 Such rows get ``out = 0`` and ``lse = -inf`` (flash-attn's convention), and zero gradients.
+
+Sliding windows (``window=(left, right)`` in tokens, -1 unbounded) use the same diagonal: row ``r``
+sees key ``c`` iff ``r + d - left <= c <= r + d + right`` with ``d = seqlen_k - seqlen_q``
+(``causal`` sets ``right = 0``). For ``seqlen_q = seqlen_k = 5`` and ``window=(1, 0)``::
+
+    1 0 0 0 0
+    1 1 0 0 0
+    0 1 1 0 0
+    0 0 1 1 0
+    0 0 0 1 1
+
+Packed sequences (``cu_seqlens_q``/``cu_seqlens_k``, flash-attn's varlen layout ``(total, nheads,
+headdim)``) are computed one sequence at a time, each with its own bottom-right diagonal.
 """
 
 from __future__ import annotations
@@ -31,7 +44,15 @@ import math
 
 import torch
 
-__all__ = ["attention_ref", "attention_bwd_ref", "causal_mask", "compute_dtype"]
+from ..schedule import Mask
+
+__all__ = [
+    "attention_bwd_ref",
+    "attention_ref",
+    "causal_mask",
+    "compute_dtype",
+    "visible_mask",
+]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -49,6 +70,43 @@ def causal_mask(
     rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
     cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
     return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def visible_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    device: torch.device | str | None = None,
+) -> torch.Tensor | None:
+    """Boolean ``(seqlen_q, seqlen_k)`` mask of the row rule (module docstring), or None when
+    every row sees every key (the full mask: no mask needed).
+
+    The rule is ``Mask.keeps`` of the schedule engine, the one statement of it that the
+    tables, the validator and the references share. Raises ValueError for window sides < -1.
+    """
+    mask = Mask(causal=causal, window_left=window[0], window_right=window[1])
+    if mask.kind == "full":
+        return None
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return mask.keeps(rows, cols, seqlen_q, seqlen_k)
+
+
+def _sequences(
+    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None
+) -> list[tuple[int, int, int, int]]:
+    """(q_start, q_end, k_start, k_end) of every packed sequence."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    cq = [int(x) for x in cu_seqlens_q.tolist()]
+    ck = [int(x) for x in cu_seqlens_k.tolist()]
+    if len(cq) != len(ck):
+        raise ValueError(
+            f"cu_seqlens_q ({len(cq)} entries) and cu_seqlens_k ({len(ck)}) differ in length"
+        )
+    return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
 
 
 def _default_scale(headdim: int, softmax_scale: float | None) -> float:
@@ -69,6 +127,9 @@ def attention_ref(
     causal: bool = False,
     softmax_scale: float | None = None,
     upcast: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference attention forward, differentiable with autograd.
 
@@ -81,6 +142,10 @@ def attention_ref(
         upcast: bool. If True, compute in float32 (float64 for float64 inputs) and round ``out``
             back to the input dtype: the "fp32 reference". If False, every operation runs in the
             input dtype: the "same-dtype PyTorch computation" of the flash-attn error rule.
+        window: (left, right) sliding window in tokens, -1 unbounded (module docstring).
+        cu_seqlens_q, cu_seqlens_k: int [batch + 1] sequence boundaries: then q is
+            (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim), out like q and lse
+            (nheads, total_q), as flash-attn's varlen functions.
     Return:
         out: (batch_size, seqlen_q, nheads, headdim), dtype of q.
         lse: (batch_size, nheads, seqlen_q), float32 (float64 for float64 inputs). Natural-log
@@ -95,18 +160,28 @@ def attention_ref(
         >>> out.shape, lse.shape
         (torch.Size([1, 8, 2, 16]), torch.Size([1, 2, 8]))
     """
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        outs, lses = [], []
+        for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
+            o, lse = attention_ref(
+                q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
+                softmax_scale=softmax_scale, upcast=upcast, window=window,
+            )  # fmt: skip
+            outs.append(o[0])
+            lses.append(lse[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
     dtype_in = q.dtype
     work = compute_dtype(dtype_in) if upcast else dtype_in
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     scale = _default_scale(headdim, softmax_scale)
+    visible = visible_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
 
     qw = q.to(work)
     kw = _repeat_kv(k.to(work), heads)
     vw = _repeat_kv(v.to(work), heads)
     scores = torch.einsum("bqhd,bkhd->bhqk", qw, kw) * scale
-    if causal:
-        visible = causal_mask(seqlen_q, seqlen_k, device=q.device)
+    if visible is not None:
         row_sees_any = visible.any(dim=-1, keepdim=True)
         # A row that sees no key is filled with a finite constant rather than -inf: softmax and
         # logsumexp of an all -inf row are NaN, and their NaN gradients would leak into dq even
@@ -116,7 +191,7 @@ def attention_ref(
         scores = torch.where(visible, scores, fill)
     probs = torch.softmax(scores, dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
-    if causal:
+    if visible is not None:
         probs = probs.masked_fill(~row_sees_any, 0.0)
         lse = lse.masked_fill(~row_sees_any.squeeze(-1), float("-inf"))
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vw)
@@ -133,6 +208,9 @@ def attention_bwd_ref(
     *,
     causal: bool,
     softmax_scale: float | None,
+    window: tuple[int, int] = (-1, -1),
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference attention backward by the explicit formulas, in float32 (float64 for float64).
 
@@ -156,9 +234,21 @@ def attention_bwd_ref(
         dout: (batch_size, seqlen_q, nheads, headdim), the gradient of ``out``.
         causal: bool. Bottom-right aligned causal mask.
         softmax_scale: float or None (1 / sqrt(headdim)).
+        window, cu_seqlens_q, cu_seqlens_k: as :func:`attention_ref` (varlen: lse is
+            (nheads, total_q) and the tensors are packed).
     Return:
         dq: like q; dk: like k; dv: like v (each in its input's dtype).
     """
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        grads: list[tuple[torch.Tensor, ...]] = []
+        for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
+            dq, dk, dv = attention_bwd_ref(
+                q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
+                lse[None, :, q0:q1], dout[None, q0:q1], causal=causal,
+                softmax_scale=softmax_scale, window=window,
+            )  # fmt: skip
+            grads.append((dq[0], dk[0], dv[0]))
+        return tuple(torch.cat(parts) for parts in zip(*grads, strict=True))  # type: ignore[return-value]
     work = compute_dtype(q.dtype)
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
@@ -176,8 +266,9 @@ def attention_bwd_ref(
     delta = (dow * ow).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # (b, h, sq, 1)
     scores = torch.einsum("bqhd,bkhd->bhqk", qw, kw) * scale
     probs = torch.exp(scores - lse_w)
-    if causal:
-        probs = probs.masked_fill(~causal_mask(seqlen_q, seqlen_k, device=q.device), 0.0)
+    visible = visible_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    if visible is not None:
+        probs = probs.masked_fill(~visible, 0.0)
     dv = torch.einsum("bhqk,bqhd->bkhd", probs, dow)
     dp = torch.einsum("bqhd,bkhd->bhqk", dow, vw)
     ds = probs * (dp - delta)

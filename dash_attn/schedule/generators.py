@@ -5,17 +5,27 @@ runs which chains in which order. The summation order of every dQ tile (the rank
 one of two rules:
 
 * ``kv_order``: contributions to a dQ tile are added in ascending KV-tile order (the FA3 rule);
-  with dynamic dispatch in chain order, a rank predecessor always holds a smaller ticket.
+  with dynamic dispatch in chain order, a rank predecessor always holds a smaller ticket. A rank
+  counts only the KV tiles that contribute (``kv_tile - kv_tile_range(b, i)[0]``): under a
+  window the first contributing tile of a dQ tile has rank 0, whatever its index.
 * ``arrival``: contributions are added in the order they would arrive if every step took the same
   time: sorted by *depth* (the step's position in its worker's sequence), ties broken by worker.
   Every rank edge then goes from a depth to an equal or larger depth, so with all workers
   co-resident there is no cycle, and where no two workers touch the same dQ tile at the same depth
   the order adds no wait at all (the paper's Lemma 1).
 
+Every chain walks the Q tiles its KV tile meets in its own sequence (``q_tile_range``: exact to
+the token, so varlen packs and windows are served by the same code). Chains past a shorter
+sequence's last KV tile (padding of the tile grid) have no step and are not dispatched; a KV tile
+inside its sequence that no query sees has a chain of zero steps, dispatched all the same (the
+kernel writes its dK = dV = 0).
+
 Generators (paper section 3):
 
 * ``fa3``: ascending Q tiles, ``kv_order`` ranks, dynamic dispatch (the FA3 deterministic baseline).
-* ``descending``: descending Q tiles, ``kv_order`` ranks, dynamic dispatch.
+* ``descending``: descending Q tiles, ``kv_order`` ranks, dynamic dispatch. Under a band (local)
+  mask, KV tile ``j + 1``'s band starts ``tile_ratio`` Q tiles above ``j``'s, so walking down it
+  reaches each dQ tile after ``j`` did: the KV order is the arrival order (no wait in the model).
 * ``shift``: full mask only; KV tile ``j`` starts at Q tile ``k mod M`` and wraps around, ``k`` its
   index among the tiles of its (batch, kv head) in the same wave (``k = j`` when the head fits in
   one wave), so the KV tiles running side by side touch different dQ tiles at every step; static
@@ -25,9 +35,16 @@ Generators (paper section 3):
   every concurrent long column covers, cyclically shifted, then the rest of its column ascending
   (the folded triangle); KV tile ``N - 1 - p`` then walks its column descending. Static dispatch.
 
-``auto`` (``auto_schedule_name``): the model's fastest applicable schedule (c = r = 1, ties to the
-shift schedule of the mask, then ``descending``, then ``fa3``) up to ``AUTO_SIMULATE_MAX_TASKS``
-tile tasks; past that, ``shift`` for full and ``symmetric_shift`` for causal.
+Order invariance (``ScheduleSpec.invariant``, the default). ``fa3`` and ``descending`` are
+invariant by construction (their orders and ranks depend on the sequence alone). The two shift
+schedules define their waves on the real workers; by default they are rebuilt per (sequence,
+kv head) on ``invariant.WAVE`` virtual lanes and placed on the workers afterwards
+(``invariant.py``), and ``invariant=False`` keeps the worker-dependent tables (``legacy_*``).
+
+``auto`` (``auto_schedule_name``): invariant specs: ``shift`` (full), ``symmetric_shift`` (causal),
+``descending`` (local). ``invariant=False``: the model's fastest applicable schedule (c = r = 1,
+ties to the shift schedule of the mask, then ``descending``, then ``fa3``) up to
+``AUTO_SIMULATE_MAX_TASKS`` tile tasks; past that, the mask's first of ``AUTO_PREFERENCE``.
 """
 
 from __future__ import annotations

@@ -15,16 +15,21 @@ Here the layout that defines the order belongs to one (sequence, kv head) *group
    A step at canonical depth ``t`` of head ``h`` then sits at depth ``G t + h`` of its lane, an
    increasing function of ``t`` for each head, so the canonical layout's properties (no cycle,
    no wait in the unit-cost model) hold for any group size ``G``.
-3. Placement. Groups are placed one after another; each takes the ``V`` workers with the least
-   nominal load (ties to the lower index), all its lanes start at the largest of those loads (a
-   nominal gap: the worker runs ahead and waits at a semaphore, it never idles for nothing), and
-   each worker appends the lane's chains to its list.
+3. Placement, by rounds. Round ``k`` of a group is its ``k``-th unit on every lane: up to ``V``
+   units that the canonical layout runs side by side, after round ``k - 1``. Rounds are placed
+   round-major (round 0 of every group, then round 1, ...); each takes the workers with the least
+   nominal load (ties to the lower index) and starts, nominally, at the largest of their loads
+   and not before its group's previous round has ended (a nominal gap: the worker runs ahead and
+   waits at a semaphore). Each worker appends the units to its list in placement order. Placing
+   rounds rather than whole lanes keeps the unit of packing one chain (or pair) long, so that
+   ``V`` need not divide the worker count (``tools/invariance_model.py`` measured both).
 
-Deadlock freedom. Rank edges join steps of one group; inside a group they go from a smaller to
-a larger (depth, lane) of the canonical layout, as do the worker edges of a lane, so a group alone
-is acyclic. A worker edge between two groups goes from the group placed first to the later one.
-A cycle would therefore have to stay in one group: there is none. All of a group's lanes are on
-distinct co-resident workers, which is why a group needs ``V <= workers`` (``ValueError``
+Deadlock freedom. Order the steps by (placement index of their round, canonical depth, lane).
+A worker edge inside a unit goes one canonical depth on; between two units of a worker it goes to
+a later placement. A rank edge joins two steps of one group: inside a round it goes to a larger
+(depth, lane) of the canonical layout, between rounds from round ``k - 1`` to ``k``, placed
+later. Every edge increases the key, so the wait graph has no cycle, provided the units of a
+round run on distinct co-resident workers: a group needs ``V <= workers`` (``ValueError``
 otherwise). ``validate`` checks the result independently.
 
 Only the dispatch (which worker runs which lane) depends on the worker count and the other
@@ -41,10 +46,16 @@ import numpy as np
 
 from .types import Dispatch, Schedule, ScheduleSpec
 
-WAVE = 64
+WAVE = 16
 """Lanes of a canonical layout at most: a constant of the engine, not of the GPU. It must stay
-at or below the worker count of every machine that should reproduce the bits (114 on an H100
-PCIe, minus any ``sm_margin``); ``tools/invariance_model.py`` measured the choice."""
+at or below the worker count of every machine that should reproduce the bits (114 SMs on an H100
+PCIe, minus any ``sm_margin``). Chosen with ``tools/invariance_model.py wave`` (DAG model, paper
+grid, c = 1, r = 0.3; benchmarks/results/model/invariance_wave.csv): against the
+worker-dependent tables, WAVE 8, 16, 32 and 64 lose nothing at 132 workers (48: up to 25%,
+96: up to 25%); at 114 workers 8 and 16 lose least (geometric mean 5.5%, at most 11%: a round
+of 16 units leaves 114 mod 16 = 2 workers per level to the next round), 32 loses 11.7% (at
+most 22%), 64 23% (at most 78%). 16 rather than 8 halves a long sequence's chain of rounds when
+few (sequence, kv head) groups share the GPU."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,11 @@ class CanonicalLayout:
     lanes: tuple[tuple[int, ...], ...]
     q_order: tuple[np.ndarray, ...]
     ranks: tuple[np.ndarray, ...]
+    rounds: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
-    def lane_steps(self) -> list[int]:
-        """Steps of each lane for one query head."""
-        return [sum(len(self.q_order[j]) for j in lane) for lane in self.lanes]
+    def unit_steps(self, unit: tuple[int, ...]) -> int:
+        """Steps of a unit (its chains) for one query head."""
+        return sum(len(self.q_order[j]) for j in unit)
 
 
 Generator = Callable[[ScheduleSpec], Schedule]
@@ -105,7 +117,23 @@ def canonical_layout(name: str, seq_spec: ScheduleSpec, legacy: Generator) -> Ca
     q_order = tuple(np.array([q for _, q, _ in s], dtype=np.int64) for s in steps)
     ranks = tuple(np.array([r for _, _, r in s], dtype=np.int64) for s in steps)
     lanes = tuple(tuple(virtual.worker_chains(w)) for w in range(seq_spec.workers))
-    return CanonicalLayout(lanes=lanes, q_order=q_order, ranks=ranks)
+    # Units: a chain (shift) or a long chain with its short partner (symmetric_shift), which
+    # the legacy generator deals round-robin: lane l holds units l, l + V, ...
+    first_short = (seq_spec.kv_tiles + 1) // 2 if name == "symmetric_shift" else seq_spec.kv_tiles
+    lane_units = []
+    for lane in lanes:
+        units: list[list[int]] = []
+        for j in lane:
+            if units and j >= first_short:
+                units[-1].append(j)
+            else:
+                units.append([j])
+        lane_units.append(units)
+    depth = max((len(units) for units in lane_units), default=0)
+    rounds = tuple(
+        tuple(tuple(units[k]) for units in lane_units if k < len(units)) for k in range(depth)
+    )
+    return CanonicalLayout(lanes=lanes, q_order=q_order, ranks=ranks, rounds=rounds)
 
 
 def group_layout(
@@ -119,29 +147,33 @@ def group_layout(
     return canonical_layout(name, sequence_spec(spec, batch, lanes), legacy)
 
 
-def place_groups(lane_lengths: list[list[int]], workers: int) -> list[list[int]]:
-    """The worker of every lane of every group (greedy, in group order; see the module).
+def place_rounds(rounds: list[list[list[int]]], workers: int) -> list[list[list[int]]]:
+    """The worker of every unit: ``rounds[g][k][u]`` is the length (steps) of unit ``u`` of
+    round ``k`` of group ``g``; returns the same nesting with workers (see the module).
 
     Raises:
-        ValueError: a group has more lanes than there are workers.
+        ValueError: a round has more units than there are workers.
     """
     load = np.zeros(workers, dtype=np.int64)
-    placement = []
-    for lengths in lane_lengths:
-        lanes = len(lengths)
-        if lanes > workers:
-            raise ValueError(
-                f"an order-invariant schedule needs {lanes} co-resident workers for one "
-                f"(sequence, kv head), but the backward has {workers} (the GPU's SMs minus "
-                f"sm_margin): lower sm_margin, or pass invariant=False"
-            )
-        if lanes == 0:
-            placement.append([])
-            continue
-        chosen = np.lexsort((np.arange(workers), load))[:lanes]
-        start = load[chosen].max()
-        load[chosen] = start + np.asarray(lengths, dtype=np.int64)
-        placement.append(chosen.tolist())
+    group_free = [0] * len(rounds)  # nominal end of each group's latest round
+    placement: list[list[list[int]]] = [[] for _ in rounds]
+    depth = max((len(group) for group in rounds), default=0)
+    for k in range(depth):
+        for g, group in enumerate(rounds):
+            if k >= len(group):
+                continue
+            lengths = np.asarray(group[k], dtype=np.int64)
+            if len(lengths) > workers:
+                raise ValueError(
+                    f"an order-invariant schedule needs {len(lengths)} co-resident workers for "
+                    f"one (sequence, kv head), but the backward has {workers} (the GPU's SMs "
+                    "minus sm_margin): lower sm_margin, or pass invariant=False"
+                )
+            chosen = np.lexsort((np.arange(workers), load))[: len(lengths)]
+            start = max(int(load[chosen].max()), group_free[g])
+            load[chosen] = start + lengths
+            group_free[g] = start + int(lengths.max())
+            placement[g].append(chosen.tolist())
     return placement
 
 
@@ -156,13 +188,21 @@ def invariant_schedule(
     group = spec.group_size
     layouts = [group_layout(name, spec, b, legacy, wave) for b in range(spec.batch)]
     groups = [(b, g) for b in range(spec.batch) for g in range(spec.kv_heads)]
-    lane_lengths = [[n * group for n in layouts[b].lane_steps()] for b, _ in groups]
-    placement = place_groups(lane_lengths, spec.workers)
+    lengths_of = [
+        [[layouts[b].unit_steps(unit) * group for unit in units] for units in layouts[b].rounds]
+        for b, _ in groups
+    ]
+    placement = place_rounds(lengths_of, spec.workers)
 
+    # Rebuild the placement order (round-major, as place_rounds went) to append units.
     per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
-    for (b, g), workers in zip(groups, placement, strict=True):
-        for lane, worker in zip(layouts[b].lanes, workers, strict=True):
-            per_worker[worker].extend(spec.chain_id(b, g, j) for j in lane)
+    depth = max((len(layout.rounds) for layout in layouts), default=0)
+    for k in range(depth):
+        for (b, g), workers in zip(groups, placement, strict=True):
+            if k >= len(workers):
+                continue
+            for unit, worker in zip(layouts[b].rounds[k], workers[k], strict=True):
+                per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)
 
     lengths = np.zeros(spec.num_chains, dtype=np.int64)
     heads, tiles, ranks = [], [], []

@@ -100,6 +100,34 @@ def analysis_spec(
     return spec, shape
 
 
+def varlen_analysis_spec(
+    seqlens: Sequence[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    headdim: int,
+    mask: Mask,
+    workers: int,
+    invariant: bool = True,
+) -> tuple[ScheduleSpec, Shape]:
+    """``analysis_spec`` of packed sequences: the tiles of the longest, then
+    ``ScheduleSpec.from_seqlens``. The shape holds the longest lengths."""
+    longest_q = max(max(q for q, _ in seqlens), 1)
+    longest_k = max(max(k for _, k in seqlens), 1)
+    problem = Problem(len(seqlens), longest_q, longest_k, heads, kv_heads, headdim, mask)
+    _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
+    spec = ScheduleSpec.from_seqlens(
+        seqlens=seqlens,
+        q_heads=heads,
+        kv_heads=kv_heads,
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+        mask=mask,
+        workers=workers,
+        invariant=invariant,
+    )
+    return spec, Shape(longest_q, longest_k, headdim, tiles.block_m, tiles.block_n)
+
+
 def square_spec(
     headdim: int, seqlen: int, batch: int, heads: int, causal: bool, workers: int
 ) -> ScheduleSpec:
@@ -235,9 +263,14 @@ def describe(spec: ScheduleSpec, shape: Shape | None) -> str:
         seq = f"seqlen {shape.seqlen_q}" + (
             f"/{shape.seqlen_k}" if shape.seqlen_k != shape.seqlen_q else ""
         )
+        if spec.seqlens is not None and not spec.is_uniform():
+            lengths = [q if q == k else f"{q}/{k}" for q, k in spec.seqlens]
+            shown = ",".join(map(str, lengths[:8])) + (",..." if len(lengths) > 8 else "")
+            seq = f"seqlens {shown} (varlen)"
         head = f"{seq}, hdim {shape.headdim}, batch {spec.batch}, {heads}, {mask}"
         tiles = f"{shape.block_m}x{shape.block_n} tiles: {spec.q_tiles} Q x {spec.kv_tiles} KV"
-        return f"{head}; {tiles}; {spec.workers} workers"
+        order = "" if spec.invariant else "; worker-dependent order"
+        return f"{head}; {tiles}; {spec.workers} workers{order}"
     ratio = f", tile ratio {spec.tile_ratio}" if spec.tile_ratio != 1 else ""
     return (
         f"{spec.q_tiles} Q x {spec.kv_tiles} KV tiles{ratio}, batch {spec.batch}, {heads}, "

@@ -14,8 +14,13 @@ an ordered list of *steps* ``(q_head, q_tile, rank)``. ``rank`` is the position 
 in the fixed summation order of dQ tile ``(b, q_head, q_tile)``: the kernel waits until the dQ
 tile's semaphore equals ``rank``, adds, then increments the semaphore.
 
-Masks. Full: every KV tile meets every Q tile. Causal (bottom-right aligned, as flash-attn): KV tile
-``j`` meets Q tiles ``max(0, j * tile_ratio - causal_offset) .. M - 1``, where ``causal_offset`` is
+Masks and sequences. Which tile pairs a problem needs comes from ``Mask`` (full, causal or a
+sliding window, flash-attn's row rule, bottom-right aligned per sequence) and, with ``seqlens``,
+from each sequence's own lengths: ``q_tile_range(b, j)`` / ``kv_tile_range(b, i)`` are exact to
+the token (``geometry``). Packed (varlen) sequences share one padded tile grid of the longest
+sequence's tiles; a shorter sequence's extra chains and dQ tiles are padding. A spec given in tiles
+(no ``seqlens``) keeps the old rule: causal KV tile ``j`` meets Q tiles
+``max(0, j * tile_ratio - causal_offset) .. M - 1``, ``causal_offset`` being
 ``ceil((seqlen_k - seqlen_q) / BLOCK_M)`` (zero for square attention).
 
 Worked example (full mask, M = N = 4, 1 head, 4 workers, ``shift``)::

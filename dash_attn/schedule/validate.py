@@ -8,17 +8,27 @@ tables alone (numpy, no device):
 
 1. *Coverage.* Every ``(batch, q_head, q_tile, kv_tile)`` pair the mask needs appears exactly once,
    no step lies outside the mask or the tile ranges, and every step's query head belongs to its
-   chain's GQA group (``q_head // group_size == kv_head``).
+   chain's GQA group (``q_head // group_size == kv_head``). "Needs" is per sequence and exact to
+   the token (``ScheduleSpec.q_tile_range``): a window's or a short sequence's tile pairs that no
+   kept (query, key) pair falls in must not appear.
 2. *Ranks.* The ranks of each dQ tile ``(batch, q_head, q_tile)`` are exactly ``0 .. k-1`` with
-   ``k`` its number of contributions, so the semaphore reaches every value it is asked to wait for.
-3. *Dispatch tables.* ``order`` lists every chain once; ``worker_start`` is a partition of it
-   (``P + 1`` non-decreasing offsets from 0 to ``C`` for static dispatch, ``[0, C]`` for dynamic).
+   ``k`` its number of contributions (with 1., the KV tiles that really contribute:
+   ``kv_tile_range``), so the semaphore reaches every value it is asked to wait for.
+3. *Dispatch tables.* ``order`` lists every live chain once (``kv_tile < kv_tiles_b``, even one
+   with no step: its dK = dV = 0 must still be written) and no padding chain of a shorter
+   sequence; ``worker_start`` is a partition of it (``P + 1`` non-decreasing offsets from 0 to
+   ``len(order)`` for static dispatch, ``[0, len(order)]`` for dynamic).
 4. *Deadlock freedom.* A step waits on two things: the previous step of its worker and the step
    holding rank ``k - 1`` of its dQ tile. Static dispatch (all workers co-resident): this wait
    graph must be acyclic. Dynamic dispatch (tickets handed out in ``order``; a ticket is only
    drawn when a worker is free, so nothing can be assumed about co-residency): every rank
    predecessor must sit in a chain with a smaller ticket, or earlier in the same chain; then the
-   unfinished chain with the smallest ticket can always make progress.
+   unfinished chain with the smallest ticket can always make progress. The static check is exact
+   (it runs the workers until they block), so it needs no time model: the order-invariant
+   schedules, whose units start at nominal times with gaps, are checked like any other.
+
+Order invariance (the promise of ``ScheduleSpec.invariant``) is a property of two schedules, not
+one: ``dash_attn.schedule.invariance.invariance_errors`` compares a sequence across them.
 
 It also reports, without failing, whether the accumulation order is *depth-monotone* (the paper's
 Lemma 1), i.e. whether it adds no wait at all in the unit-cost DAG model. See ``validate``.

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dash_attn.reference.attention import attention_bwd_ref, attention_ref, causal_mask
+from dash_attn.reference.attention import (
+    attention_bwd_ref,
+    attention_ref,
+    causal_mask,
+    visible_mask,
+)
 from dash_attn.testing import assert_close_to_ref, make_qkv, repeat_equal
 
 F64 = {"atol": 1e-12, "rtol": 1e-12}
@@ -182,3 +189,123 @@ def test_make_qkv_and_repeat_equal():
     # Bitwise, not numerically: -0.0 and 0.0 compare equal with == but are different bits.
     signs = iter([0.0, -0.0])
     assert repeat_equal(lambda: torch.tensor([next(signs)]), 2) == (False, 0.0)
+
+
+# --- sliding windows and packed sequences ---------------------------------------------------------
+
+
+def test_visible_mask_examples() -> None:
+    # The docstring's window (1, 0) on 5 x 5, a window wider on the right, and the corner cases.
+    band = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 1, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(visible_mask(5, 5, window=(1, 0)), band)
+    assert torch.equal(visible_mask(5, 5, causal=True, window=(1, 7)), band)  # causal: right 0
+    # seqlen_k - seqlen_q = 2 shifts the diagonal right: row r's window is keys r+2-1 .. r+2+1.
+    assert visible_mask(3, 5, window=(1, 1)).nonzero().tolist() == [
+        [0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [1, 4], [2, 3], [2, 4],
+    ]  # fmt: skip
+    assert visible_mask(4, 4) is None  # full: no mask
+    assert torch.equal(visible_mask(5, 2, causal=True), causal_mask(5, 2))
+    with pytest.raises(ValueError, match="window"):
+        visible_mask(4, 4, window=(-2, 0))
+
+
+def _explicit_window_attention(q, k, v, left, right, scale):
+    """One sequence, every row by itself: softmax over exactly the keys of the row rule."""
+    seqlen_q, seqlen_k = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], seqlen_q), float("-inf"), dtype=q.dtype)
+    for r in range(seqlen_q):
+        diag = r + seqlen_k - seqlen_q
+        keys = [c for c in range(seqlen_k) if (left < 0 or c >= diag - left) and c <= diag + right]
+        if not keys:
+            continue
+        for h in range(q.shape[1]):
+            s = k[keys, h // group] @ q[r, h] * scale
+            out[r, h] = torch.softmax(s, 0) @ v[keys, h // group]
+            lse[h, r] = torch.logsumexp(s, 0)
+    return out, lse
+
+
+@pytest.mark.parametrize("window", [(3, 0), (-1, 2), (2, 2), (0, 0)])
+@pytest.mark.parametrize(
+    "lengths", [(9, 9), (5, 11), (11, 5)], ids=["sq9sk9", "sq5sk11", "sq11sk5"]
+)
+def test_window_matches_row_by_row_softmax(window, lengths) -> None:
+    seqlen_q, seqlen_k = lengths
+    q, k, v = make_qkv(1, seqlen_q, seqlen_k, 4, 2, 8, torch.float64, "cpu", 3)
+    out, lse = attention_ref(q, k, v, window=window, softmax_scale=0.5)
+    right = window[1] if window[1] >= 0 else seqlen_k
+    exp_out, exp_lse = _explicit_window_attention(q[0], k[0], v[0], window[0], right, 0.5)
+    torch.testing.assert_close(out[0], exp_out, **F64)
+    torch.testing.assert_close(lse[0], exp_lse, **F64)
+
+
+VARLEN = [(5, 7), (0, 4), (9, 9), (3, 0), (12, 6)]
+
+
+def _packed(seed: int, heads: int = 4, kv_heads: int = 2, headdim: int = 8):
+    gen = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(sq for sq, _ in VARLEN), sum(sk for _, sk in VARLEN)
+    q = torch.randn(total_q, heads, headdim, generator=gen, dtype=torch.float64)
+    k = torch.randn(total_k, kv_heads, headdim, generator=gen, dtype=torch.float64)
+    v = torch.randn(total_k, kv_heads, headdim, generator=gen, dtype=torch.float64)
+    cu_q = torch.tensor([0, *itertools.accumulate(sq for sq, _ in VARLEN)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(sk for _, sk in VARLEN)], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize(
+    "causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (2, 1)), (True, (4, -1))]
+)
+def test_varlen_is_each_sequence_alone(causal, window) -> None:
+    q, k, v, cu_q, cu_k = _packed(4)
+    out, lse = attention_ref(
+        q, k, v, causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
+    )
+    assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
+    for b in range(len(VARLEN)):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        alone, lse_alone = attention_ref(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, window=window
+        )
+        torch.testing.assert_close(out[q0:q1], alone[0], **F64)
+        torch.testing.assert_close(lse[:, q0:q1], lse_alone[0], **F64)
+    # The empty-key sequence (3, 0): no key, so out 0 and lse -inf.
+    q0, q1 = int(cu_q[3]), int(cu_q[4])
+    assert torch.count_nonzero(out[q0:q1]) == 0 and torch.isneginf(lse[:, q0:q1]).all()
+
+
+@pytest.mark.parametrize(
+    "causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (2, 1)), (True, (4, -1))]
+)
+def test_varlen_window_explicit_backward_matches_autograd(causal, window) -> None:
+    q, k, v, cu_q, cu_k = _packed(5)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    kwargs = dict(causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    out, lse = attention_ref(q, k, v, **kwargs)
+    dout = torch.randn_like(out)
+    expected = torch.autograd.grad(out, (q, k, v), dout)
+    got = attention_bwd_ref(
+        q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout,
+        softmax_scale=None, **kwargs,
+    )  # fmt: skip
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
+        assert g.shape == e.shape, name
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, e, **F64, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_varlen_needs_both_boundaries() -> None:
+    q, k, v, cu_q, _ = _packed(6)
+    with pytest.raises(ValueError, match="cu_seqlens_q and cu_seqlens_k"):
+        attention_ref(q, k, v, cu_seqlens_q=cu_q)

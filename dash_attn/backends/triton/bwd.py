@@ -12,7 +12,8 @@ SEM           one int32 semaphore per dQ tile: the number of contributions alrea
 STATUS        int32 [2]: STATUS[0] = next dynamic ticket, STATUS[1] = error flag (1 = a wait
               timed out); zeroed before every launch together with SEM. A timed-out step goes on
               (adding NaN and releasing), so its successors are never stuck behind it.
-DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t); otherwise
+DYNAMIC       chains are pulled as tickets from STATUS[0] (order[t] for ticket t, t < num_chains =
+              the chains listed in order, fewer than the padded grid's for varlen); otherwise
               worker w runs order[worker_start[w]:worker_start[w + 1]]
 DETERMINISTIC wait for SEM == rank, add; release SEM + 1 (after a barrier) in the next step
               (at its start, or with RELEASE_AFTER_QK after its first matmul), or at the end of
@@ -25,7 +26,20 @@ TABLES_AHEAD  the step tables are read one step ahead, so the next step's loads 
               for a table load
 LSE2, DELTA   per (batch x head, row) fp32, rows padded to q_tiles * BLOCK_M (no masks needed):
               LSE in log2 units with +inf for rows that saw no key or are padding (so that
-              P = exp2(. - inf) = 0), and delta = rowsum(dO * O), 0 on padding rows
+              P = exp2(. - inf) = 0), and delta = rowsum(dO * O), 0 on padding rows. Varlen:
+              per head, every sequence padded to a multiple of BLOCK_M rows, sequence b from
+              row CU_ROWS_PAD[b] (index h * rows_pad_total + CU_ROWS_PAD[b] + row)
+IS_VARLEN     packed sequences (constexpr): q/dO (total_q, H, D), k/v (total_k, Hkv, D), sequence
+              b owns rows CU_SEQLENS[b] .. CU_SEQLENS[b + 1]; chain ids stay on the padded tile
+              grid (b, kv head, j) and the row offsets and lengths are read per chain. The fp32
+              dQ accumulator is padded like LSE2 (rows_pad_total, H, D), so a Q tile's rows never
+              reach into the next sequence: its padding rows get exact zeros (P = 0 there), and
+              a TMA tile ends where its sequence's padding does
+WINDOW        a sliding window (constexpr): key n of row m is kept iff
+              m + shift - window_left <= n <= m + shift + window_right (shift = seqlen_k -
+              seqlen_q of the sequence; an unbounded side comes as utils.UNBOUNDED). The tables
+              only list the (Q tile, KV tile) pairs the band meets; a chain with no step writes
+              dK = dV = 0
 
 The dQ partial is added with fp32 reductions performed at L2 in both modes (DQ_TMA: one TMA bulk
 tensor reduction per step, the default on Hopper; otherwise vector atomics from every thread), so
@@ -44,9 +58,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...plan import BackwardPlan
-from ...schedule import Dispatch
+from ...schedule import Dispatch, Mask
 from . import _versions  # noqa: F401  (an unsupported Triton fails here, clearly)
-from .utils import next_power_of_2
+from .utils import kernel_window, next_power_of_2
+from .varlen import VarlenRows
 
 # The interpreter has no clock: it bounds the number of polls instead (checked every 256 polls).
 INTERPRETER_MAX_POLLS = 512
@@ -129,7 +144,7 @@ def _release_turn(pending_sem, has_pending, TIMED_WAIT: tl.constexpr, DQ_TMA: tl
 
 @triton.jit
 def _add_dq(
-    DQ_DESC, dq_ptrs, dq_part, mask, b, h, q_tile,
+    DQ_DESC, dq_ptrs, dq_part, mask, desc_b, desc_row, h,
     BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, DQ_TMA: tl.constexpr,
 ):  # fmt: skip
     """Add a dQ partial into the fp32 accumulator, at L2 either way.
@@ -139,9 +154,7 @@ def _add_dq(
     reductions from every thread (red.global.add.v4.f32), masked.
     """
     if DQ_TMA:
-        DQ_DESC.atomic_add(
-            [b, q_tile * BLOCK_M, h, 0], dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD])
-        )
+        DQ_DESC.atomic_add([desc_b, desc_row, h, 0], dq_part.reshape([1, BLOCK_M, 1, HEAD_DIM_PAD]))
     else:
         tl.atomic_add(dq_ptrs, dq_part, mask=mask, sem="relaxed")
 
@@ -177,6 +190,7 @@ def attn_bwd_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ_ACC, DQ_DESC, DK, DV,
     SEM, STATUS,
     CHAIN_START, STEP_HEAD, STEP_TILE, STEP_RANK, ORDER, WORKER_START,
+    CU_SEQLENS_Q, CU_SEQLENS_K, CU_ROWS_PAD,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -185,13 +199,15 @@ def attn_bwd_kernel(
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
     q_heads, kv_heads, kv_tiles, q_tiles, num_chains,
-    seqlen_q, seqlen_k, causal_shift,
+    seqlen_q, seqlen_k, causal_shift, window_left, window_right, rows_pad_total,
     qk_scale, softmax_scale, timeout,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     DETERMINISTIC: tl.constexpr,
     DYNAMIC: tl.constexpr,
     TIMED_WAIT: tl.constexpr,
@@ -218,17 +234,46 @@ def attn_bwd_kernel(
         rest = chain // kv_tiles
         kvh = rest % kv_heads
         b = rest // kv_heads
+        if IS_VARLEN:
+            # This chain's sequence: row offsets (int64: total tokens x heads x head dim may
+            # pass 2**31 elements), lengths, and where its LSE2/delta/dQ rows start.
+            q_start = tl.load(CU_SEQLENS_Q + b).to(tl.int64)
+            k_start = tl.load(CU_SEQLENS_K + b).to(tl.int64)
+            seq_q = (tl.load(CU_SEQLENS_Q + b + 1) - q_start).to(tl.int32)
+            seq_k = (tl.load(CU_SEQLENS_K + b + 1) - k_start).to(tl.int32)
+            shift = seq_k - seq_q
+            # A multiple of BLOCK_M by construction: saying so keeps the LSE2/delta loads
+            # vectorised as in the dense kernel (and with them, fewer registers and spills).
+            pad_start = tl.multiple_of(tl.load(CU_ROWS_PAD + b), BLOCK_M)
+            q_base = q_start * stride_qm
+            do_base = q_start * stride_dom
+            k_base = k_start * stride_kn
+            v_base = k_start * stride_vn
+            dk_base = k_start * stride_dkn
+            dv_base = k_start * stride_dvn
+            dq_base = pad_start.to(tl.int64) * stride_dqm
+        else:
+            seq_q = seqlen_q
+            seq_k = seqlen_k
+            shift = causal_shift
+            q_base = b * stride_qb
+            do_base = b * stride_dob
+            k_base = b * stride_kb
+            v_base = b * stride_vb
+            dk_base = b * stride_dkb
+            dv_base = b * stride_dvb
+            dq_base = b * stride_dqb
 
         offs_n = kv_tile * BLOCK_N + offs_n0
-        n_valid = offs_n < seqlen_k
+        n_valid = offs_n < seq_k
         kv_mask = n_valid[:, None] & d_mask
         k = tl.load(
-            K + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+            K + k_base + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
         )
         v = tl.load(
-            V + b * stride_vb + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+            V + v_base + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
         )
@@ -272,22 +317,24 @@ def attn_bwd_kernel(
                 h = tl.load(STEP_HEAD + step)
                 q_tile = tl.load(STEP_TILE + step)
             offs_m = q_tile * BLOCK_M + offs_m0
-            m_valid = offs_m < seqlen_q
+            m_valid = offs_m < seq_q
             qo_mask = m_valid[:, None] & d_mask
-            bh = b * q_heads + h
             q = tl.load(
-                Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                Q + q_base + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
                 mask=qo_mask,
                 other=0.0,
             )
             do = tl.load(
-                DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
-                + offs_d[None, :],
+                DO + do_base + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
                 mask=qo_mask,
                 other=0.0,
-            )  # fmt: skip
-            lse = tl.load(LSE2 + bh * rows_pad + offs_m)
-            delta = tl.load(DELTA + bh * rows_pad + offs_m)
+            )
+            if IS_VARLEN:
+                row_base = h * rows_pad_total + pad_start
+            else:
+                row_base = (b * q_heads + h) * rows_pad
+            lse = tl.load(LSE2 + row_base + offs_m)
+            delta = tl.load(DELTA + row_base + offs_m)
             if DETERMINISTIC:
                 # Release the previous step's dQ tile at the start of this step, once this
                 # step's loads have been issued: its adds have had the loop's tail to complete,
@@ -304,8 +351,12 @@ def attn_bwd_kernel(
             qk_t = tl.dot(k, tl.trans(q))
             p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
             keep = n_valid[:, None]
-            if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+            if WINDOW:
+                diag = offs_m[None, :] + shift
+                keep = keep & (offs_n[:, None] <= diag + window_right)
+                keep = keep & (offs_n[:, None] >= diag - window_left)
+            elif CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
             p_t = tl.where(keep, p_t, 0.0)
             if DETERMINISTIC:
                 if RELEASE_AFTER_QK:  # [D1], late
@@ -322,9 +373,16 @@ def attn_bwd_kernel(
             dq_part = tl.dot(tl.trans(ds_t), k)
 
             dq_ptrs = (
-                DQ_ACC + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm
-                + offs_d[None, :]
-            )  # fmt: skip
+                DQ_ACC + dq_base + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
+            )
+            # The TMA tile's (batch, row) coordinates: varlen's accumulator is one batch of
+            # padded sequences (see IS_VARLEN above).
+            if IS_VARLEN:
+                desc_b = 0
+                desc_row = pad_start + q_tile * BLOCK_M
+            else:
+                desc_b = b
+                desc_row = q_tile * BLOCK_M
             if DETERMINISTIC:
                 failed = _wait_for_turn(sem_ptr, seen, rank, timeout, TIMED_WAIT)  # [D3]
                 # Never a silent wrong result: a step that gave up poisons what it adds and
@@ -332,31 +390,32 @@ def attn_bwd_kernel(
                 dq_part = tl.where(failed, float("nan"), dq_part)
                 tl.store(STATUS + 1, 1, mask=failed)
                 _add_dq(  # [D4]
-                    DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, DQ_TMA
-                )
+                    DQ_DESC, dq_ptrs, dq_part, qo_mask, desc_b, desc_row, h,
+                    BLOCK_M, HEAD_DIM_PAD, DQ_TMA,
+                )  # fmt: skip
                 pending_sem = sem_ptr  # [D5]
                 has_pending = 1
             else:
                 _add_dq(
-                    DQ_DESC, dq_ptrs, dq_part, qo_mask, b, h, q_tile, BLOCK_M, HEAD_DIM_PAD, DQ_TMA
-                )
+                    DQ_DESC, dq_ptrs, dq_part, qo_mask, desc_b, desc_row, h,
+                    BLOCK_M, HEAD_DIM_PAD, DQ_TMA,
+                )  # fmt: skip
 
         if DETERMINISTIC:
             if has_pending != 0:
                 _release_turn(pending_sem, has_pending, TIMED_WAIT, DQ_TMA)
         dk = dk * softmax_scale
+        # A chain with no step (a KV tile no query row's window reaches) stores zeros here.
         tl.store(
-            DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn
-            + offs_d[None, :],
+            DK + dk_base + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
             dk.to(DK.dtype.element_ty),
             mask=kv_mask,
-        )  # fmt: skip
+        )
         tl.store(
-            DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvn
-            + offs_d[None, :],
+            DV + dv_base + kvh * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
             dv.to(DV.dtype.element_ty),
             mask=kv_mask,
-        )  # fmt: skip
+        )
         if DYNAMIC:
             ticket = tl.atomic_add(STATUS, 1, sem="relaxed")
         else:
@@ -369,61 +428,114 @@ def attn_bwd_kernel(
 
 @triton.jit
 def attn_bwd_preprocess_kernel(
-    O, DO, LSE, LSE2, DELTA,
+    O, DO, LSE, LSE2, DELTA, CU_SEQLENS_Q, CU_ROWS_PAD,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
+    stride_lb, stride_lh,
     heads, seqlen_q, rows_pad,
     BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     """delta = rowsum(dO * O) and the LSE in log2 units, both fp32 with ``rows_pad`` rows per
     (batch x head): padding rows (and rows that saw no key) get LSE +inf and delta 0, so the
-    backward reads them without masks. One program per (row block, batch x head)."""
+    backward reads them without masks. One program per (row block, batch x head).
+
+    Varlen: ``rows_pad`` is the padded rows per head (all sequences), sequence b's rows start
+    at CU_ROWS_PAD[b]; LSE is (H, total_q) with row stride ``stride_lh``."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if IS_VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + b).to(tl.int64)
+        seq_q = (tl.load(CU_SEQLENS_Q + b + 1) - q_start).to(tl.int32)
+        pad_start = tl.load(CU_ROWS_PAD + b)
+        seq_rows = tl.load(CU_ROWS_PAD + b + 1) - pad_start
+        if start_m * BLOCK_M >= seq_rows:
+            return
+        o_base = q_start * stride_om
+        do_base = q_start * stride_dom
+        lse_base = h * stride_lh + q_start
+        out_base = h * rows_pad + pad_start
+    else:
+        seq_q = seqlen_q
+        seq_rows = rows_pad
+        o_base = b * stride_ob
+        do_base = b * stride_dob
+        lse_base = b * stride_lb + h * stride_lh
+        out_base = bh * rows_pad
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    in_rows = offs_m < seq_q
+    mask = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(
-        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        O + o_base + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
         mask=mask,
         other=0.0,
     ).to(tl.float32)
     do = tl.load(
-        DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+        DO + do_base + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
         mask=mask,
         other=0.0,
     ).to(tl.float32)
-    in_rows = offs_m < seqlen_q
-    lse = tl.load(LSE + bh * seqlen_q + offs_m, mask=in_rows, other=float("-inf"))
+    lse = tl.load(LSE + lse_base + offs_m, mask=in_rows, other=float("-inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    stored = offs_m < rows_pad
-    tl.store(LSE2 + bh * rows_pad + offs_m, lse2, mask=stored)
-    tl.store(DELTA + bh * rows_pad + offs_m, tl.sum(o * do, axis=1), mask=stored)
+    stored = offs_m < seq_rows
+    tl.store(LSE2 + out_base + offs_m, lse2, mask=stored)
+    tl.store(DELTA + out_base + offs_m, tl.sum(o * do, axis=1), mask=stored)
 
 
 def attn_bwd_preprocess(
-    out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, rows_pad: int
+    out: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    rows_pad: int,
+    *,
+    varlen: VarlenRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward's per-row inputs: (LSE in log2 units, delta), each ``(batch * heads,
-    rows_pad)`` fp32, where ``rows_pad`` (a multiple of the backward's BLOCK_M and of 4, as TMA
-    row strides need 16 bytes) is at least seqlen_q."""
-    batch, seqlen_q, heads, headdim = out.shape
-    lse2 = torch.empty((batch * heads, rows_pad), device=out.device, dtype=torch.float32)
-    delta = torch.empty_like(lse2)
+    """The backward's per-row inputs: (LSE in log2 units, delta), fp32.
+
+    Dense: each ``(batch * heads, rows_pad)``, where ``rows_pad`` (a multiple of the backward's
+    BLOCK_M and of 4, as TMA row strides need 16 bytes) is at least seqlen_q. Varlen (out and
+    dout ``(total_q, heads, headdim)``, lse ``(heads, total_q)``): each ``(heads,
+    varlen.rows_pad_total)``, sequence b from row ``varlen.cu_rows_pad[b]``; ``rows_pad`` is
+    then the longest sequence's padded rows (it sizes the grid).
+    """
     block_m = 64
-    grid = (triton.cdiv(rows_pad, block_m), batch * heads)
+    if varlen is None:
+        batch, seqlen_q, heads, headdim = out.shape
+        rows, cu_q, cu_pad = rows_pad, out, out  # the pointers are unused when dense
+        o_strides = (out.stride(0), out.stride(1), out.stride(2))
+        do_strides = (dout.stride(0), dout.stride(1), dout.stride(2))
+        lse_strides = (lse.stride(0), lse.stride(1))
+        shape = (batch * heads, rows_pad)
+    else:
+        _, heads, headdim = out.shape
+        batch, seqlen_q = varlen.batch, 0
+        rows, cu_q, cu_pad = varlen.rows_pad_total, varlen.cu_seqlens_q, varlen.cu_rows_pad
+        o_strides = (0, out.stride(0), out.stride(1))
+        do_strides = (0, dout.stride(0), dout.stride(1))
+        lse_strides = (0, lse.stride(0))
+        shape = (heads, rows)
+    lse2 = torch.empty(shape, device=out.device, dtype=torch.float32)
+    delta = torch.empty_like(lse2)
+    grid = (triton.cdiv(max(rows_pad, 1), block_m), batch * heads)
     attn_bwd_preprocess_kernel[grid](
-        out, dout, lse, lse2, delta,
-        out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        heads, seqlen_q, rows_pad,
+        out, dout, lse, lse2, delta, cu_q, cu_pad,
+        *o_strides, *do_strides, *lse_strides,
+        heads, seqlen_q, rows,
         BLOCK_M=block_m, HEAD_DIM=headdim, HEAD_DIM_PAD=next_power_of_2(headdim),
+        IS_VARLEN=varlen is not None,
     )  # fmt: skip
     return lse2, delta
+
+
+def mask_window(mask: Mask) -> tuple[str, int, int]:
+    """The plan's mask as the kernels take it: (kind, window_left, window_right), see
+    :func:`utils.kernel_window`."""
+    return kernel_window(mask.causal, mask.window)
 
 
 def attn_bwd_main(
@@ -436,36 +548,66 @@ def attn_bwd_main(
     delta: torch.Tensor,
     tables: dict[str, torch.Tensor],
     softmax_scale: float,
+    *,
+    varlen: VarlenRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent backward of ``plan``. Returns (dq_accum fp32 unscaled, dk, dv,
     status).
 
-    ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows;
-    ``tables`` are the plan's schedule tables on q's device. With ``plan.dq_reduce == "tma"`` the
-    dQ partials are added by TMA bulk reductions through a tensor descriptor of the accumulator
-    (Hopper), else by per-thread vector atomics. Static schedules launch as a cooperative grid
-    (all workers co-resident, or the launch fails); the interpreter bounds waits by polls.
+    ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows
+    (varlen: with the same ``varlen``); ``tables`` are the plan's schedule tables on q's device.
+    With ``plan.dq_reduce == "tma"`` the dQ partials are added by TMA bulk reductions through a
+    tensor descriptor of the accumulator (Hopper), else by per-thread vector atomics. Static
+    schedules launch as a cooperative grid (all workers co-resident, or the launch fails); the
+    interpreter bounds waits by polls.
+
+    Varlen (``varlen`` given; q/dout ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``): the
+    accumulator is ``(varlen.rows_pad_total, H, D)``, every sequence padded to whole Q tiles
+    (gather the real rows with ``varlen.row_index``); a TMA tile then never crosses into the
+    next sequence, so both dQ reductions stay correct. The window comes from
+    ``plan.spec.mask``.
     """
     spec, tiles = plan.spec, plan.tiles
     interpret = plan.device.is_interpreter
-    q_tiles, kv_tiles, num_chains = spec.q_tiles, spec.kv_tiles, spec.num_chains
+    q_tiles, kv_tiles = spec.q_tiles, spec.kv_tiles
+    # Tickets run over the chains listed in ``order``: with packed sequences or windows the
+    # padded grid has chains that are not listed (KV tiles past a sequence's end).
+    num_chains = tables["order"].numel()
     dq_tma = plan.dq_reduce == "tma"
     timeout = INTERPRETER_MAX_POLLS if interpret else int(plan.timeout_s * 1e9)
     cooperative = plan.dispatch is Dispatch.STATIC and not interpret
-    batch, seqlen_q, heads, headdim = q.shape
-    _, seqlen_k, kv_heads, _ = k.shape
-    dq_acc = torch.zeros((batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
+    kind, window_left, window_right = mask_window(spec.mask)
+    headdim = q.shape[-1]
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    if varlen is None:
+        batch, seqlen_q, _, _ = q.shape
+        seqlen_k = k.shape[1]
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        # The (batch, row, head) strides of the dense layout.
+        strides = [t.stride()[:3] for t in (q, k, v, dout, dq_acc)]
+        cu_q = cu_k = cu_pad = q  # unused pointers (IS_VARLEN is off)
+        desc_view = dq_acc
+    else:
+        batch, seqlen_q, seqlen_k = varlen.batch, 0, 0  # lengths are read per chain
+        # At least one row: a TMA descriptor needs a non-empty tensor (a pack of empty query
+        # sequences has no step, so the row is never touched).
+        rows = max(varlen.rows_pad_total, 1)
+        dq_acc = torch.zeros((rows, heads, headdim), device=q.device, dtype=torch.float32)
+        strides = [(0, *t.stride()[:2]) for t in (q, k, v, dout, dq_acc)]
+        cu_q, cu_k, cu_pad = varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.cu_rows_pad
+        desc_view = dq_acc.unsqueeze(0)  # one "batch" of padded sequences
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    strides += [(0, *t.stride()[:2]) if varlen else t.stride()[:3] for t in (dk, dv)]
     # One zeroed buffer for the ticket, the error flag and every semaphore: a single memset.
     flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
     status, sem = flags[:2], flags[2:]
     launch_options = {"launch_cooperative_grid": True} if cooperative else {}
     if dq_tma:
-        # (batch, seqlen_q, heads, headdim) with one (BLOCK_M x headdim) block per dQ tile; rows
-        # past seqlen_q and padded columns are clipped by the TMA unit.
+        # (batch, rows, heads, headdim) with one (BLOCK_M x headdim) block per dQ tile; rows
+        # past the accumulator's end and padded columns are clipped by the TMA unit.
         dq_desc = TensorDescriptor(
-            dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
+            desc_view, list(desc_view.shape), list(desc_view.stride()),
             [1, tiles.block_m, 1, next_power_of_2(headdim)],
         )  # fmt: skip
     else:
@@ -475,18 +617,15 @@ def attn_bwd_main(
         sem, status,
         tables["chain_start"], tables["step_q_head"], tables["step_q_tile"], tables["step_rank"],
         tables["order"], tables["worker_start"],
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
+        cu_q, cu_k, cu_pad,
+        *(stride for triple in strides for stride in triple),
         heads, kv_heads, kv_tiles, q_tiles, num_chains,
-        seqlen_q, seqlen_k, seqlen_k - seqlen_q,
+        seqlen_q, seqlen_k, seqlen_k - seqlen_q, window_left, window_right,
+        varlen.rows_pad_total if varlen else 0,
         softmax_scale * math.log2(math.e), softmax_scale, timeout,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEAD_DIM=headdim,
-        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=spec.mask.causal,
+        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=kind == "causal", WINDOW=kind == "local",
+        IS_VARLEN=varlen is not None,
         DETERMINISTIC=plan.deterministic, DYNAMIC=plan.dispatch is Dispatch.DYNAMIC,
         TIMED_WAIT=not interpret, DQ_TMA=dq_tma,
         TABLES_AHEAD=tiles.tables_ahead, RELEASE_AFTER_QK=tiles.release_after_qk,

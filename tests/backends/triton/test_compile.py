@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from dash_attn.backends.triton.tiles import SUPPORTED_HEADDIMS, BackwardTiles
+from dash_attn.backends.triton.tiles import SUPPORTED_HEADDIMS, BackwardTiles, backward_tiles
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
@@ -179,3 +179,89 @@ def test_cli_prints_the_report(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert "registers" in out and "HGMMA" in out
     assert (tmp_path / "kernel.ptx").read_text().startswith("//")
     assert "HGMMA" in (tmp_path / "kernel.sass").read_text()
+
+
+# Packed sequences and sliding windows: the same protocol and resources, every head dimension.
+@pytest.mark.parametrize("headdim", SUPPORTED_HEADDIMS)
+@pytest.mark.parametrize(
+    "variant", [{"window": True}, {"varlen": True}, {"varlen": True, "window": True}],
+    ids=["window", "varlen", "varlen-window"],
+)  # fmt: skip
+def test_varlen_and_window_kernels_compile_and_fit(
+    reports: dict, headdim: int, variant: dict
+) -> None:
+    report = _report(reports, headdim, True, **variant)
+    assert report.registers <= REGISTER_LIMIT
+    assert 0 < report.shared_bytes <= HOPPER_SHARED_BYTES
+    assert report.sass_counts["HGMMA"] > 0
+    assert has_acquire_load(report.ptx) and "%globaltimer" in report.ptx
+    assert "fence.acq_rel" not in report.ptx
+    assert has_release_add(report.ptx)
+    if backward_tiles(headdim, "atomic").num_stages > 1:
+        assert report.sass_counts["LDGSTS"] > 0  # the step loop is still software-pipelined
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_varlen_tma_dq_reduction_compiles(reports: dict, deterministic: bool) -> None:
+    # Varlen keeps the bulk reductions: the accumulator pads every sequence to whole Q tiles,
+    # so a tile's rows never reach into the next sequence.
+    report = _report(reports, 128, deterministic, dq_tma=True, varlen=True, window=True)
+    assert report.registers <= REGISTER_LIMIT
+    assert report.shared_bytes <= HOPPER_SHARED_BYTES
+    assert has_bulk_tensor_add(report.ptx)
+    assert "cp.async.bulk.wait_group 0; fence.proxy.async.global;" in report.ptx
+
+
+def test_dense_kernel_does_not_read_cu_seqlens(reports: dict) -> None:
+    # IS_VARLEN and WINDOW are constexprs: with both off the dense kernel is the one it was
+    # (no loads of the sequence boundaries, no window compares): the varlen variant has more
+    # global loads per chain, the dense one exactly the tables' and the tiles'.
+    dense = _report(reports, 128, True)
+    varlen = _report(reports, 128, True, varlen=True)
+    assert varlen.sass.count("LDG") > dense.sass.count("LDG")
+
+
+def _compile_forward(headdim: int, *, causal: bool, window: bool, varlen: bool):
+    """The forward kernel compiled for sm_90a (arguments specialised as a real launch)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from dash_attn.backends.triton.fwd import attn_fwd_kernel, fwd_config
+    from dash_attn.backends.triton.utils import next_power_of_2
+
+    cfg = fwd_config(headdim)
+    constexprs = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=headdim,
+        HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=causal, WINDOW=window, IS_VARLEN=varlen,
+    )  # fmt: skip
+    signature = {}
+    for name in attn_fwd_kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ("Q", "K", "V", "O"):
+            signature[name] = "*bf16"
+        elif name == "LSE":
+            signature[name] = "*fp32"
+        elif name.startswith("CU_"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    return triton.compile(
+        ASTSource(attn_fwd_kernel, signature, constexprs),
+        target=compile_report.HOPPER,
+        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+    )
+
+
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize(
+    "mask", [(True, False, False), (False, True, False), (True, False, True), (False, True, True)],
+    ids=["causal", "window", "varlen-causal", "varlen-window"],
+)  # fmt: skip
+def test_forward_variants_compile(headdim: int, mask: tuple[bool, bool, bool]) -> None:
+    causal, window, varlen = mask
+    compiled = _compile_forward(headdim, causal=causal, window=window, varlen=varlen)
+    assert 0 < compiled.metadata.shared <= HOPPER_SHARED_BYTES
+    assert "mma" in compiled.asm["ptx"]  # wgmma or mma.sync: the matmuls stay tensor-core ops

@@ -9,6 +9,7 @@ import math
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.dash_attn.*)
+from .determinism import alert_nondeterministic_backward
 from .device import is_interpreter
 from .validation import check_flash_attn_extras, check_inputs, check_varlen_inputs
 
@@ -223,7 +224,7 @@ def dash_attn_func(
         schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
         window_size=window_size, invariant=invariant,
     )  # fmt: skip
-    _check_torch_determinism(deterministic)
+    alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_func")
     _needs_cuda(q, "dash_attn_func")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
@@ -304,7 +305,7 @@ def dash_attn_varlen_func(
         schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
         window_size=window_size, invariant=invariant,
     )  # fmt: skip
-    _check_torch_determinism(deterministic)
+    alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_varlen_func")
     _needs_cuda(q, "dash_attn_varlen_func")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
@@ -316,14 +317,8 @@ def dash_attn_varlen_func(
     return (out, lse) if return_lse else out
 
 
-def _check_torch_determinism(deterministic: bool) -> None:
-    """``deterministic=False`` under ``torch.use_deterministic_algorithms(True)``: the integrations
-    module words the error (or warning) like torch's own."""
-    if deterministic or not torch.are_deterministic_algorithms_enabled():
-        return
-    from .determinism import check_torch_determinism
-
-    check_torch_determinism(deterministic)
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 dash_attn_func.__doc__ = dash_attn_func.__doc__.replace("    {args}", _SHARED_ARGS_DOC.rstrip())

@@ -45,10 +45,9 @@ BAND_SEQLENS = (2048, 4096, 8192, 16384, 32768)
 BAND_TILES = ((64, 128), (128, 128))
 
 
-def wave_rows(job: tuple[int, bool, int, int, float]) -> list[dict[str, Any]]:
-    headdim, causal, seqlen, workers, reduce_cost = job
+def wave_rows(job: tuple[int, bool, int, int, float, tuple[int, int]]) -> list[dict[str, Any]]:
+    headdim, causal, seqlen, workers, reduce_cost, (block_m, block_n) = job
     batch, heads = paper_batch_heads(headdim, seqlen)
-    block_m, block_n = TILES[headdim]
     mask = Mask(causal=causal)
     spec = ScheduleSpec.from_shape(
         batch=batch,
@@ -177,13 +176,21 @@ def main() -> None:
     parser.add_argument("--reduce-cost", type=float, default=0.3, help="r / c (H200: ~0.3)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True, help="CSV of every row")
+    parser.add_argument(
+        "--hd64-tiles",
+        default="128x128",
+        help="wave study: BLOCK_MxBLOCK_N at head dim 64 (128x128 hopper and triton today)",
+    )
     args = parser.parse_args()
+    tiles = dict(TILES)
+    block_m, _, block_n = args.hd64_tiles.partition("x")
+    tiles[64] = (int(block_m), int(block_n))
     r = args.reduce_cost
     if args.study == "wave":
         jobs: list[Any] = [
-            (headdim, causal, seqlen, workers, r)
+            (headdim, causal, seqlen, workers, r, tiles[headdim])
             for workers in WORKERS
-            for headdim in TILES
+            for headdim in tiles
             for causal in (False, True)
             for seqlen in PAPER_SEQLENS
         ]

@@ -204,27 +204,50 @@ def _q_range(spec: ScheduleSpec, chain: int) -> tuple[int, int]:
     return spec.q_tile_range(batch, kv_tile)
 
 
+def range_walk_schedule(name: str, spec: ScheduleSpec, *, descending: bool) -> Schedule:
+    """Every live chain walks its Q range up (or down), heads outer; ``kv_order`` ranks; dynamic
+    dispatch in chain order. Built with array arithmetic instead of a loop over chains: varlen
+    tables depend on the lengths of every batch, so building them is on the host's path."""
+    tables = range_tables(spec)
+    group = spec.group_size
+    chain = np.arange(spec.num_chains, dtype=np.int64)
+    kv_tile = chain % spec.kv_tiles
+    batch = chain // (spec.kv_tiles * spec.kv_heads)
+    kv_head = (chain // spec.kv_tiles) % spec.kv_heads
+    lo, hi = tables.q_lo[batch, kv_tile], tables.q_hi[batch, kv_tile]  # padding: (0, 0)
+    width = hi - lo
+    lengths = width * group
+    chain_start = np.concatenate([[0], np.cumsum(lengths)])
+    step_chain = np.repeat(chain, lengths)
+    within = np.arange(len(step_chain), dtype=np.int64) - chain_start[step_chain]
+    step_width = width[step_chain]
+    position = within % np.maximum(step_width, 1)
+    step_q_head = kv_head[step_chain] * group + within // np.maximum(step_width, 1)
+    step_q_tile = hi[step_chain] - 1 - position if descending else lo[step_chain] + position
+    step_batch = batch[step_chain]
+    step_rank = kv_tile[step_chain] - tables.kv_lo[step_batch, step_q_tile]
+    order = spec.live_chains()
+    return Schedule(
+        name=name,
+        spec=spec,
+        dispatch=Dispatch.DYNAMIC,
+        chain_start=chain_start,
+        step_q_head=step_q_head,
+        step_q_tile=step_q_tile,
+        step_rank=step_rank,
+        order=order,
+        worker_start=np.array([0, len(order)]),
+    )
+
+
 def fa3(spec: ScheduleSpec) -> Schedule:
     """FA3 deterministic baseline: ascending Q tiles, KV-order sums, dynamic dispatch."""
-
-    def order(chain: int) -> np.ndarray:
-        return np.arange(*_q_range(spec, chain))
-
-    return build_schedule(
-        "fa3", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
-    )
+    return range_walk_schedule("fa3", spec, descending=False)
 
 
 def descending(spec: ScheduleSpec) -> Schedule:
     """Descending Q-tile iteration: the baseline with each chain walking its column top-down."""
-
-    def order(chain: int) -> np.ndarray:
-        lo, hi = _q_range(spec, chain)
-        return np.arange(hi - 1, lo - 1, -1)
-
-    return build_schedule(
-        "descending", spec, Dispatch.DYNAMIC, order, _one_chain_per_unit(spec), RANK_KV_ORDER
-    )
+    return range_walk_schedule("descending", spec, descending=True)
 
 
 def shift(spec: ScheduleSpec) -> Schedule:

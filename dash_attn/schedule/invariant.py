@@ -177,6 +177,22 @@ def place_rounds(rounds: list[list[list[int]]], workers: int) -> list[list[list[
     return placement
 
 
+def _group_block(
+    layout: CanonicalLayout, group: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps of one group's chains in KV-tile order: Q tile major, heads inner (head ``h`` of
+    canonical step ``t`` at depth ``G t + h``). Returns (q heads of kv head 0, Q tiles, ranks,
+    steps per chain)."""
+    empty = np.zeros(0, np.int64)
+    if not layout.q_order:
+        return empty, empty, empty, empty
+    counts = np.array([len(q) for q in layout.q_order], dtype=np.int64)
+    q_tiles = np.concatenate(layout.q_order)
+    ranks = np.concatenate(layout.ranks)
+    heads = np.tile(np.arange(group, dtype=np.int64), len(q_tiles))
+    return heads, np.repeat(q_tiles, group), np.repeat(ranks, group), counts * group
+
+
 def invariant_schedule(
     name: str, spec: ScheduleSpec, legacy: Generator, wave: int = WAVE
 ) -> Schedule:
@@ -204,20 +220,21 @@ def invariant_schedule(
             for unit, worker in zip(layouts[b].rounds[k], workers[k], strict=True):
                 per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)
 
+    # One block of steps per distinct sequence (kv head 0), shifted to each kv head's q heads:
+    # equal sequences share their cached layout, so a pack builds each block once.
+    blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     lengths = np.zeros(spec.num_chains, dtype=np.int64)
     heads, tiles, ranks = [], [], []
-    for chain in range(spec.num_chains):
-        rest, kv_tile = divmod(chain, spec.kv_tiles)
-        b, g = divmod(rest, spec.kv_heads)
+    for b, g in groups:
         layout = layouts[b]
-        if kv_tile >= len(layout.q_order):
-            continue  # padding: no step
-        q_order, rank = layout.q_order[kv_tile], layout.ranks[kv_tile]
-        # Q tile major, heads inner: head h of canonical step t lands at depth G t + h.
-        heads.append(np.tile(np.arange(g * group, (g + 1) * group), len(q_order)))
-        tiles.append(np.repeat(q_order, group))
-        ranks.append(np.repeat(rank, group))
-        lengths[chain] = len(q_order) * group
+        if id(layout) not in blocks:
+            blocks[id(layout)] = _group_block(layout, group)
+        block_heads, block_tiles, block_ranks, chain_lengths = blocks[id(layout)]
+        first = spec.chain_id(b, g, 0)
+        lengths[first : first + len(chain_lengths)] = chain_lengths
+        heads.append(block_heads + g * group)
+        tiles.append(block_tiles)
+        ranks.append(block_ranks)
     empty = np.zeros(0, np.int64)
     return Schedule(
         name=name,

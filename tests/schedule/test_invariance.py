@@ -65,7 +65,7 @@ def _draw_pack(rng: np.random.Generator) -> list[tuple[int, int]]:
     return pack
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(80))
 def test_fuzz_packs_are_valid_and_invariant(seed: int) -> None:
     rng = np.random.default_rng(seed)
     pack = _draw_pack(rng)

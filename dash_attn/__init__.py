@@ -10,14 +10,30 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["check_errors", "dash_attn_func", "last_forward_backend", "last_launch_info"]
+__all__ = [
+    "check_determinism",
+    "check_errors",
+    "dash_attn_func",
+    "dash_attn_varlen_func",
+    "last_forward_backend",
+    "last_launch_info",
+    "scaled_dot_product_attention",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "dash_attn_func":
-        from .interface import dash_attn_func
+    if name in ("dash_attn_func", "dash_attn_varlen_func"):
+        from . import interface
 
-        return dash_attn_func
+        return getattr(interface, name)
+    if name == "check_determinism":
+        from .check import check_determinism
+
+        return check_determinism
+    if name == "scaled_dot_product_attention":
+        from .sdpa import scaled_dot_product_attention
+
+        return scaled_dot_product_attention
     if name == "check_errors":
         from .errors import check_errors
 

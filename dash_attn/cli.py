@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{schedule,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{schedule,bench,bench-packed,check}")
     sched = sub.add_parser(
         "schedule",
         help="analyse backward schedules with the DAG cost model (CPU, no torch)",
@@ -133,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     # No arguments of its own: they belong to dash_attn.bench.main, whose import may pull in torch.
     # Everything after 'bench' is handed over untouched (see _run_bench).
     sub.add_parser("bench", help="GPU benchmarks (needs torch, triton and a GPU)", add_help=False)
+    sub.add_parser(
+        "bench-packed",
+        help="GPU benchmark of packed documents (varlen) and a sliding window against FA4 and Flex",
+        add_help=False,
+    )
+    sub.add_parser(
+        "check",
+        help="whole-training-step determinism checker demo: a tiny Llama with sdpa and with dash "
+        "(needs a GPU and transformers)",
+        add_help=False,
+    )
     return parser
 
 
@@ -448,6 +459,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return _run_bench(extra)
+        if args.command == "bench-packed":
+            from .bench.packed import main as packed_main
+
+            return packed_main(list(extra))
+        if args.command == "check":
+            from .check import main as check_main
+
+            return check_main(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return run_schedule(args, args.command_parser)

@@ -1,4 +1,6 @@
-"""Public API: ``dash_attn_func``."""
+"""Public API: ``dash_attn_func`` and ``dash_attn_varlen_func``, in flash-attn's calling
+convention (positional order included), so ``from dash_attn import dash_attn_func as
+flash_attn_func`` works in existing code."""
 
 from __future__ import annotations
 
@@ -7,13 +9,23 @@ import math
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.dash_attn.*)
+from .determinism import alert_nondeterministic_backward
 from .device import is_interpreter
-from .validation import check_inputs
+from .validation import check_flash_attn_extras, check_inputs, check_varlen_inputs
 
 
 def _maybe_contiguous(x: torch.Tensor) -> torch.Tensor:
-    # The kernels take every stride but the last; copy only when the last one is not 1.
-    return x if x.stride(-1) == 1 else x.contiguous()
+    # The kernels take every stride but the last; copy only when the last one is not 1 (a
+    # non-tensor goes on to validation, which names it).
+    return x.contiguous() if isinstance(x, torch.Tensor) and x.stride(-1) != 1 else x
+
+
+def _needs_cuda(q: torch.Tensor, name: str) -> None:
+    if q.device.type != "cuda" and not is_interpreter():
+        raise RuntimeError(
+            f"{name} needs CUDA tensors, got q on {q.device} (set TRITON_INTERPRET=1 before "
+            "importing dash_attn to run the kernels in Triton's CPU interpreter, float16 only)"
+        )
 
 
 class DashAttnFunction(torch.autograd.Function):
@@ -24,20 +36,18 @@ class DashAttnFunction(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         causal: bool,
+        window: tuple[int, int],
         softmax_scale: float,
         deterministic: bool,
         schedule: str,
         sm_margin: int,
         backend: str,
+        invariant: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale, backend)
+        out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale, backend, *window)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        ctx.softmax_scale = softmax_scale
-        ctx.deterministic = deterministic
-        ctx.schedule = schedule
-        ctx.sm_margin = sm_margin
-        ctx.backend = backend
+        ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
+        ctx.window, ctx.invariant = window, invariant
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -45,32 +55,113 @@ class DashAttnFunction(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.ops.dash_attn.bwd(
-            _maybe_contiguous(dout), q, k, v, out, lse,
-            ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.schedule, ctx.sm_margin,
-            ctx.backend,
+            _maybe_contiguous(dout), q, k, v, out, lse, *ctx.options, *ctx.window, ctx.invariant
+        )
+        return dq, dk, dv, *([None] * 8)
+
+
+class DashAttnVarlenFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        causal: bool,
+        window: tuple[int, int],
+        softmax_scale: float,
+        deterministic: bool,
+        schedule: str,
+        sm_margin: int,
+        backend: str,
+        invariant: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = torch.ops.dash_attn.varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal, softmax_scale, backend, *window,
         )  # fmt: skip
-        return dq, dk, dv, None, None, None, None, None, None
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.lengths = (max_seqlen_q, max_seqlen_k)
+        ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
+        ctx.window, ctx.invariant = window, invariant
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = torch.ops.dash_attn.varlen_bwd(
+            _maybe_contiguous(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.lengths,
+            *ctx.options, *ctx.window, ctx.invariant,
+        )  # fmt: skip
+        return dq, dk, dv, *([None] * 12)
+
+
+_SHARED_ARGS_DOC = """
+        dropout_p: must be 0.0 (flash-attn's position; dropout is not implemented).
+        softmax_scale: scaling of QK^T before the softmax; default ``1 / sqrt(headdim)``.
+        causal: apply the causal mask, aligned to the bottom-right corner of each sequence's
+            attention matrix (as flash-attn >= 2.1).
+        window_size: ``(left, right)`` sliding window, -1 for an unbounded side (flash-attn's
+            semantics): query row ``i`` sees keys ``j`` with
+            ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``.
+            ``causal=True`` sets ``right = 0``.
+        softcap, alibi_slopes: must be 0.0 / None (not implemented).
+        deterministic: fixed-order dQ accumulation in the backward (default True).
+        return_attn_probs: must be False (use ``return_lse`` for the log-sum-exp).
+        schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only) or
+            ``"symmetric_shift"`` (causal only): which DASH schedule the backward runs.
+            ``"auto"`` is a pure function of each sequence's lengths, the mask and the head dim
+            (never of timing or of the GPU when ``invariant=True``).
+        backend: ``"auto"``, ``"triton"`` or ``"hopper"``: which kernels run. ``"auto"`` takes
+            the fastest one that covers the call; ``last_launch_info()`` says which ran and why.
+            Naming a backend that cannot run the call raises.
+        sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
+            the persistent backward runs on ``SM count - sm_margin`` workers.
+        return_lse: also return the log-sum-exp (natural log, fp32) of each query row.
+        invariant: the order-invariance contract (default True): the order in which the dQ
+            contributions of one sequence are added, and the order in which each KV tile
+            visits its queries, depend only on that sequence's lengths, the head dim, the mask
+            and window, and the schedule name, never on the batch, the other sequences of a
+            pack or their order, the number of heads, the SM count or ``sm_margin``. So one
+            sequence's gradients are bitwise the same alone, in a batch, packed anywhere among
+            others, with any ``sm_margin`` and on any Hopper GPU with the same software.
+            ``invariant=False`` lets the shift schedules follow the worker count (what the
+            DASH paper's tables do); gradients are then reproducible only for the same batch,
+            heads, GPU model and ``sm_margin``.
+"""
 
 
 def dash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool = False,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
     schedule: str = "auto",
+    backend: str = "auto",
     sm_margin: int = 0,
     return_lse: bool = False,
-    backend: str = "auto",
+    invariant: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with a bitwise-reproducible backward.
 
-    Same calling convention as ``flash_attn_func``. Multi-query and grouped-query attention are
-    supported by passing k and v with fewer heads than q: the number of heads in q must be
-    divisible by the number of heads in k and v, and q head ``h`` attends to kv head
-    ``h // (nheads // nheads_k)``. With ``nheads = 6`` and ``nheads_k = 2``, q heads 0, 1, 2 use
-    kv head 0 and q heads 3, 4, 5 use kv head 1.
+    flash-attn's ``flash_attn_func`` calling convention, positional order included, with
+    ``deterministic=True`` by default. Multi-query and grouped-query attention are supported by
+    passing k and v with fewer heads than q: q head ``h`` attends to kv head
+    ``h // (nheads // nheads_k)``. With ``nheads = 6`` and ``nheads_k = 2``, q heads 0, 1, 2
+    use kv head 0 and q heads 3, 4, 5 use kv head 1.
 
     If ``causal=True`` the mask is aligned to the bottom-right corner of the attention matrix
     (as flash-attn >= 2.1). With ``seqlen_q = 2`` and ``seqlen_k = 5`` (1 = kept)::
@@ -91,40 +182,27 @@ def dash_attn_func(
     Determinism: the forward is always deterministic. With ``deterministic=True`` the backward
     adds the contributions to every dQ tile in a fixed order (the schedule's ranks, enforced by a
     semaphore per dQ tile), so dq, dk and dv are bitwise equal across runs for the same inputs,
-    schedule, GPU and software versions. Different schedules may differ in the last bits. With
-    ``deterministic=False`` the same kernel adds dQ in arrival order, without waiting for a turn
-    (slightly faster, not reproducible).
+    schedule, backend and software versions, and (``invariant=True``) independent of the batch,
+    heads, GPU SM count and ``sm_margin``. Different schedules or backends may differ in the
+    last bits. With ``deterministic=False`` the same kernel adds dQ in arrival order, without
+    waiting for a turn (slightly faster, not reproducible); under
+    ``torch.use_deterministic_algorithms(True)`` that raises.
 
     Args:
         q: ``(batch, seqlen_q, nheads, headdim)``, fp16 or bf16, on a CUDA device.
         k: ``(batch, seqlen_k, nheads_k, headdim)``, same dtype and device.
         v: ``(batch, seqlen_k, nheads_k, headdim)``, same dtype and device.
-        causal: apply the bottom-right aligned causal mask.
-        softmax_scale: scaling of QK^T before the softmax; default ``1 / sqrt(headdim)``.
-        deterministic: fixed-order dQ accumulation in the backward (default True).
-        schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only) or
-            ``"symmetric_shift"`` (causal only): which DASH schedule the backward runs. ``"auto"``
-            is a pure function of the shape: the DAG model's fastest applicable schedule (ties
-            to the mask's shift schedule) up to 2048 tile tasks, else ``shift`` for the full mask
-            and ``symmetric_shift`` for causal; never a timing-based choice. (In Triton's CPU
-            interpreter, which runs programs one after another, ``"auto"`` takes a dynamic
-            schedule where a static one would wait for a later program.)
-        sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
-            the persistent backward runs on ``SM count - sm_margin`` workers.
-        return_lse: also return the log-sum-exp of each query row.
-        backend: ``"auto"``, ``"triton"`` or ``"hopper"``: which kernels run the backward.
-            ``"auto"`` takes the fastest one that covers the call; ``last_launch_info()`` says
-            which ran and why. Naming a backend that cannot run the call raises.
-
+    {args}
     Returns:
         out: ``(batch, seqlen_q, nheads, headdim)``, like q.
         lse (if ``return_lse``): ``(batch, nheads, seqlen_q)`` fp32, natural log.
 
     Raises:
         TypeError, ValueError, NotImplementedError: bad inputs, with the argument named.
-        RuntimeError: tensors not on CUDA; or a backward whose dQ wait timed out (reported at the
-            next backward call or by ``dash_attn.check_errors()``; the gradients of that call
-            are poisoned with NaN, never silently wrong).
+        RuntimeError: tensors not on CUDA; ``deterministic=False`` under
+            ``torch.use_deterministic_algorithms(True)``; or a backward whose dQ wait timed
+            out (reported at the next backward call or by ``dash_attn.check_errors()``; the
+            gradients of that call are poisoned with NaN, never silently wrong).
 
     Example::
 
@@ -137,22 +215,113 @@ def dash_attn_func(
         out = dash_attn_func(q, k, v, causal=True)
         out.sum().backward()  # q.grad, k.grad, v.grad: bitwise reproducible
     """
+    check_flash_attn_extras(dropout_p, softcap, alibi_slopes, return_attn_probs)
     # Copy only a tensor whose last dim is strided; validation then sees what the kernels get.
-    q, k, v = (_maybe_contiguous(x) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     shape = check_inputs(
         q, k, v,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
+        window_size=window_size, invariant=invariant,
     )  # fmt: skip
-    if q.device.type != "cuda" and not is_interpreter():
-        raise RuntimeError(
-            f"dash_attn_func needs CUDA tensors, got q on {q.device} (set TRITON_INTERPRET=1 "
-            "before importing dash_attn to run the kernels in Triton's CPU interpreter, float16 "
-            "only)"
-        )
+    alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_func")
+    _needs_cuda(q, "dash_attn_func")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(
-        q, k, v, causal, float(softmax_scale), deterministic, schedule, sm_margin, backend,
+        q, k, v, shape.mask.causal, shape.mask.window, float(softmax_scale), deterministic,
+        schedule, sm_margin, backend, invariant,
     )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def dash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    schedule: str = "auto",
+    backend: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+    invariant: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention over packed variable-length sequences, with a bitwise-reproducible backward.
+
+    flash-attn's ``flash_attn_varlen_func`` convention: the sequences of a batch are
+    concatenated along the first dimension; sequence ``b`` is rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of
+    k and v, and attends only to itself (the causal mask and window are per sequence, aligned
+    to its own bottom-right corner). Empty sequences are allowed.
+
+    Host cost: the schedule tables depend on the lengths, so the lengths are copied to the host
+    (one synchronisation; skipped when the same unmodified ``cu_seqlens`` tensors come again, as
+    in the next layer and in the backward), and the tables are built once per distinct set of
+    lengths (cached, 64 entries). Tables hold ``sequences x kv_heads x longest KV tiles``
+    entries. With ``invariant=True`` each sequence's gradients are bitwise the same wherever it
+    sits in the pack and whatever else is packed with it.
+
+    Args:
+        q: ``(total_q, nheads, headdim)``, fp16 or bf16, on a CUDA device.
+        k, v: ``(total_k, nheads_k, headdim)``, same dtype and device.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` on q's device: 0, then the
+            cumulative lengths (non-decreasing, last entry = total tokens).
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence of each.
+    {args}
+    Returns:
+        out: ``(total_q, nheads, headdim)``, like q.
+        lse (if ``return_lse``): ``(nheads, total_q)`` fp32, natural log (flash-attn's layout).
+
+    Raises:
+        TypeError, ValueError, NotImplementedError: bad inputs, the argument named (bad
+            ``cu_seqlens`` values are found when the call reads them on the host).
+        RuntimeError: as ``dash_attn_func``.
+
+    Example::
+
+        lens = torch.tensor([0, 1000, 3000, 3500], dtype=torch.int32, device="cuda")
+        q = torch.randn(3500, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(3500, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn_like(k, requires_grad=True)
+        out = dash_attn_varlen_func(q, k, v, lens, lens, 2000, 2000, causal=True)
+    """
+    check_flash_attn_extras(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+    shape = check_varlen_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+        schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
+        window_size=window_size, invariant=invariant,
+    )  # fmt: skip
+    alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_varlen_func")
+    _needs_cuda(q, "dash_attn_varlen_func")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(shape.headdim)
+    out, lse = DashAttnVarlenFunction.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        shape.mask.causal, shape.mask.window, float(softmax_scale), deterministic, schedule,
+        sm_margin, backend, invariant,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+dash_attn_func.__doc__ = dash_attn_func.__doc__.replace("    {args}", _SHARED_ARGS_DOC.rstrip())
+dash_attn_varlen_func.__doc__ = dash_attn_varlen_func.__doc__.replace(
+    "    {args}", _SHARED_ARGS_DOC.rstrip()
+)

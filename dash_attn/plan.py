@@ -15,15 +15,18 @@ Worked example: 8 query heads sharing 2 KV heads, 1000 queries and keys, causal,
     ...                   headdim=128, mask=CAUSAL)
     >>> plan = make_backward_plan(problem, device=H200, backend="triton")
     >>> plan.schedule.name, plan.tiles.label, plan.spec.q_tiles, plan.spec.kv_tiles
-    ('descending', '64x128w8s3a', 16, 8)
-    >>> plan.grid  # dynamic dispatch: one program per chain (2 batches x 2 KV heads x 8 KV tiles)
-    32
+    ('symmetric_shift', '64x128w8s3a', 16, 8)
+    >>> plan.grid  # static dispatch: 2 batches x 2 KV heads x 4 pairs of KV tiles, one worker each
+    16
 
-(``auto`` is the DAG model's pick for this small shape; at 4096 tokens it is ``symmetric_shift``.)
+(``auto`` is ``symmetric_shift`` for every causal shape: with ``invariant=True``, the default, it
+depends on the mask only. ``invariant=False`` lets the DAG model pick with the worker count: it
+takes ``descending`` here, which keeps all 32 chains on their own workers.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -32,6 +35,8 @@ from functools import lru_cache
 from .backends import BACKEND_NAMES, choose_backend
 from .backends.triton.tiles import BackwardTiles
 from .schedule import CAUSAL, FULL, Dispatch, Mask, Schedule, ScheduleSpec, make_schedule
+from .schedule.generators import auto_schedule_name
+from .schedule.invariant import lanes_per_group
 
 __all__ = [
     "CAUSAL",
@@ -55,6 +60,8 @@ DQ_REDUCE_MODES = ("auto", "atomic", "tma")
 DTYPES = ("float16", "bfloat16")
 # What ``auto`` runs in Triton's interpreter when its static schedule would block there.
 INTERPRETER_AUTO_SCHEDULE = "descending"
+# What ``auto`` runs when its order-invariant shift schedule needs more workers than there are.
+FEW_WORKERS_AUTO_SCHEDULE = "descending"
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,14 @@ class Problem:
     Attributes:
         batch, seqlen_q, seqlen_k, heads, kv_heads, headdim: as flash-attn's
             ``(batch, seqlen, nheads, headdim)`` layout; ``heads % kv_heads == 0``.
-        mask: ``FULL`` or ``CAUSAL`` (bottom-right aligned).
+        mask: ``FULL``, ``CAUSAL`` (bottom-right aligned) or a sliding window
+            (``Mask(causal, window_left, window_right)``, flash-attn's ``window_size``).
         dtype: ``"bfloat16"`` or ``"float16"`` (torch's names without the prefix).
         tma_aligned: the tensors' base pointers and outer strides are 16-byte aligned, as
             the hopper kernels' TMA loads need (contiguous tensors always are).
+        seqlens: packed variable-length sequences (``dash_attn_varlen_func``): every sequence's
+            ``(seqlen_q, seqlen_k)``. Then ``batch`` is their number and ``seqlen_q``/``seqlen_k``
+            are the longest. None for the padded ``(batch, seqlen, ...)`` layout.
     """
 
     batch: int
@@ -79,6 +90,7 @@ class Problem:
     mask: Mask = FULL
     dtype: str = "bfloat16"
     tma_aligned: bool = True
+    seqlens: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "seqlen_q", "seqlen_k", "heads", "kv_heads", "headdim"):
@@ -93,13 +105,99 @@ class Problem:
             raise TypeError(f"Problem.mask must be a Mask, got {type(self.mask).__name__}")
         if self.dtype not in DTYPES:
             raise ValueError(f"Problem.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.seqlens is not None:
+            self._check_seqlens()
+
+    def _check_seqlens(self) -> None:
+        seqlens = self.seqlens
+        if not isinstance(seqlens, tuple) or len(seqlens) != self.batch:
+            raise ValueError(
+                f"Problem.seqlens must be a tuple of batch ({self.batch}) (seqlen_q, seqlen_k) "
+                f"pairs, got {seqlens!r}"
+            )
+        for pair in seqlens:
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair)
+            ):
+                raise ValueError(
+                    f"Problem.seqlens entries must be (int >= 0, int >= 0), got {pair!r}"
+                )
+        longest = (max(q for q, _ in seqlens), max(k for _, k in seqlens))
+        if longest != (self.seqlen_q, self.seqlen_k):
+            raise ValueError(
+                f"Problem.seqlen_q/seqlen_k must be the longest of seqlens {longest}, got "
+                f"({self.seqlen_q}, {self.seqlen_k})"
+            )
+
+    @classmethod
+    def packed(
+        cls,
+        seqlens: tuple[tuple[int, int], ...],
+        heads: int,
+        kv_heads: int,
+        headdim: int,
+        mask: Mask = FULL,
+        dtype: str = "bfloat16",
+        tma_aligned: bool = True,
+    ) -> Problem:
+        """The Problem of packed sequences (``dash_attn_varlen_func``): the batch and the
+        longest lengths follow from ``seqlens``.
+
+        >>> Problem.packed(((100, 100), (300, 300)), heads=4, kv_heads=4, headdim=64).seqlen_q
+        300
+        """
+        seqlens = tuple((int(q), int(k)) for q, k in seqlens)
+        if not seqlens:
+            raise ValueError("Problem.packed needs at least one sequence")
+        return cls(
+            batch=len(seqlens),
+            seqlen_q=max(1, max(q for q, _ in seqlens)),
+            seqlen_k=max(1, max(k for _, k in seqlens)),
+            heads=heads,
+            kv_heads=kv_heads,
+            headdim=headdim,
+            mask=mask,
+            dtype=dtype,
+            tma_aligned=tma_aligned,
+            seqlens=seqlens,
+        )
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.seqlens is not None
+
+    def sequence_lengths(self) -> tuple[tuple[int, int], ...]:
+        """Every sequence's ``(seqlen_q, seqlen_k)`` (``batch`` equal pairs when not packed)."""
+        if self.seqlens is not None:
+            return self.seqlens
+        return ((self.seqlen_q, self.seqlen_k),) * self.batch
 
     def flops(self, mode: str = "bwd") -> float:
-        """Matmul FLOPs of the forward (``"fwd"``) or backward (``"bwd"``, 2.5x the forward),
-        halved for the causal mask as the flash-attn benchmarks count them."""
-        fwd = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.headdim
-        fwd = fwd / 2 if self.mask.causal else fwd
+        """Matmul FLOPs of the forward (``"fwd"``) or backward (``"bwd"``, 2.5x the forward).
+
+        Full and causal count ``seqlen_q * seqlen_k`` pairs per sequence, halved for causal as
+        the flash-attn benchmarks count them; a sliding window counts the pairs it keeps.
+        """
+        pairs = sum(_attended_pairs(sq, sk, self.mask) for sq, sk in self.sequence_lengths())
+        fwd = 4.0 * self.heads * self.headdim * pairs
         return fwd * 2.5 if mode == "bwd" else fwd
+
+
+def _attended_pairs(seqlen_q: int, seqlen_k: int, mask: Mask) -> float:
+    """(query, key) pairs one head of one sequence computes, as the benchmarks count them."""
+    if getattr(mask, "kind", "causal" if mask.causal else "full") != "local":
+        return seqlen_q * seqlen_k / (2 if mask.causal else 1)
+    left, right = mask.window
+    shift = seqlen_k - seqlen_q
+    rows = range(seqlen_q)
+    count = 0
+    for m in rows:
+        lo = 0 if left < 0 else max(0, m + shift - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, m + shift + right)
+        count += max(0, hi - lo + 1)
+    return float(count)
 
 
 @dataclass(frozen=True)
@@ -177,15 +275,22 @@ class BackwardPlan:
         """SMs the schedule was made for (``sm_count - sm_margin``)."""
         return self.spec.workers
 
+    @property
+    def invariant(self) -> bool:
+        """Summation orders depend on each sequence alone (not on batch, heads or workers)."""
+        return self.spec.invariant
+
     def describe(self) -> str:
         """One line for logs and error messages."""
         p = self.problem
         mode = "det" if self.deterministic else "non-det"
+        order = "invariant" if self.invariant else "worker-dependent"
+        shape = f"varlen {p.batch} seqs max" if p.is_varlen else f"b{p.batch}"
         return (
             f"{self.backend} backward, schedule {self.schedule.name!r} ({self.dispatch.value}, "
-            f"{self.grid} programs of {self.workers} workers), tiles {self.tiles.label}, "
-            f"dq {self.dq_reduce}, {mode}; b{p.batch} sq{p.seqlen_q} sk{p.seqlen_k} "
-            f"h{p.heads}/{p.kv_heads} d{p.headdim} {p.mask.name} {p.dtype}"
+            f"{self.grid} programs of {self.workers} workers, {order} order), tiles "
+            f"{self.tiles.label}, dq {self.dq_reduce}, {mode}; {shape} sq{p.seqlen_q} "
+            f"sk{p.seqlen_k} h{p.heads}/{p.kv_heads} d{p.headdim} {p.mask.name} {p.dtype}"
         )
 
 
@@ -194,9 +299,22 @@ def analysis_device(workers: int) -> DeviceInfo:
     return DeviceInfo(sm_count=workers, capability=(9, 0), name=f"{workers}-SM Hopper")
 
 
-def backward_spec(problem: Problem, tiles: BackwardTiles, workers: int) -> ScheduleSpec:
+def backward_spec(
+    problem: Problem, tiles: BackwardTiles, workers: int, invariant: bool = True
+) -> ScheduleSpec:
     """The tile-level problem a backward with ``tiles`` runs on ``workers`` SMs."""
-    return ScheduleSpec.from_shape(
+    if problem.seqlens is not None:
+        return ScheduleSpec.from_seqlens(
+            seqlens=problem.seqlens,
+            q_heads=problem.heads,
+            kv_heads=problem.kv_heads,
+            block_m=tiles.block_m,
+            block_n=tiles.block_n,
+            mask=problem.mask,
+            workers=workers,
+            invariant=invariant,
+        )
+    spec = ScheduleSpec.from_shape(
         batch=problem.batch,
         seqlen_q=problem.seqlen_q,
         seqlen_k=problem.seqlen_k,
@@ -207,6 +325,19 @@ def backward_spec(problem: Problem, tiles: BackwardTiles, workers: int) -> Sched
         mask=problem.mask,
         workers=workers,
     )
+    return spec if spec.invariant == invariant else dataclasses.replace(spec, invariant=invariant)
+
+
+def _auto_fallback(spec: ScheduleSpec) -> str:
+    """``auto``, unless its order-invariant shift schedule needs more co-resident workers for
+    one (sequence, kv head) than this launch has (at most ``WAVE``: only with an ``sm_margin``
+    close to the SM count, or in the interpreter): then ``descending``, invariant too and
+    without that need. The bits then differ from a launch with enough workers."""
+    name = auto_schedule_name(spec)
+    shift_family = spec.invariant and name in ("shift", "symmetric_shift")
+    if shift_family and lanes_per_group(name, spec.kv_tiles) > spec.workers:
+        return FEW_WORKERS_AUTO_SCHEDULE
+    return "auto"
 
 
 def first_blocked_program(schedule: Schedule) -> int | None:
@@ -249,6 +380,7 @@ def make_backward_plan(
     tiles: BackwardTiles | None = None,
     dq_reduce: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    invariant: bool = True,
 ) -> BackwardPlan:
     """The plan of one backward (cached: the same arguments give the same plan object).
 
@@ -262,6 +394,11 @@ def make_backward_plan(
         tiles: other tiles than the backend's table (experiments: block sizes change the bits).
         dq_reduce: ``"auto"`` (``"tma"`` where the device has TMA), ``"tma"`` or ``"atomic"``.
         timeout_s: bound of every dQ wait, in seconds.
+        invariant: the summation order of every dQ tile (and the visiting order of every KV
+            tile) depends only on its own sequence's lengths, the mask, the tiles and the
+            schedule name: not on the batch, the other sequences of a pack, the heads, the
+            worker count or ``sm_margin`` (the default). False lets the shift schedules follow
+            the worker count (the order changes with sm_margin and the GPU's SM count).
 
     Raises:
         ValueError: sm_margin leaves no SM, an option out of range, or a schedule that does not
@@ -299,8 +436,10 @@ def make_backward_plan(
             "by TMA bulk reductions: use backend='triton' with it, or dq_reduce='auto'"
         )
     tiles = default_tiles if tiles is None else tiles.for_dq_reduce(dq_reduce)
-    spec = backward_spec(problem, tiles, workers)
-    sched = make_schedule(schedule, spec)
+    if not isinstance(invariant, bool):
+        raise TypeError(f"invariant must be a bool, got {type(invariant).__name__}")
+    spec = backward_spec(problem, tiles, workers, invariant)
+    sched = make_schedule(_auto_fallback(spec) if schedule == "auto" else schedule, spec)
     if device.is_interpreter and deterministic:
         # The interpreter runs programs one after another, so a static worker that waits for a
         # later worker's dQ contribution waits forever (the bounded wait then gives up). Dynamic

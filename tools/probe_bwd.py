@@ -25,6 +25,7 @@ from dash_attn.bench.configs import parse_configs
 from dash_attn.device import device_info
 from dash_attn.dispatch import problem_of
 from dash_attn.plan import make_backward_plan
+from dash_attn.schedule import Mask
 from dash_attn.schedule.report import paper_batch_heads
 
 DEFAULT_CONFIGS = "128:causal:16384,128:causal:2048,128:full:16384,64:causal:8192,64:full:4096"
@@ -33,7 +34,7 @@ DEFAULT_CONFIGS = "128:causal:16384,128:causal:2048,128:full:16384,64:causal:819
 def _plan(q, k, causal: bool, variant: str, deterministic: bool):
     tiles, _, reduce = variant.partition("@")
     return make_backward_plan(
-        problem_of(q, k, causal),
+        problem_of(q, k, Mask(causal=causal)),
         device=device_info(q.device),
         deterministic=deterministic,
         backend="triton",

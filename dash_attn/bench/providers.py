@@ -44,7 +44,7 @@ def provider_names() -> list[str]:
     dash = [
         f"dash_{prefix}{name}"
         for prefix in ("", "hopper_")
-        for name in ("auto", *schedule_names(), "nondet")
+        for name in ("auto", *schedule_names(), "auto_workers", "nondet")
     ]
     return [*dash, "fa4_det", "fa4_nondet", "flex", "sdpa_flash_det", "sdpa_flash", "sdpa_cudnn"]
 
@@ -137,7 +137,9 @@ def torch_deterministic() -> Iterator[None]:
 # dash-attn
 
 
-def _dash(schedule: str, deterministic: bool, backend: str) -> Callable[[Case, Any], AttnFn]:
+def _dash(
+    schedule: str, deterministic: bool, backend: str, invariant: bool = True
+) -> Callable[[Case, Any], AttnFn]:
     def make(case: Case, device: Any) -> AttnFn:
         from dash_attn import dash_attn_func
 
@@ -159,7 +161,7 @@ def _dash(schedule: str, deterministic: bool, backend: str) -> Callable[[Case, A
         def fn(q: Any, k: Any, v: Any) -> Any:
             return dash_attn_func(
                 q, k, v, causal=case.causal, deterministic=deterministic, schedule=schedule,
-                backend=backend,
+                backend=backend, invariant=invariant,
             )  # fmt: skip
 
         return fn
@@ -176,7 +178,8 @@ def dash_schedules(case: Case, workers: int) -> list[str]:
 
 def dash_providers(case: Case, workers: int) -> list[Provider]:
     """Per backend (Triton: ``dash_``, Hopper: ``dash_hopper_``): ``auto``, one deterministic
-    provider per applicable schedule, and ``nondet``."""
+    provider per applicable schedule, ``auto_workers`` (``invariant=False``: the summation order
+    may follow the worker count), and ``nondet``."""
     out = []
     for backend, prefix in (("triton", "dash_"), ("hopper", "dash_hopper_")):
         make = _dash("auto", True, backend)
@@ -184,6 +187,8 @@ def dash_providers(case: Case, workers: int) -> list[Provider]:
         for name in dash_schedules(case, workers):
             make = _dash(name, True, backend)
             out.append(Provider(f"{prefix}{name}", "dash", True, make, schedule=name))
+        make = _dash("auto", True, backend, invariant=False)
+        out.append(Provider(f"{prefix}auto_workers", "dash", True, make, schedule="auto"))
         make = _dash("auto", False, backend)
         out.append(Provider(f"{prefix}nondet", "dash", False, make, schedule="auto"))
     return out

@@ -158,13 +158,15 @@ class _Tee(io.TextIOBase):
 
 
 class LogTo:
-    """Copy stdout and stderr into ``path`` for the duration of a ``with`` block."""
+    """Copy stdout and stderr into ``path`` for the duration of a ``with`` block (after what the
+    file holds with ``append=True``: a run that adds to an earlier one's results)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, append: bool = False) -> None:
         self.path = path
+        self.append = append
 
     def __enter__(self) -> LogTo:
-        self.file = self.path.open("w", buffering=1)
+        self.file = self.path.open("a" if self.append else "w", buffering=1)
         self.saved = sys.stdout, sys.stderr
         sys.stdout = _Tee(sys.stdout, self.file)
         sys.stderr = _Tee(sys.stderr, self.file)

@@ -25,7 +25,7 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("",
     from dash_attn.dispatch import backend_module, problem_of
     from dash_attn.plan import make_backward_plan
     from dash_attn.reference.attention import attention_ref
-    from dash_attn.schedule import CAUSAL, FULL, applicable_schedules
+    from dash_attn.schedule import CAUSAL, FULL, Mask, applicable_schedules
     from dash_attn.testing import assert_close_to_ref, make_qkv
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim): seqlens deliberately not tile multiples.
@@ -51,7 +51,7 @@ def _grads(fn, q, k, v, dout):
 
 def _skip_if_uncovered(backend: str, q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
     if backend == "hopper":
-        gap = hopper_unsupported(problem_of(q, k, causal), device_info(q.device))
+        gap = hopper_unsupported(problem_of(q, k, Mask(causal=causal)), device_info(q.device))
         if gap is not None:
             pytest.skip(f"hopper backend: {gap}")
 
@@ -141,7 +141,7 @@ def test_broken_table_raises_instead_of_hanging(backend):
     _skip_if_uncovered(backend, q, k, False)
     out, lse = dash_attn_func(q, k, v, return_lse=True, backend=backend)
     good = make_backward_plan(
-        problem_of(q, k, False), device=device_info(q.device), schedule="shift",
+        problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
         backend=backend, timeout_s=0.2,
     )  # fmt: skip
     # Every rank + 1: the first contributor of each dQ tile waits for a turn that never comes.
@@ -215,7 +215,7 @@ def test_hopper_forward_other_head_dims_match_reference(headdim):
 
 
 def _skip_if_uncovered_fwd(q: torch.Tensor, k: torch.Tensor) -> None:
-    gap = hopper_unsupported(problem_of(q, k, True), device_info(q.device), "fwd")
+    gap = hopper_unsupported(problem_of(q, k, CAUSAL), device_info(q.device), "fwd")
     if gap is not None:
         pytest.skip(f"hopper forward: {gap}")
 
@@ -236,8 +236,8 @@ def test_triton_tma_dq_reduce_matches_atomics_bit_for_bit(shape, causal):
         grads = {}
         for mode in ("atomic", "tma"):
             plan = make_backward_plan(
-                problem_of(q, k, causal), device=device_info(q.device), schedule=schedule,
-                backend="triton", dq_reduce=mode,
+                problem_of(q, k, Mask(causal=causal)), device=device_info(q.device),
+                schedule=schedule, backend="triton", dq_reduce=mode,
             )  # fmt: skip
             grads[mode] = run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
         for name, x, y in zip(("dq", "dk", "dv"), grads["tma"], grads["atomic"], strict=True):

@@ -52,6 +52,10 @@ def unsupported(problem: Problem, device: DeviceInfo, direction: str) -> str | N
     if device.capability != (9, 0):
         where = "Triton's interpreter" if device.is_interpreter else f"sm_{device.capability}"
         return f"needs an sm_90 GPU (Hopper), this is {where}"
+    if problem.is_varlen:
+        return "has no kernels for packed sequences (varlen) yet; they run on triton"
+    if problem.mask.kind == "local":
+        return "has no kernels for sliding windows yet; they run on triton"
     headdims = FWD_HEADDIMS if direction == "fwd" else BWD_HEADDIMS
     if problem.headdim not in headdims:
         return f"{direction} head dims {list(headdims)}, not {problem.headdim}"

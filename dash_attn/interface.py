@@ -68,7 +68,7 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
+        cu_seqlens_k: torch.Tensor | None,
         max_seqlen_q: int,
         max_seqlen_k: int,
         causal: bool,
@@ -80,11 +80,16 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         backend: str,
         invariant: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # cu_seqlens_k is None when it is cu_seqlens_q (self-attention): torch.compile cannot
+        # trace an autograd.Function that gets one tensor twice.
+        same_k = cu_seqlens_k is None
+        cu_k = cu_seqlens_q if same_k else cu_seqlens_k
         out, lse = torch.ops.dash_attn.varlen_fwd(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k,
             causal, softmax_scale, backend, *window,
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.same_k = same_k
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, *(() if same_k else (cu_k,)))
         ctx.lengths = (max_seqlen_q, max_seqlen_k)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
         ctx.window, ctx.invariant = window, invariant
@@ -93,7 +98,8 @@ class DashAttnVarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, *rest = ctx.saved_tensors
+        cu_k = cu_q if ctx.same_k else rest[0]
         dq, dk, dv = torch.ops.dash_attn.varlen_bwd(
             _maybe_contiguous(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.lengths,
             *ctx.options, *ctx.window, ctx.invariant,
@@ -229,7 +235,7 @@ def dash_attn_func(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(
-        q, k, v, shape.mask.causal, shape.mask.window, float(softmax_scale), deterministic,
+        q, k, v, shape.causal, shape.window, float(softmax_scale), deterministic,
         schedule, sm_margin, backend, invariant,
     )  # fmt: skip
     return (out, lse) if return_lse else out
@@ -310,8 +316,9 @@ def dash_attn_varlen_func(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnVarlenFunction.apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-        shape.mask.causal, shape.mask.window, float(softmax_scale), deterministic, schedule,
+        q, k, v, cu_seqlens_q, None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k,
+        int(max_seqlen_q), int(max_seqlen_k),
+        shape.causal, shape.window, float(softmax_scale), deterministic, schedule,
         sm_margin, backend, invariant,
     )  # fmt: skip
     return (out, lse) if return_lse else out

@@ -31,7 +31,8 @@ import torch
 
 from .backends import BACKEND_NAMES
 from .backends.triton.tiles import SUPPORTED_HEADDIMS
-from .schedule import Mask, check_schedule_fits, schedule_names
+from .schedule import Mask, schedule_names
+from .schedule.generators import SCHEDULE_MASKS
 
 __all__ = [
     "AttnShape",
@@ -41,6 +42,7 @@ __all__ = [
     "check_inputs",
     "check_varlen_inputs",
     "mask_of",
+    "normalize_window",
     "valid_schedule_names",
 ]
 
@@ -57,7 +59,9 @@ class AttnShape:
         heads, kv_heads: query heads and key/value heads (heads % kv_heads == 0).
         headdim: head dimension of q, k and v.
         dtype: dtype shared by q, k and v.
-        mask: the mask ``causal`` and ``window_size`` describe.
+        causal, window: the mask, normalised as ``Mask`` does (``causal`` sets the right side
+            of ``window`` to 0; a window ``(x, 0)`` is causal). Plain values, not a ``Mask``:
+            this runs inside ``torch.compile``'d code, which cannot build one.
 
     For packed sequences (``check_varlen_inputs``) ``batch`` is the number of sequences and
     ``seqlen_q``/``seqlen_k`` are the total token counts.
@@ -70,7 +74,12 @@ class AttnShape:
     kv_heads: int
     headdim: int
     dtype: torch.dtype
-    mask: Mask = Mask()
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+
+    @property
+    def mask(self) -> Mask:
+        return Mask(causal=self.causal, window_left=self.window[0], window_right=self.window[1])
 
     @property
     def group_size(self) -> int:
@@ -111,12 +120,10 @@ def _check_real_scale(softmax_scale: object) -> None:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
 
 
-def mask_of(causal: bool, window_size: object) -> Mask:
-    """The mask of ``causal`` and flash-attn's ``window_size=(left, right)`` (-1: unbounded).
-
-    >>> mask_of(True, (-1, -1)).name, mask_of(True, (256, -1)).name
-    ('causal', 'local(256,0)')
-    """
+def normalize_window(causal: bool, window_size: object) -> tuple[bool, tuple[int, int]]:
+    """``(causal, (left, right))`` of flash-attn's ``causal`` and ``window_size`` (-1: unbounded),
+    normalised as ``Mask`` normalises them: ``causal`` sets ``right = 0``, and ``right == 0`` is
+    causal."""
     _check_bool("causal", causal)
     if (
         not isinstance(window_size, (tuple, list))
@@ -132,8 +139,29 @@ def mask_of(causal: bool, window_size: object) -> Mask:
         raise ValueError(
             f"window_size entries must be >= -1 (-1: unbounded), got {tuple(window_size)}"
         )
-    # flash-attn: causal=True overrides the right side to 0.
-    return Mask(causal=causal, window_left=left, window_right=0 if causal else right)
+    if causal or right == 0:
+        return True, (left, 0)
+    return False, (left, right)
+
+
+def _mask_kind_and_name(window: tuple[int, int]) -> tuple[str, str]:
+    # Mask.kind and Mask.name, from plain values (see AttnShape).
+    left, right = window
+    if left < 0 and right < 0:
+        return "full", "full"
+    if left < 0 and right == 0:
+        return "causal", "causal"
+    return "local", f"local({left},{right})"
+
+
+def mask_of(causal: bool, window_size: object) -> Mask:
+    """The ``Mask`` of ``causal`` and flash-attn's ``window_size=(left, right)``.
+
+    >>> mask_of(True, (-1, -1)).name, mask_of(True, (256, -1)).name
+    ('causal', 'local(256,0)')
+    """
+    causal, (left, right) = normalize_window(causal, window_size)
+    return Mask(causal=causal, window_left=left, window_right=right)
 
 
 def check_flash_attn_extras(
@@ -164,7 +192,7 @@ def check_flash_attn_extras(
 
 def _check_options(
     *,
-    mask: Mask,
+    window: tuple[int, int],
     softmax_scale: float | None,
     deterministic: bool,
     schedule: str,
@@ -188,11 +216,14 @@ def _check_options(
     names = valid_schedule_names()
     if schedule not in names:
         raise ValueError(f"schedule must be one of {list(names)}, got {schedule!r}")
-    if schedule != "auto":
-        try:
-            check_schedule_fits(schedule, mask)
-        except ValueError as exc:
-            raise ValueError(f"schedule={schedule!r} with the {mask.name} mask: {exc}") from None
+    kind, name = _mask_kind_and_name(window)
+    if schedule != "auto" and kind not in SCHEDULE_MASKS[schedule]:
+        fitting = [n for n in SCHEDULE_MASKS if kind in SCHEDULE_MASKS[n] and n != schedule]
+        raise ValueError(
+            f"schedule={schedule!r} with the {name} mask: schedule {schedule!r} is for the "
+            f"{' or '.join(SCHEDULE_MASKS[schedule])} mask, not the {name} mask; for that use "
+            f"one of {['auto', *fitting]}"
+        )
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__} ({backend!r})")
     if backend not in ("auto", *BACKEND_NAMES):
@@ -260,7 +291,7 @@ def check_inputs(
         window_size: (left, right) ints >= -1.
         invariant: bool.
     Return:
-        AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, mask).
+        AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal, window).
     Raises:
         TypeError, ValueError, NotImplementedError: see the module docstring. The last dimension
         of each tensor must have stride 1 (copy first if needed); other strides are free.
@@ -297,12 +328,12 @@ def check_inputs(
         if value == 0:
             raise ValueError(f"{label} must be >= 1, got 0")
     _check_heads_and_strides(q, k, v, heads, kv_heads, headdim)
-    mask = mask_of(causal, window_size)
+    causal, window = normalize_window(causal, window_size)
     _check_options(
-        mask=mask, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
+        window=window, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
         sm_margin=sm_margin, return_lse=return_lse, backend=backend, invariant=invariant,
     )  # fmt: skip
-    return AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, q.dtype, mask)
+    return AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, q.dtype, causal, window)
 
 
 def _check_cu_seqlens(name: str, cu: object, device: torch.device) -> torch.Tensor:
@@ -385,12 +416,14 @@ def check_varlen_inputs(
             raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    mask = mask_of(causal, window_size)
+    causal, window = normalize_window(causal, window_size)
     _check_options(
-        mask=mask, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
+        window=window, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
         sm_margin=sm_margin, return_lse=return_lse, backend=backend, invariant=invariant,
     )  # fmt: skip
-    return AttnShape(cu_q.numel() - 1, total_q, total_k, heads, kv_heads, headdim, q.dtype, mask)
+    return AttnShape(
+        cu_q.numel() - 1, total_q, total_k, heads, kv_heads, headdim, q.dtype, causal, window
+    )
 
 
 def check_cu_seqlens_values(

@@ -363,9 +363,14 @@ def first_blocked_program(schedule: Schedule) -> int | None:
 def _grid(schedule: Schedule) -> int:
     spec = schedule.spec
     if schedule.dispatch is Dispatch.DYNAMIC:
-        return min(spec.workers, spec.num_chains)
-    # Static lists are dealt round-robin, so the busy workers are the first ones.
-    return int((schedule.worker_start[1:] > schedule.worker_start[:-1]).sum())
+        # Tickets run over ``order``, which lists the chains that exist (packed sequences leave
+        # padding chains of the tile grid out of it).
+        return max(1, min(spec.workers, len(schedule.order)))
+    # Program w runs worker w's list: launch up to the last worker with work (a prefix in
+    # practice: round-robin dealing and the invariant placement both fill idle workers first).
+    start = schedule.worker_start
+    busy = [w for w in range(spec.workers) if start[w + 1] > start[w]]
+    return busy[-1] + 1 if busy else 1
 
 
 @lru_cache(maxsize=256)

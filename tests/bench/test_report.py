@@ -126,3 +126,33 @@ def test_readme_results_are_generated_from_the_committed_files(
     # The end-to-end blocks come from an earlier run (Triton backend only), labelled as such.
     e2e = report.e2e_table(report.read_csv(results / "e2e-4e3b496.csv"), markdown=True)
     assert e2e.strip() in readme.read_text()
+
+
+def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:
+    """The packed-documents table and the invariance tables in the README are what the report
+    functions make of their committed result files."""
+    from dash_attn.bench.packed_report import summary_table as packed_summary
+
+    repo = Path(__file__).resolve().parents[2]
+    results, readme = repo / "benchmarks" / "results" / "h200", repo / "README.md"
+    if not (results.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    text = readme.read_text()
+    packed_rows = json.loads((results / "packed" / "packed.json").read_text())["rows"]
+    assert packed_summary(packed_rows) in text
+    for name in ("few_groups", "many_groups"):
+        rows = report.read_csv(results / "invariance-1faac8e" / name / "bench.csv")
+        assert report.readme_table(rows) in text
+
+
+def test_readme_check_demo_output_is_the_committed_log() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    log = repo / "benchmarks" / "results" / "h200" / "varlen-a9e08e1" / "check_demo.log"
+    readme = repo / "README.md"
+    if not (log.is_file() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    text = readme.read_text()
+    start = text.index("== attn_implementation='sdpa'")
+    block = text[start : text.index("```", start)].splitlines()
+    logged = set(log.read_text().splitlines())
+    assert len(block) > 10 and all(line in logged for line in block if line != "...")

@@ -11,7 +11,13 @@ every candidate WAVE, in the DAG model (c = 1, r = --reduce-cost).
 128x128, 132 workers: fa3, descending, and ``band_shift`` (a candidate: each chain walks its band
 cyclically shifted by its index within the wave, arrival ranks, static dispatch).
 
-Pure CPU. ``python tools/invariance_model.py wave|band [--out CSV] [--jobs 2]``
+``groups``: few (sequence, kv head) groups, where the paper grid has many: one 16k sequence,
+32 query heads, 1..8 kv heads (GQA, or tensor parallelism leaving few kv heads per GPU), head
+dim 128, full and causal, 132 and 114 workers: legacy vs WAVE 16/32/64 vs descending. A group's
+rounds cannot overlap (a shift round adds to every dQ tile until its last step), so a group runs
+its rounds one after another on at most WAVE workers.
+
+Pure CPU. ``python tools/invariance_model.py wave|band|groups [--out CSV] [--jobs 2]``
 """
 
 from __future__ import annotations
@@ -106,6 +112,42 @@ def wave_rows(job: tuple[int, bool, int, int, float, tuple[int, int]]) -> list[d
     return rows
 
 
+def group_rows(job: tuple[bool, int, int, float]) -> list[dict[str, Any]]:
+    causal, kv_heads, workers, reduce_cost = job
+    mask = Mask(causal=causal)
+    spec = ScheduleSpec.from_shape(
+        batch=1,
+        seqlen_q=16384,
+        seqlen_k=16384,
+        q_heads=32,
+        kv_heads=kv_heads,
+        block_m=64,
+        block_n=128,
+        mask=mask,
+        workers=workers,
+        invariant=False,
+    )
+    name = "symmetric_shift" if causal else "shift"
+    legacy = legacy_symmetric_shift if causal else legacy_shift
+    base = dict(mask=mask.name, seqlen=16384, q_heads=32, kv_heads=kv_heads, workers=workers)
+    invariant_spec = dataclasses.replace(spec, invariant=True)
+    runs: list[tuple[str, Any]] = [("legacy", lambda: legacy(spec))]
+    for wave in (16, 32, 64):
+        runs.append(
+            (f"wave{wave}", lambda w=wave: invariant_schedule(name, invariant_spec, legacy, wave=w))
+        )
+    runs.append(("descending", lambda: GENERATORS["descending"](spec)))
+    rows, legacy_makespan = [], 0.0
+    for label, build in runs:
+        makespan = simulate(build(), 1.0, reduce_cost).makespan
+        legacy_makespan = legacy_makespan or makespan
+        rows.append(
+            {**base, "schedule": label, "makespan": makespan,
+             "loss_vs_legacy": makespan / legacy_makespan - 1}
+        )  # fmt: skip
+    return rows
+
+
 def band_shift(spec: ScheduleSpec) -> Any:
     """Candidate band schedule: chain j walks its band starting at offset (j mod P) mod width."""
 
@@ -172,7 +214,7 @@ def band_rows(job: tuple[int, int, tuple[int, int], int, str, float]) -> list[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=["wave", "band"])
+    parser.add_argument("study", choices=["wave", "band", "groups"])
     parser.add_argument("--reduce-cost", type=float, default=0.3, help="r / c (H200: ~0.3)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True, help="CSV of every row")
@@ -195,6 +237,9 @@ def main() -> None:
             for seqlen in PAPER_SEQLENS
         ]
         work = wave_rows
+    elif args.study == "groups":
+        jobs = [(c, kv, w, r) for w in WORKERS for c in (False, True) for kv in (1, 2, 4, 8)]
+        work = group_rows
     else:
         jobs = [
             (window, seqlen, tiles, 132, shape, r)

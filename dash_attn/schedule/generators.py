@@ -401,7 +401,9 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     mask, ``symmetric_shift`` for causal, ``descending`` for a window (local): its chains walk
     their band top-down, so the KV tiles of a dQ tile arrive in ascending order, the order the
     ranks ask for (the band-mask study in ``tools/invariance_model.py``). It depends on the mask
-    only, never on the worker count, so the order it implies is invariant too.
+    only, never on the worker count, so the order it implies is invariant too. Known cost
+    (``invariant.WAVE``): with few (sequence, kv head) groups per launch, the shift schedules
+    leave most workers idle; ``descending`` or ``invariant=False`` serve those shapes better.
 
     ``invariant=False``: up to ``AUTO_SIMULATE_MAX_TASKS`` tile tasks, the schedule with the
     smallest makespan in the DAG model (``simulate`` with c = r = 1) among those that fit the

@@ -55,7 +55,15 @@ worker-dependent tables, WAVE 8, 16, 32 and 64 lose nothing at 132 workers (48: 
 96: up to 25%); at 114 workers 8 and 16 lose least (geometric mean 5.5%, at most 11%: a round
 of 16 units leaves 114 mod 16 = 2 workers per level to the next round), 32 loses 11.7% (at
 most 22%), 64 23% (at most 78%). 16 rather than 8 halves a long sequence's chain of rounds when
-few (sequence, kv head) groups share the GPU."""
+few (sequence, kv head) groups share the GPU.
+
+The price (``tools/invariance_model.py groups``, invariance_few_groups.csv): a group's rounds run
+one after another on at most WAVE workers (a shift round adds to every dQ tile until its last
+step, so the next round cannot overlap it). With few groups, e.g. one 16k sequence with 1..4 kv
+heads (GQA, or tensor parallelism), the GPU is mostly idle: full mask +100% (4 kv heads) to
++700% (1 kv head) at 132 workers, causal +50% to +200%, where ``descending`` (invariant too,
+dynamic) stays within 1% for the full mask. ``invariant=False`` keeps the worker-dependent
+tables for such shapes."""
 
 
 @dataclass(frozen=True)

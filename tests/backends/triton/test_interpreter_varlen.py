@@ -142,7 +142,7 @@ def _reference(inputs: tuple[torch.Tensor, ...], mask: BandMask) -> tuple[dict, 
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         out, lse = attention_ref(
-            *leaves, causal=mask.causal, window=mask.window, upcast=upcast,
+            *leaves, causal=mask.causal, window_size=mask.window, upcast=upcast,
             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         )  # fmt: skip
         out.backward(dout)
@@ -271,7 +271,7 @@ def test_dense_window_matches_reference() -> None:
     refs = []
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        out, lse = attention_ref(*leaves, causal=False, window=mask.window, upcast=upcast)
+        out, lse = attention_ref(*leaves, causal=False, window_size=mask.window, upcast=upcast)
         out.backward(dout)
         refs.append(
             {
@@ -401,7 +401,7 @@ def test_forward_band_edges_match_reference(window: tuple[int, int], headdim: in
         q, k, v, causal=False, softmax_scale=headdim**-0.5, window=window,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=300,
     )  # fmt: skip
-    kwargs = dict(window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    kwargs = dict(window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     ref_out, ref_lse = attention_ref(q, k, v, **kwargs)
     same_out, same_lse = attention_ref(q, k, v, upcast=False, **kwargs)
     assert_close_to_ref(f"out {window}", out, ref_out, same_out, atol=ATOL)
@@ -428,7 +428,7 @@ def test_planned_padded_batch_window_matches_reference_and_varlen_bits(schedule:
     refs = []
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        ref_out, ref_lse = attention_ref(*leaves, window=band.window, upcast=upcast)
+        ref_out, ref_lse = attention_ref(*leaves, window_size=band.window, upcast=upcast)
         ref_out.backward(dout)
         grads = dict(zip(("dq", "dk", "dv"), (x.grad for x in leaves), strict=True))
         refs.append({"out": ref_out.detach(), "lse": ref_lse.detach(), **grads})

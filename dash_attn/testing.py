@@ -189,7 +189,7 @@ def _tiles_meet(seqlen_q: int, seqlen_k: int, mask: BandMask, block_m: int, bloc
     from .reference.attention import visible_mask
 
     q_tiles, kv_tiles = _cdiv(seqlen_q, block_m), _cdiv(seqlen_k, block_n)
-    visible = visible_mask(seqlen_q, seqlen_k, causal=mask.causal, window=mask.window)
+    visible = visible_mask(seqlen_q, seqlen_k, causal=mask.causal, window_size=mask.window)
     keep = np.ones((seqlen_q, seqlen_k), bool) if visible is None else visible.numpy()
     meets = np.zeros((q_tiles, kv_tiles), bool)
     for i, j in itertools.product(range(q_tiles), range(kv_tiles)):

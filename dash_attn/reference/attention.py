@@ -24,9 +24,10 @@ and for ``seqlen_q = 5, seqlen_k = 2`` the first three rows see no key at all::
 
 Such rows get ``out = 0`` and ``lse = -inf`` (flash-attn's convention), and zero gradients.
 
-Sliding windows (``window=(left, right)`` in tokens, -1 unbounded) use the same diagonal: row ``r``
-sees key ``c`` iff ``r + d - left <= c <= r + d + right`` with ``d = seqlen_k - seqlen_q``
-(``causal`` sets ``right = 0``). For ``seqlen_q = seqlen_k = 5`` and ``window=(1, 0)``::
+Sliding windows (``window_size=(left, right)`` as flash-attn, in tokens, -1 unbounded) use the
+same diagonal: row ``r`` sees key ``c`` iff ``r + d - left <= c <= r + d + right`` with
+``d = seqlen_k - seqlen_q`` (``causal`` sets ``right = 0``). For ``seqlen_q = seqlen_k = 5``
+and ``window_size=(1, 0)``::
 
     1 0 0 0 0
     1 1 0 0 0
@@ -77,7 +78,7 @@ def visible_mask(
     seqlen_k: int,
     *,
     causal: bool = False,
-    window: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = (-1, -1),
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
     """Boolean ``(seqlen_q, seqlen_k)`` mask of the row rule (module docstring), or None when
@@ -86,7 +87,7 @@ def visible_mask(
     The rule is ``Mask.keeps`` of the schedule engine, the one statement of it that the
     tables, the validator and the references share. Raises ValueError for window sides < -1.
     """
-    mask = Mask(causal=causal, window_left=window[0], window_right=window[1])
+    mask = Mask(causal=causal, window_left=window_size[0], window_right=window_size[1])
     if mask.kind == "full":
         return None
     rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
@@ -127,7 +128,7 @@ def attention_ref(
     causal: bool = False,
     softmax_scale: float | None = None,
     upcast: bool = True,
-    window: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = (-1, -1),
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +143,7 @@ def attention_ref(
         upcast: bool. If True, compute in float32 (float64 for float64 inputs) and round ``out``
             back to the input dtype: the "fp32 reference". If False, every operation runs in the
             input dtype: the "same-dtype PyTorch computation" of the flash-attn error rule.
-        window: (left, right) sliding window in tokens, -1 unbounded (module docstring).
+        window_size: (left, right) sliding window in tokens, -1 unbounded (module docstring).
         cu_seqlens_q, cu_seqlens_k: int [batch + 1] sequence boundaries: then q is
             (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim), out like q and lse
             (nheads, total_q), as flash-attn's varlen functions.
@@ -165,7 +166,7 @@ def attention_ref(
         for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
             o, lse = attention_ref(
                 q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
-                softmax_scale=softmax_scale, upcast=upcast, window=window,
+                softmax_scale=softmax_scale, upcast=upcast, window_size=window_size,
             )  # fmt: skip
             outs.append(o[0])
             lses.append(lse[0])
@@ -175,7 +176,9 @@ def attention_ref(
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     scale = _default_scale(headdim, softmax_scale)
-    visible = visible_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    visible = visible_mask(
+        seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device
+    )
 
     qw = q.to(work)
     kw = _repeat_kv(k.to(work), heads)
@@ -208,7 +211,7 @@ def attention_bwd_ref(
     *,
     causal: bool,
     softmax_scale: float | None,
-    window: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = (-1, -1),
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -234,7 +237,7 @@ def attention_bwd_ref(
         dout: (batch_size, seqlen_q, nheads, headdim), the gradient of ``out``.
         causal: bool. Bottom-right aligned causal mask.
         softmax_scale: float or None (1 / sqrt(headdim)).
-        window, cu_seqlens_q, cu_seqlens_k: as :func:`attention_ref` (varlen: lse is
+        window_size, cu_seqlens_q, cu_seqlens_k: as :func:`attention_ref` (varlen: lse is
             (nheads, total_q) and the tensors are packed).
     Return:
         dq: like q; dk: like k; dv: like v (each in its input's dtype).
@@ -245,7 +248,7 @@ def attention_bwd_ref(
             dq, dk, dv = attention_bwd_ref(
                 q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
                 lse[None, :, q0:q1], dout[None, q0:q1], causal=causal,
-                softmax_scale=softmax_scale, window=window,
+                softmax_scale=softmax_scale, window_size=window_size,
             )  # fmt: skip
             grads.append((dq[0], dk[0], dv[0]))
         return tuple(torch.cat(parts) for parts in zip(*grads, strict=True))  # type: ignore[return-value]
@@ -266,7 +269,9 @@ def attention_bwd_ref(
     delta = (dow * ow).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # (b, h, sq, 1)
     scores = torch.einsum("bqhd,bkhd->bhqk", qw, kw) * scale
     probs = torch.exp(scores - lse_w)
-    visible = visible_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    visible = visible_mask(
+        seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device
+    )
     if visible is not None:
         probs = probs.masked_fill(~visible, 0.0)
     dv = torch.einsum("bhqk,bqhd->bkhd", probs, dow)

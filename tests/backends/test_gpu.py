@@ -153,9 +153,7 @@ def test_broken_table_raises_instead_of_hanging(backend):
     )
     run_backward = backend_module(backend).run_backward
     with pytest.raises(RuntimeError, match="timed out.*'broken'"):
-        run_backward(
-            broken, torch.randn_like(q), q, k, v, out, lse, headdim**-0.5, sync_check=True
-        )
+        run_backward(broken, torch.randn_like(q), q, k, v, out, lse, headdim**-0.5, sync_check=True)
     # The GPU is still usable afterwards.
     again = dash_attn_func(q, k, v, backend=backend)
     assert torch.isfinite(again.float()).all()

@@ -125,7 +125,7 @@ def _references(inputs: tuple[torch.Tensor, ...], mask: str) -> tuple[dict, dict
     for upcast in (True, False):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
         out, lse = attention_ref(
-            *leaves, causal=causal, window=window, upcast=upcast,
+            *leaves, causal=causal, window_size=window, upcast=upcast,
             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         )  # fmt: skip
         out.backward(dout)

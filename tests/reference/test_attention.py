@@ -206,16 +206,16 @@ def test_visible_mask_examples() -> None:
         ],
         dtype=torch.bool,
     )
-    assert torch.equal(visible_mask(5, 5, window=(1, 0)), band)
-    assert torch.equal(visible_mask(5, 5, causal=True, window=(1, 7)), band)  # causal: right 0
+    assert torch.equal(visible_mask(5, 5, window_size=(1, 0)), band)
+    assert torch.equal(visible_mask(5, 5, causal=True, window_size=(1, 7)), band)  # causal: right 0
     # seqlen_k - seqlen_q = 2 shifts the diagonal right: row r's window is keys r+2-1 .. r+2+1.
-    assert visible_mask(3, 5, window=(1, 1)).nonzero().tolist() == [
+    assert visible_mask(3, 5, window_size=(1, 1)).nonzero().tolist() == [
         [0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [1, 4], [2, 3], [2, 4],
     ]  # fmt: skip
     assert visible_mask(4, 4) is None  # full: no mask
     assert torch.equal(visible_mask(5, 2, causal=True), causal_mask(5, 2))
     with pytest.raises(ValueError, match="window"):
-        visible_mask(4, 4, window=(-2, 0))
+        visible_mask(4, 4, window_size=(-2, 0))
 
 
 def _explicit_window_attention(q, k, v, left, right, scale):
@@ -243,7 +243,7 @@ def _explicit_window_attention(q, k, v, left, right, scale):
 def test_window_matches_row_by_row_softmax(window, lengths) -> None:
     seqlen_q, seqlen_k = lengths
     q, k, v = make_qkv(1, seqlen_q, seqlen_k, 4, 2, 8, torch.float64, "cpu", 3)
-    out, lse = attention_ref(q, k, v, window=window, softmax_scale=0.5)
+    out, lse = attention_ref(q, k, v, window_size=window, softmax_scale=0.5)
     right = window[1] if window[1] >= 0 else seqlen_k
     exp_out, exp_lse = _explicit_window_attention(q[0], k[0], v[0], window[0], right, 0.5)
     torch.testing.assert_close(out[0], exp_out, **F64)
@@ -270,13 +270,13 @@ def _packed(seed: int, heads: int = 4, kv_heads: int = 2, headdim: int = 8):
 def test_varlen_is_each_sequence_alone(causal, window) -> None:
     q, k, v, cu_q, cu_k = _packed(4)
     out, lse = attention_ref(
-        q, k, v, causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
+        q, k, v, causal=causal, window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
     )
     assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
     for b in range(len(VARLEN)):
         q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
         alone, lse_alone = attention_ref(
-            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, window=window
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, window_size=window
         )
         torch.testing.assert_close(out[q0:q1], alone[0], **F64)
         torch.testing.assert_close(lse[:, q0:q1], lse_alone[0], **F64)
@@ -291,7 +291,7 @@ def test_varlen_is_each_sequence_alone(causal, window) -> None:
 def test_varlen_window_explicit_backward_matches_autograd(causal, window) -> None:
     q, k, v, cu_q, cu_k = _packed(5)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    kwargs = dict(causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    kwargs = dict(causal=causal, window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     out, lse = attention_ref(q, k, v, **kwargs)
     dout = torch.randn_like(out)
     expected = torch.autograd.grad(out, (q, k, v), dout)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+import dash_attn
 from dash_attn.backends.triton.launch import run_backward, run_forward
 from dash_attn.backends.triton.tiles import backward_tiles
 from dash_attn.plan import (
@@ -142,7 +143,7 @@ def _reference(inputs: tuple[torch.Tensor, ...], mask: BandMask) -> tuple[dict, 
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         out, lse = attention_ref(
-            *leaves, causal=mask.causal, window=mask.window, upcast=upcast,
+            *leaves, causal=mask.causal, window_size=mask.window, upcast=upcast,
             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         )  # fmt: skip
         out.backward(dout)
@@ -271,7 +272,7 @@ def test_dense_window_matches_reference() -> None:
     refs = []
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        out, lse = attention_ref(*leaves, causal=False, window=mask.window, upcast=upcast)
+        out, lse = attention_ref(*leaves, causal=False, window_size=mask.window, upcast=upcast)
         out.backward(dout)
         refs.append(
             {
@@ -401,7 +402,7 @@ def test_forward_band_edges_match_reference(window: tuple[int, int], headdim: in
         q, k, v, causal=False, softmax_scale=headdim**-0.5, window=window,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=300,
     )  # fmt: skip
-    kwargs = dict(window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    kwargs = dict(window_size=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     ref_out, ref_lse = attention_ref(q, k, v, **kwargs)
     same_out, same_lse = attention_ref(q, k, v, upcast=False, **kwargs)
     assert_close_to_ref(f"out {window}", out, ref_out, same_out, atol=ATOL)
@@ -428,7 +429,7 @@ def test_planned_padded_batch_window_matches_reference_and_varlen_bits(schedule:
     refs = []
     for upcast in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        ref_out, ref_lse = attention_ref(*leaves, window=band.window, upcast=upcast)
+        ref_out, ref_lse = attention_ref(*leaves, window_size=band.window, upcast=upcast)
         ref_out.backward(dout)
         grads = dict(zip(("dq", "dk", "dv"), (x.grad for x in leaves), strict=True))
         refs.append({"out": ref_out.detach(), "lse": ref_lse.detach(), **grads})
@@ -441,3 +442,47 @@ def test_planned_padded_batch_window_matches_reference_and_varlen_bits(schedule:
     for b in range(2):
         dense_b = {"out": out[b], "lse": lse[b], "dq": dq[b], "dk": dk[b], "dv": dv[b]}
         _assert_bitwise(dense_b, _seq_slice(packed, inputs[4], inputs[5], b), f"sequence {b}")
+
+
+def _api_run(
+    fn: Any, inputs: tuple[torch.Tensor, ...], *extra: Any, **kwargs: Any
+) -> dict[str, torch.Tensor]:
+    """out, lse, dq, dk, dv of ``fn(q, k, v, *extra, **kwargs)``, a public API call."""
+    q, k, v, dout = inputs[:4]
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse = fn(*leaves, *extra, return_lse=True, **kwargs)
+    out.backward(dout)
+    grads = dict(zip(("dq", "dk", "dv"), (x.grad for x in leaves), strict=True))
+    return {"out": out.detach(), "lse": lse.detach(), **grads}
+
+
+@pytest.mark.parametrize("schedule", ["auto", "fa3", "descending"])
+def test_api_sequence_bits_invariant(schedule: str) -> None:
+    # Through dash_attn_varlen_func / dash_attn_func: sequence X alone, packed at two positions,
+    # and in a padded batch, with 4, 3 or 2 workers (sm_margin 0, 1, 2): the same bits.
+    x, heads, kv_heads, headdim, window = (150, 150), 2, 1, 64, (40, 0)
+    expected = None
+    for seqlens, seeds, at in (
+        ([x], [7], 0),
+        ([(37, 50), x, (70, 200)], [1, 7, 2], 1),
+        ([(200, 70), (0, 10), x], [2, 3, 7], 2),
+    ):
+        parts = [
+            _sequence(sq, sk, heads, kv_heads, headdim, s)
+            for (sq, sk), s in zip(seqlens, seeds, strict=True)
+        ]
+        inputs = _pack(parts)
+        cu_q, cu_k = inputs[4], inputs[5]
+        max_q, max_k = max(sq for sq, _ in seqlens), max(sk for _, sk in seqlens)
+        for margin in (0, 1, 2):
+            got = _api_run(
+                dash_attn.dash_attn_varlen_func, inputs, cu_q, cu_k, max_q, max_k,
+                window_size=window, schedule=schedule, sm_margin=margin,
+            )  # fmt: skip
+            got = _seq_slice(got, cu_q, cu_k, at)
+            expected = expected or got
+            _assert_bitwise(got, expected, f"{schedule}: pack of {len(seqlens)}, margin {margin}")
+    parts = [_sequence(*x, heads, kv_heads, headdim, s) for s in (8, 7)]
+    batch = tuple(torch.stack(xs) for xs in zip(*parts, strict=True))
+    padded = _api_run(dash_attn.dash_attn_func, batch, window_size=window, schedule=schedule)
+    _assert_bitwise({name: t[1] for name, t in padded.items()}, expected, "padded batch")

@@ -72,7 +72,9 @@ def test_flash_attn_positional_order():
 def test_window_through_the_api_matches_the_reference():
     q, k, v = _qkv(2, 90, 4, 64, kv_heads=2, seed=1)
     out, lse = dash_attn_func(q, k, v, causal=True, window_size=(20, -1), return_lse=True)
-    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=True, window=(20, 0))
+    ref_out, ref_lse = attention_ref(
+        q.float(), k.float(), v.float(), causal=True, window_size=(20, 0)
+    )
     assert (out.float() - ref_out.float()).abs().max().item() < 2e-2
     assert (lse - ref_lse).abs().max().item() < 1e-2
     assert lse.shape == (2, 4, 90)

@@ -138,7 +138,10 @@ _SHARED_ARGS_DOC = """
             others, with any ``sm_margin`` and on any Hopper GPU with the same software.
             ``invariant=False`` lets the shift schedules follow the worker count (what the
             DASH paper's tables do); gradients are then reproducible only for the same batch,
-            heads, GPU model and ``sm_margin``.
+            heads, GPU model and ``sm_margin``. Cost: the invariant shift schedules give each
+            (sequence, kv head) group at most 16 SMs, so with fewer than ~8 groups (batch 1
+            with few KV heads) ``auto`` leaves SMs idle; pass ``schedule="descending"`` (also
+            invariant) or ``invariant=False`` there.
 """
 
 

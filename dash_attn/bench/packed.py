@@ -339,11 +339,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--deadline-s", type=float, default=None,
         help="start no provider after this many seconds (files are still written)",
     )  # fmt: skip
+    parser.add_argument(
+        "--commit", default=None,
+        help="the commit measured (a copied checkout's git HEAD may be stale; default: git's)",
+    )  # fmt: skip
 
 
-def run_info() -> dict[str, Any]:
+def run_info(commit: str | None = None) -> dict[str, Any]:
     """``machine_info`` plus the versions this benchmark's peers bring (CuTe-DSL, FA4)."""
-    info = machine_info()
+    info = machine_info(commit)
     info["cutlass_dsl"] = _dist_version("nvidia-cutlass-dsl")
     return info
 
@@ -403,7 +407,7 @@ def run(
     except ValueError as exc:
         print(f"packed: error: {exc}", file=sys.stderr)
         return 2
-    info = run_info()
+    info = run_info(getattr(args, "commit", None))
     if device is None:
         if not info["cuda_available"]:
             print(f"{header_line(info)}\npacked: needs a CUDA GPU; nothing timed", file=sys.stderr)

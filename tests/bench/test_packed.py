@@ -423,7 +423,9 @@ def test_summary_table_shows_ratios_bits_and_reasons() -> None:
 
 
 def test_no_gpu_exits_without_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packed, "run_info", lambda: {"cuda_available": False, "gpu": "none"})
+    monkeypatch.setattr(
+        packed, "run_info", lambda commit=None: {"cuda_available": False, "gpu": "none"}
+    )
     assert packed.main(["--out", str(tmp_path / "x")]) == 1
     assert not (tmp_path / "x").exists()
     assert packed.main(["--out", str(tmp_path), "--rows", "nope"], device="cpu") == 2

@@ -187,7 +187,7 @@ class Problem:
 
 def _attended_pairs(seqlen_q: int, seqlen_k: int, mask: Mask) -> float:
     """(query, key) pairs one head of one sequence computes, as the benchmarks count them."""
-    if getattr(mask, "kind", "causal" if mask.causal else "full") != "local":
+    if mask.kind != "local":
         return seqlen_q * seqlen_k / (2 if mask.causal else 1)
     left, right = mask.window
     shift = seqlen_k - seqlen_q

@@ -15,6 +15,7 @@ from ..errors import record_status
 from ..plan import BackwardPlan
 from .tables import device_tables
 from .triton.bwd import INTERPRETER_MAX_POLLS, attn_bwd_preprocess, mask_window
+from .triton.dq_cast import scale_cast
 from .triton.varlen import varlen_rows
 
 # (plan, q, k, v, dout, lse2, delta, tables, softmax_scale) -> (dq_acc fp32 unscaled, dk, dv,
@@ -87,7 +88,7 @@ def run_backward(
         dq_acc = dq_acc.index_select(0, varlen.row_index)
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
-    return (dq_acc * softmax_scale).to(q.dtype), dk, dv
+    return scale_cast(dq_acc, softmax_scale, q.dtype), dk, dv
 
 
 def timeout_error(plan: BackwardPlan) -> str:

@@ -47,7 +47,7 @@ behind it); ``prefetch_tables`` has the producer read a step's tables before it 
 free stage; ``vec_epilogue`` stores dK/dV as 32-bit pairs; ``stages`` 3 at hd 64; 128 x 128
 tiles at hd 64 (ptxas keeps about ten loop-invariant values in local memory: stored once,
 reloaded per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack
-tensors.
+tensors; ``late_ticket`` takes a dynamic ticket only when the CTA has finished its chain.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work; a double-buffered dQ staging tile.
@@ -109,6 +109,7 @@ class HopperAttnBwd:
         queue_dv: bool = False,
         prefetch_tables: bool = False,
         vec_epilogue: bool = False,
+        late_ticket: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -146,6 +147,12 @@ class HopperAttnBwd:
         #   accumulator holds column pairs) instead of 16-bit scalar stores.
         self.prefetch_tables = prefetch_tables
         self.vec_epilogue = vec_epilogue
+        # late_ticket (dynamic dispatch): the producer takes the next chain's ticket only once
+        #   the MMA warpgroups have finished the current chain (its K/V are released), not as
+        #   soon as the chain's last loads are issued. A ticket taken early is held by a CTA
+        #   whose last steps may still wait for their dQ turns: the chain it names (often one
+        #   that later chains of its group wait for) cannot start meanwhile.
+        self.late_ticket = late_ticket
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -638,7 +645,11 @@ class HopperAttnBwd:
                 if stage == self.stages:
                     stage = Int32(0)
                     phase = phase ^ 1
-            if dynamic != 0:  # noqa: SIM108 (a runtime branch: no ternary in device code)
+            if dynamic != 0:
+                if const_expr(self.late_ticket):
+                    # The MMA warpgroups release K/V after the chain's last step (the same
+                    # phase the next chain's K/V load waits for below, so that wait passes).
+                    cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
                 ticket = self._take_ticket(mFlags, lane)
             else:
                 ticket = ticket + 1

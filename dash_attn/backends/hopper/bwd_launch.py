@@ -52,6 +52,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "vec_epilogue": True,
         "host_ints": True,
     },
+    # t128 and fast with the dynamic ticket taken once the CTA's chain is done (static
+    # dispatch compiles to the same code).
+    "t128_lt": {
+        "dq_swizzle": True,
+        "prefetch_tables": True,
+        "tiles": {64: (128, 128)},
+        "late_ticket": True,
+    },
+    "fast_lt": {
+        "dq_swizzle": True,
+        "queue_dv": True,
+        "prefetch_tables": True,
+        "per_hd": {64: {"stages": 3}},
+        "vec_epilogue": True,
+        "host_ints": True,
+        "late_ticket": True,
+    },
 }
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles", "host_ints", "per_hd")

@@ -158,6 +158,8 @@ VARIANT_CONFIGS = [
     ("ints", (128, torch.bfloat16, True, True)),
     ("fast", (64, torch.bfloat16, True, True)),
     ("fast", (128, torch.float16, False, False)),
+    ("t128_lt", (64, torch.bfloat16, True, True)),
+    ("fast_lt", (128, torch.bfloat16, True, True)),
 ]
 
 

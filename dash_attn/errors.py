@@ -1,23 +1,34 @@
 """Errors that surface after a launch: a dQ wait that timed out inside the kernel.
 
 Backward launches do not synchronise with the host. Each deterministic launch leaves an error
-flag on the device; a pinned copy of it is queued here and looked at by the next backward (or by
-:func:`check_errors`), so a deadlock becomes a RuntimeError instead of a frozen GPU and the price
-is no host sync per call.
+flag on the device; an asynchronous copy of it into a slot of a pinned host buffer is queued here
+and looked at by the next backward (or by :func:`check_errors`), so a deadlock becomes a
+RuntimeError instead of a frozen GPU and the price is no host sync per call.
+
+The pinned slots and the events are reused (allocating a pinned tensor and an event per launch
+cost ~50 us of host time, as much as a small backward's kernels take on the GPU).
 """
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
 __all__ = ["check_errors", "record_status"]
 
+_SLOTS = 256  # launches whose flag may be in flight at once; more wait for the oldest
+
 _lock = threading.Lock()
-# launch number -> (pinned host copy of the error flag, event after the copy, error message)
-_pending: dict[int, tuple[torch.Tensor, torch.cuda.Event, str]] = {}
+# launch number -> (slot in the pinned buffer, event after the copy, its device index, error
+# message), oldest first
+_pending: dict[int, tuple[int, torch.cuda.Event, int, str]] = {}
 _launches = 0
+_host: torch.Tensor | None = None  # pinned int32 [_SLOTS]
+_host_view: np.ndarray | None = None  # the same memory, read without a torch call
+_free_slots: list[int] = []
+_free_events: dict[int, list[torch.cuda.Event]] = {}  # per device index
 
 
 def check_errors(synchronize: bool = True) -> None:
@@ -29,17 +40,39 @@ def check_errors(synchronize: bool = True) -> None:
     with _lock:
         pending = list(_pending.items())
     failure = None
-    for launch, (flag, event, description) in pending:
+    for launch, (slot, event, device, description) in pending:
         if synchronize:
             event.synchronize()
         elif not event.query():
             continue
         with _lock:
-            _pending.pop(launch, None)
-        if failure is None and int(flag.item()) != 0:
+            if _pending.pop(launch, None) is None:
+                continue  # another thread took it
+            flag = int(_host_view[slot])
+            _free_slots.append(slot)
+            _free_events.setdefault(device, []).append(event)
+        if failure is None and flag != 0:
             failure = description
     if failure is not None:
         raise RuntimeError(failure)
+
+
+def _take_slot() -> int:
+    """A free pinned slot (caller holds _lock); waits for the oldest launch if none is."""
+    global _host, _host_view
+    if _host is None:
+        _host = torch.zeros(_SLOTS, dtype=torch.int32, pin_memory=True)
+        _host_view = _host.numpy()
+        _free_slots.extend(range(_SLOTS - 1, -1, -1))
+    while not _free_slots:
+        launch = next(iter(_pending))
+        _pending[launch][1].synchronize()
+        _lock.release()
+        try:
+            check_errors(synchronize=False)  # frees it (and raises if it failed)
+        finally:
+            _lock.acquire()
+    return _free_slots.pop()
 
 
 def record_status(error_flag: torch.Tensor, description: str, synchronize: bool) -> None:
@@ -53,11 +86,14 @@ def record_status(error_flag: torch.Tensor, description: str, synchronize: bool)
     if torch.cuda.is_current_stream_capturing():
         # A graph capture may not copy to the host; the replay's flag is the caller's to read.
         return
-    host = torch.empty((), dtype=torch.int32, pin_memory=True)
-    host.copy_(error_flag, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
+    stream = torch.cuda.current_stream(error_flag.device)
+    device = stream.device_index
     with _lock:
+        slot = _take_slot()
+        events = _free_events.get(device)
+        event = events.pop() if events else torch.cuda.Event()
+        _host[slot].copy_(error_flag, non_blocking=True)
+        event.record(stream)
         _launches += 1
-        _pending[_launches] = (host, event, description)
+        _pending[_launches] = (slot, event, device, description)
     check_errors(synchronize=synchronize)

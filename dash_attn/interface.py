@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from . import ops  # noqa: F401  (registers torch.ops.dash_attn.*)
+from . import ops
 from .determinism import alert_nondeterministic_backward
 from .device import is_interpreter
 from .validation import check_flash_attn_extras, check_inputs, check_varlen_inputs
@@ -44,7 +44,7 @@ class DashAttnFunction(torch.autograd.Function):
         backend: str,
         invariant: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, softmax_scale, backend, *window)
+        out, lse = ops.call("fwd", q, k, v, causal, softmax_scale, backend, *window)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
         ctx.window, ctx.invariant = window, invariant
@@ -54,9 +54,10 @@ class DashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.ops.dash_attn.bwd(
-            _maybe_contiguous(dout), q, k, v, out, lse, *ctx.options, *ctx.window, ctx.invariant
-        )
+        dq, dk, dv = ops.call(
+            "bwd", _maybe_contiguous(dout), q, k, v, out, lse, *ctx.options, *ctx.window,
+            ctx.invariant,
+        )  # fmt: skip
         return dq, dk, dv, *([None] * 8)
 
 
@@ -84,8 +85,8 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         # trace an autograd.Function that gets one tensor twice.
         same_k = cu_seqlens_k is None
         cu_k = cu_seqlens_q if same_k else cu_seqlens_k
-        out, lse = torch.ops.dash_attn.varlen_fwd(
-            q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k,
+        out, lse = ops.call(
+            "varlen_fwd", q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k,
             causal, softmax_scale, backend, *window,
         )  # fmt: skip
         ctx.same_k = same_k
@@ -100,8 +101,8 @@ class DashAttnVarlenFunction(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
         q, k, v, out, lse, cu_q, *rest = ctx.saved_tensors
         cu_k = cu_q if ctx.same_k else rest[0]
-        dq, dk, dv = torch.ops.dash_attn.varlen_bwd(
-            _maybe_contiguous(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.lengths,
+        dq, dk, dv = ops.call(
+            "varlen_bwd", _maybe_contiguous(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.lengths,
             *ctx.options, *ctx.window, ctx.invariant,
         )  # fmt: skip
         return dq, dk, dv, *([None] * 12)

@@ -336,11 +336,14 @@ def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _ffi_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as TVM-FFI hands it to the kernel; a size-1 outer dim with a zero stride (an
-    expanded dim) gets the 16-byte stride ``_outer_strides`` gives it, as TMA descriptors
-    want one. Torch's other strides pass as they are (``_check_args`` made them 16-byte
-    multiples); the test is cheap, the copy-free view only made when needed."""
-    if 0 in t.stride()[:3] and 1 in t.shape[:3]:
+    """``t`` as TVM-FFI hands it to the kernel: a size-1 outer dim whose stride is not a
+    positive 16-byte multiple (an expanded, zero-stride dim) gets the stride
+    ``_outer_strides`` gives it (a view, no copy), as the plain-number launch does; TMA
+    descriptors want positive 16-byte multiples. Other tensors pass unchanged (the usual
+    case; the test costs well under a microsecond)."""
+    size = t.element_size()
+    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
+    if any(n == 1 and (st <= 0 or st * size % 16) for n, st in dims):
         return t.as_strided(t.shape, (*_outer_strides(t), 1))
     return t
 

@@ -16,6 +16,8 @@ Run on an H100/H200 from the repository root::
    no timed-out wait (status[1] == 0) in either.
 4. Whole backward (``loss.backward()``) wall time per call with each variant shipped (the
    dict ``hopper.BWD_VARIANT`` patched for the run), synchronised at the end.
+5. The forward's two launches (``fwd.TVM_FFI_LAUNCH`` False / True): host cost per call and
+   ``torch.equal`` out and lse.
 
 Prints one line per measurement and exits non-zero if a check fails.
 """
@@ -27,11 +29,14 @@ import sys
 import time
 from collections.abc import Callable
 
+import cuda.bindings.driver as cuda
 import torch
+from cutlass import Float32, Int32, Int64
 
 import dash_attn
 from dash_attn.backends import hopper
 from dash_attn.backends.hopper import bwd_launch
+from dash_attn.backends.hopper import fwd as hfwd
 from dash_attn.backends.hopper.fwd import hopper_fwd
 from dash_attn.backends.tables import device_tables
 from dash_attn.backends.triton.bwd import attn_bwd_preprocess
@@ -87,18 +92,22 @@ def _kernel_call(
         kwargs["q_tiles"], kwargs["kv_tiles"], kwargs["num_chains"], kwargs["num_workers"],
         kwargs["dynamic"], kwargs["softmax_scale"], kwargs["timeout_ns"],
     )  # fmt: skip
-    if bwd_launch._launch_mode(variant) == "tvm_ffi":
+    mode = bwd_launch._launch_mode(variant)
+    if mode == "tvm_ffi":
         args = (*tensors, *outs, *(tables[name] for name in TABLE_FIELDS), *scalars)
         return lambda: compiled(*args)
-    if bwd_launch._launch_mode(variant) != "ints":
-        raise SystemExit(f"variant {variant!r}: only the ints and tvm_ffi launches are timed here")
 
     def call() -> None:
-        # What hopper_bwd_main does per call on the ints path: the numbers and the stream.
-        import cuda.bindings.driver as cuda
-
+        # What hopper_bwd_main does per call on the other paths: the arguments and the stream.
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        compiled(*bwd_launch._int_args(*tensors, *outs, tables), *scalars, stream)
+        if mode == "ints":
+            compiled(*bwd_launch._int_args(*tensors, *outs, tables), *scalars, stream)
+        else:
+            compiled(
+                *bwd_launch._kernel_args(*tensors, *outs, tables),
+                Int32(scalars[0]), Int32(scalars[1]), Int32(scalars[2]), Int32(scalars[3]),
+                Int32(scalars[4]), Float32(scalars[5]), Int64(scalars[6]), stream,
+            )  # fmt: skip
 
     return call
 
@@ -192,6 +201,25 @@ def main() -> int:
         finally:
             hopper.BWD_VARIANT[args.head_dim] = old
         print(f"whole backward {variant:9s}: {wall:8.1f} us/call (wall, synchronised at the end)")
+
+    # 5. The forward's two launches (fwd.TVM_FFI_LAUNCH): host cost per call and bitwise out/lse.
+    fwd_results = {}
+    for ffi in (False, True):
+        hfwd.TVM_FFI_LAUNCH = ffi
+        try:
+            host_us = _per_call_us(
+                lambda: hopper_fwd(q, k, v, causal=causal, softmax_scale=scale), args.calls
+            )
+            fwd_results[ffi] = hopper_fwd(q, k, v, causal=causal, softmax_scale=scale)
+        finally:
+            hfwd.TVM_FFI_LAUNCH = False
+        print(f"host us/call forward {'tvm_ffi' if ffi else 'ints':7s}: {host_us:8.1f}")
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "lse"), fwd_results[False], fwd_results[True], strict=True):
+        equal = torch.equal(a, b)
+        print(f"forward {name}: torch.equal(ints, ffi) = {equal}")
+        if not equal:
+            failures.append(f"forward {name}")
 
     print("FAILED: " + ", ".join(failures) if failures else "OK")
     return 1 if failures else 0

@@ -1,11 +1,13 @@
 """Torch launcher for the Hopper CuTe-DSL backward (:mod:`.bwd`), with an in-memory compile cache.
 
 Importing this module imports torch and cutlass only; kernels are compiled on first use, one per
-(head dim, dtype, causal, deterministic, tiles), and reused for every shape and schedule.
+(head dim, dtype, causal, deterministic, tiles, launch), and reused for every shape and schedule.
+The TVM-FFI launch (variants with ``tvm_ffi``) imports ``tvm_ffi`` when it compiles.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from typing import Any
 
@@ -14,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.runtime import from_dlpack, make_fake_stream
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
 from ...schedule import TABLE_FIELDS
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
@@ -70,8 +72,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "late_ticket": True,
     },
 }
+# t128_lt and fast_lt (the same kernels) launched through TVM-FFI: compiled once from symbolic
+# fake tensors and called with the torch tensors, the scalars as plain numbers and torch's
+# current stream taken from the environment. The per-call argument conversion is then done in
+# C (a DLPack exchange per tensor) instead of cutlass-dsl's Python packing of each argument.
+VARIANTS["t128_ffi"] = {**VARIANTS["t128_lt"], "tvm_ffi": True}
+VARIANTS["fast_ffi"] = {
+    **{key: val for key, val in VARIANTS["fast_lt"].items() if key != "host_ints"},
+    "tvm_ffi": True,
+}
 # Launcher-level keys of a variant (not kernel options).
-_LAUNCH_KEYS = ("tiles", "host_ints", "per_hd")
+_LAUNCH_KEYS = ("tiles", "host_ints", "per_hd", "tvm_ffi")
 DEFAULT_VARIANT = "base"
 DEFAULT_TILES = (64, 128)
 
@@ -81,6 +92,17 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
+
+
+def _launch_mode(variant: str) -> str:
+    """How ``variant`` is launched: "tvm_ffi" (torch tensors through TVM-FFI), "ints" (plain
+    numbers: addresses, sizes, strides) or "dlpack" (cute tensors built per call)."""
+    spec = VARIANTS[variant]
+    if spec.get("tvm_ffi") and spec.get("host_ints"):
+        raise ValueError(f"variant {variant!r} sets both tvm_ffi and host_ints (pick one launch)")
+    if spec.get("tvm_ffi"):
+        return "tvm_ffi"
+    return "ints" if spec.get("host_ints") else "dlpack"
 
 
 def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
@@ -100,6 +122,36 @@ def _cute_tensor(t: torch.Tensor, align: int = 16) -> cute.Tensor:
     """A cute view of ``t`` whose shape and strides are runtime values (unit last stride), so
     one compiled kernel takes any shape."""
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.ndim - 1)
+
+
+def _fake_tensor(
+    dtype: type[cutlass.Numeric], rank: int, last: int | cute.SymInt, align: int
+) -> Any:
+    """A compile-time stand-in for a torch tensor of ``rank`` dims: every size but the last and
+    every stride but the unit last one symbolic, so one kernel takes any shape and layout.
+
+    The strides promise ``align``-byte multiples, as the base does (what ``_check_args``
+    requires and TMA needs); TVM-FFI checks both on every call. Each dim gets its own symbol
+    (equal sizes across tensors are checked by ``_check_args``, not assumed by the code).
+    """
+    divisibility = max(align * 8 // dtype.width, 1)
+    shape = (*(cute.sym_int() for _ in range(rank - 1)), last)
+    stride = (*(cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)), 1)
+    return make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+
+def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int) -> list:
+    """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
+    dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 and dk, dv
+    like q and k, flags and the six int32 tables (1-D). The head dim is static (the kernel is
+    compiled per head dim; a tensor with another one is refused by TVM-FFI)."""
+    return [
+        *(_fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
+        *(_fake_tensor(Float32, 2, cute.sym_int(), 16) for _ in range(2)),
+        _fake_tensor(Float32, 4, head_dim, 16),
+        *(_fake_tensor(dtype, 4, head_dim, 16) for _ in range(2)),
+        *(_fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(1 + len(TABLE_FIELDS))),
+    ]
 
 
 def _check_args(
@@ -205,12 +257,12 @@ def compile_bwd(
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
-    host_ints = bool(VARIANTS[variant].get("host_ints", False))
+    mode = _launch_mode(variant)
     dtype = _TORCH_TO_CUTLASS[q.dtype]
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), host_ints,
+        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), mode,
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
@@ -220,7 +272,26 @@ def compile_bwd(
         dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
         **_variant_options(variant, head_dim),
     )  # fmt: skip
-    if host_ints:
+    if mode == "tvm_ffi":
+        if importlib.util.find_spec("tvm_ffi") is None:
+            raise ImportError(
+                f"variant {variant!r} launches through TVM-FFI, which is not installed "
+                "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
+            )
+        # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and
+        # the stream the caller's current one, read by TVM-FFI at every call (torch's current
+        # stream of the tensors' device): nothing is specialised on a value.
+        compiled = cute.compile(
+            kernel,
+            *_fake_kernel_args(dtype, head_dim),
+            Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+            options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
+        )  # fmt: skip
+        with _cache_lock:
+            _cache.setdefault(key, compiled)
+            return _cache[key]
+    if mode == "ints":
         # Typed placeholders (no tensor needed): nothing is specialised on their values.
         compiled = cute.compile(
             kernel.call_from_ints,
@@ -264,6 +335,19 @@ def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return tuple(st if n != 1 else aligned for n, st in dims)
 
 
+def _ffi_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as TVM-FFI hands it to the kernel: a size-1 outer dim whose stride is not a
+    positive 16-byte multiple (an expanded, zero-stride dim) gets the stride
+    ``_outer_strides`` gives it (a view, no copy), as the plain-number launch does; TMA
+    descriptors want positive 16-byte multiples. Other tensors pass unchanged (the usual
+    case; the test costs well under a microsecond)."""
+    size = t.element_size()
+    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
+    if any(n == 1 and (st <= 0 or st * size % 16) for n, st in dims):
+        return t.as_strided(t.shape, (*_outer_strides(t), 1))
+    return t
+
+
 def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
     """The leading arguments of HopperAttnBwd.call_from_ints, as plain Python ints."""
     batch, seqlen_q, heads, _ = q.shape
@@ -272,6 +356,23 @@ def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tupl
         *(tables[name].data_ptr() for name in TABLE_FIELDS),
         batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
         *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(dout),
+    )  # fmt: skip
+
+
+def _scalar_args(
+    q_tiles: int,
+    kv_tiles: int,
+    num_chains: int,
+    num_workers: int,
+    dynamic: bool,
+    softmax_scale: float,
+    timeout_ns: int,
+) -> tuple[int, int, int, int, int, float, int]:
+    """The trailing scalars of ``HopperAttnBwd.__call__`` (before the stream), as plain Python
+    numbers (TVM-FFI converts them in C)."""
+    return (
+        int(q_tiles), int(kv_tiles), int(num_chains), int(num_workers), 1 if dynamic else 0,
+        float(softmax_scale), int(timeout_ns),
     )  # fmt: skip
 
 
@@ -337,8 +438,19 @@ def hopper_bwd_main(
         causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
         variant=variant,
     )  # fmt: skip
+    mode = _launch_mode(variant)
+    if mode == "tvm_ffi":
+        # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
+        # divisibility against the compiled signature); the stream is the current one.
+        compiled(
+            _ffi_view(q), _ffi_view(k), _ffi_view(v), _ffi_view(dout), lse2, delta,
+            dq_acc, dk, dv, flags, *(tables[name] for name in TABLE_FIELDS),
+            *_scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale,
+                          timeout_ns),
+        )  # fmt: skip
+        return dq_acc, dk, dv, status
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    if VARIANTS[variant].get("host_ints", False):
+    if mode == "ints":
         compiled(
             *_int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
             q_tiles, kv_tiles, num_chains, num_workers, 1 if dynamic else 0,

@@ -28,6 +28,7 @@ opt-in warpgroup count): batch, seqlens, heads and all strides are runtime value
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import shutil
 import tempfile
@@ -45,6 +46,7 @@ import torch
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
@@ -257,6 +259,38 @@ class HopperFwd:
                 (batch, heads, seqlen_q), stride=(Int64(heads) * lse_stride_h, lse_stride_h, 1)
             ),
         )
+        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, stream)
+
+    @cute.jit
+    def call_tensors(
+        self,
+        mQ_in: cute.Tensor,  # (b, s_q, h, d)
+        mK_in: cute.Tensor,  # (b, s_k, h_kv, d)
+        mV_in: cute.Tensor,
+        mO_in: cute.Tensor,  # (b, s_q, h, d)
+        mLSE: cute.Tensor,  # (b, h, s_q) fp32
+        scale_log2: Float32,
+        stream: cuda.CUstream,
+    ) -> None:
+        """The same launch from tensors, for the TVM-FFI path: compiled from symbolic fake
+        tensors (``_fake_fwd_args``) and called with the torch tensors, whose DLPack exchange
+        TVM-FFI does in C (a few us per tensor, no Python per argument)."""
+        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, stream)
+
+    @cute.jit
+    def _host(
+        self,
+        mQ_in: cute.Tensor,
+        mK_in: cute.Tensor,
+        mV_in: cute.Tensor,
+        mO_in: cute.Tensor,
+        mLSE: cute.Tensor,
+        scale_log2: Float32,
+        stream: cuda.CUstream,
+    ) -> None:
+        """TMA atoms, shared storage and the launch, from (b, s, h, d) global tensors and the
+        (b, h, s_q) LSE tensor."""
+        dt = self.dtype
         # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
         mQ, mK, mV, mO = [_permute(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
         tm, tn, hd, st = self.tile_m, self.tile_n, self.head_dim, self.num_stages
@@ -783,7 +817,14 @@ class HopperFwd:
 
 
 # ---------------------------------------------------------------------- torch launcher
-_CACHE: dict[tuple[int, torch.dtype, bool, bool, int], Any] = {}
+# How hopper_fwd launches (read at every call, so it can be flipped at run time): False, from
+# plain numbers (addresses, sizes, strides: ``__call__``; cutlass-dsl packs each in Python);
+# True, through TVM-FFI (``call_tensors`` compiled with --enable-tvm-ffi from symbolic fake
+# tensors, called with the torch tensors and torch's current stream taken from the
+# environment; needs apache-tvm-ffi). Stays False until a GPU run has compared the two.
+TVM_FFI_LAUNCH = False
+
+_CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -794,6 +835,37 @@ def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
     aligned = 16 // t.element_size()
     b, s, h = (st if n != 1 else aligned for n, st in zip(t.shape[:3], t.stride()[:3], strict=True))
     return b, s, h
+
+
+def _tma_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` for the TVM-FFI launch: a size-1 (b, s, h) dim whose stride is not a positive
+    16-byte multiple gets the stride ``_outer_strides`` gives it (a view, no copy), since
+    the compiled signature promises 16-byte multiples (TVM-FFI checks) and TMA needs them.
+    Other tensors pass unchanged (the usual case; the test costs well under a microsecond)."""
+    size = t.element_size()
+    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
+    if any(n == 1 and (st <= 0 or st * size % 16) for n, st in dims):
+        return t.as_strided(t.shape, (*_outer_strides(t), 1))
+    return t
+
+
+def _fake_fwd_args(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
+    """Symbolic stand-ins for q, k, v, out (b, s, h, head_dim) and lse (b, h, s_q) fp32, in
+    ``HopperFwd.call_tensors``'s order: every size but the head dim and every stride but the
+    unit last one are runtime values, so one kernel serves every shape and layout. The
+    16-bit tensors promise a 16-byte aligned base and 16-byte multiple strides (what TMA
+    needs and hopper_fwd checks), the LSE 4 bytes, as the plain-number launch does."""
+
+    def fake(dt: type[cutlass.Numeric], rank: int, last: Any, align: int) -> Any:
+        divisibility = max(align * 8 // dt.width, 1)
+        shape = (*(cute.sym_int() for _ in range(rank - 1)), last)
+        stride = (*(cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)), 1)
+        return cute.runtime.make_fake_tensor(dt, shape, stride=stride, assumed_align=align)
+
+    return (
+        *(fake(dtype, 4, head_dim, 16) for _ in range(4)),
+        fake(Float32, 3, cute.sym_int(), 4),
+    )
 
 
 def _launch_args(
@@ -831,6 +903,7 @@ def compile_fwd(
     *,
     keep_ptx: bool = False,
     consumer_wgs: int = 2,
+    tvm_ffi: bool | None = None,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -840,7 +913,11 @@ def compile_fwd(
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
     consumer_wgs=3 is the experimental 192-row tile for hd 64 (FA4's choice there; not yet run
     on a GPU, hence not the default).
+    tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
+    from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``.
     """
+    if tvm_ffi is None:
+        tvm_ffi = TVM_FFI_LAUNCH
     _check_config(head_dim, dtype)
     if consumer_wgs not in _CONSUMER_REGS:
         raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
@@ -849,21 +926,37 @@ def compile_fwd(
         raise NotImplementedError(
             f"consumer_wgs=3 is only implemented for head_dim 64, not {head_dim}"
         )
-    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs)
+    if tvm_ffi and importlib.util.find_spec("tvm_ffi") is None:
+        raise ImportError(
+            "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
+            "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
+        )
+    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
-        # Every argument is a typed runtime value (no tensor needed, so this runs without a
-        # GPU); the values themselves are placeholders that nothing is specialised on.
-        args = (
-            *(Int64(0) for _ in range(5)),  # q, k, v, out, lse addresses
-            *(Int32(1) for _ in range(5)),  # batch, seqlen_q, seqlen_k, heads, kv_heads
-            *(Int64(8) for _ in range(9)),  # (b, s, h) strides of q, k, v
-            Float32(1.0),
-        )
-        kernel = HopperFwd(_TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), consumer_wgs)
+        cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
+        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs)
         options = "--gpu-arch sm_90a"
+        if tvm_ffi:
+            # Fake tensors, the scale a typed placeholder, the stream the caller's current one
+            # (TVM-FFI reads torch's current stream of the tensors' device at every call).
+            entry = kernel.call_tensors
+            args = (*_fake_fwd_args(cutlass_dtype, head_dim), Float32(1.0))
+            stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+            options += " --enable-tvm-ffi"
+        else:
+            # Every argument is a typed runtime value (no tensor needed, so this runs without a
+            # GPU); the values themselves are placeholders that nothing is specialised on.
+            entry = kernel
+            args = (
+                *(Int64(0) for _ in range(5)),  # q, k, v, out, lse addresses
+                *(Int32(1) for _ in range(5)),  # batch, seqlen_q, seqlen_k, heads, kv_heads
+                *(Int64(8) for _ in range(9)),  # (b, s, h) strides of q, k, v
+                Float32(1.0),
+            )
+            stream = cuda.CUstream(0)
         dump_dir = None
         if keep_ptx:
             # --keep-ptx also writes a file; keep it out of the caller's cwd and delete it
@@ -871,7 +964,7 @@ def compile_fwd(
             dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
             options += f" --keep-ptx --dump-dir {dump_dir}"
         try:
-            compiled = cute.compile(kernel, *args, cuda.CUstream(0), options=options)
+            compiled = cute.compile(entry, *args, stream, options=options)
         finally:
             if dump_dir is not None:
                 shutil.rmtree(dump_dir, ignore_errors=True)
@@ -935,7 +1028,14 @@ def hopper_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    compiled = compile_fwd(head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs)
+    tvm_ffi = TVM_FFI_LAUNCH
+    compiled = compile_fwd(
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi
+    )
+    if tvm_ffi:
+        # TVM-FFI launches on q's device, on torch's current stream there.
+        compiled(_tma_view(q), _tma_view(k), _tma_view(v), out, lse, scale * LOG2_E)
+        return out, lse
     args = _launch_args(q, k, v, out, lse, scale * LOG2_E)
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     if q.device.index == torch.cuda.current_device():
@@ -947,12 +1047,13 @@ def hopper_fwd(
 
 
 def compile_report(
-    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2
+    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2, tvm_ffi: bool = False
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
-        head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs
-    )
+        head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
+        tvm_ffi=tvm_ffi,
+    )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

@@ -160,6 +160,12 @@ VARIANT_CONFIGS = [
     ("fast", (128, torch.float16, False, False)),
     ("t128_lt", (64, torch.bfloat16, True, True)),
     ("fast_lt", (128, torch.bfloat16, True, True)),
+    # The TVM-FFI launches of the shipped kernels: both head dims, det and non-det, causal and
+    # full (compiled from symbolic fake tensors, not from the CPU tensors).
+    ("t128_ffi", (64, torch.bfloat16, True, True)),
+    ("t128_ffi", (64, torch.float16, False, False)),
+    ("fast_ffi", (128, torch.bfloat16, True, True)),
+    ("fast_ffi", (128, torch.float16, False, False)),
 ]
 
 
@@ -207,6 +213,63 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
         assert len(re.findall(r"\bLDL\b", mma_code)) <= 12, "more spill reloads than known"
 
 
+def test_ffi_variants_are_the_shipped_kernels() -> None:
+    """t128_ffi / fast_ffi compile the same kernel options and tiles as t128_lt / fast_lt and
+    differ only in the launch."""
+    for ffi, plain in (("t128_ffi", "t128_lt"), ("fast_ffi", "fast_lt")):
+        for head_dim in (64, 128):
+            assert bwd_launch._variant_options(ffi, head_dim) == bwd_launch._variant_options(
+                plain, head_dim
+            )
+            assert bwd_launch.variant_tiles(ffi, head_dim) == bwd_launch.variant_tiles(
+                plain, head_dim
+            )
+        assert bwd_launch._launch_mode(ffi) == "tvm_ffi"
+    assert bwd_launch._launch_mode("fast_lt") == "ints"
+    assert bwd_launch._launch_mode("t128_lt") == "dlpack"
+
+
+def test_launch_mode_refuses_two_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    both = {**bwd_launch.VARIANTS["fast_lt"], "tvm_ffi": True}
+    monkeypatch.setitem(bwd_launch.VARIANTS, "both", both)
+    with pytest.raises(ValueError, match="both tvm_ffi and host_ints"):
+        bwd_launch._launch_mode("both")
+
+
+def test_ffi_call_matches_the_kernel_signature() -> None:
+    """The TVM-FFI call passes the tensors and scalars positionally: its argument list must
+    follow HopperAttnBwd.__call__'s parameters (the stream comes from the environment). The
+    call itself needs a GPU; this checks the order and the count on the CPU."""
+    import inspect
+
+    import cutlass
+
+    params = list(inspect.signature(HopperAttnBwd.__call__).parameters)
+    assert params[0] == "self" and params[-1] == "stream"
+    fakes = bwd_launch._fake_kernel_args(cutlass.BFloat16, 128)
+    scalars = bwd_launch._scalar_args(2, 1, 4, 4, True, 0.125, 10**9)
+    assert len(fakes) + len(scalars) == len(params) - 2
+    assert params[len(fakes) + 1 : -1] == [
+        "q_tiles", "kv_tiles", "num_chains", "num_workers", "dynamic", "softmax_scale",
+        "timeout_ns",
+    ]  # fmt: skip
+    assert scalars[4] == 1 and isinstance(scalars[5], float)
+    # q, k, v, dout, dk, dv at hd 128 with a static head dim; lse2/delta 2-D; the rest 1-D.
+    ranks = [len(f.shape) for f in fakes]
+    assert ranks == [4, 4, 4, 4, 2, 2, 4, 4, 4] + [1] * (1 + len(TABLE_FIELDS))
+    assert all(fakes[i].shape[3] == 128 for i in (0, 1, 2, 3, 6, 7, 8))
+
+
+def test_ffi_view_fixes_zero_strides_of_size_one_dims() -> None:
+    q = torch.zeros(1, 100, 4, 64, dtype=torch.bfloat16)
+    assert bwd_launch._ffi_view(q) is q
+    expanded = torch.zeros(1, 100, 1, 64, dtype=torch.bfloat16).expand(1, 100, 1, 64)
+    broadcast = expanded.as_strided(expanded.shape, (0, 64, 0, 1))
+    fixed = bwd_launch._ffi_view(broadcast)
+    assert fixed.stride() == (8, 64, 8, 1)
+    assert fixed.data_ptr() == broadcast.data_ptr()
+
+
 def test_variants_resolve() -> None:
     assert bwd_launch.variant_tiles("base", 64) == (64, 128)
     assert bwd_launch.variant_tiles("t128", 64) == (128, 128)
@@ -252,12 +315,14 @@ def test_unsupported_head_dim_raises() -> None:
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=32)
 
 
-def test_launcher_rejects_bad_arguments() -> None:
+@pytest.mark.parametrize("variant", [bwd_launch.DEFAULT_VARIANT, "fast_lt", "fast_ffi", "t128_ffi"])
+def test_launcher_rejects_bad_arguments(variant: str) -> None:
+    """The launcher's checks come before any compile or launch, whatever the launch path."""
     q, k, v, dout, lse2, delta, _, _, _, _, tables = _fake_inputs(64, torch.bfloat16)
     kwargs = dict(
         block_m=64, block_n=128, num_workers=4, q_tiles=2, kv_tiles=1, num_chains=4,
         causal=False, softmax_scale=0.125, deterministic=True, dynamic=False,
-        timeout_ns=10**9,
+        timeout_ns=10**9, variant=variant,
     )  # fmt: skip
     q96 = torch.zeros(*q.shape[:3], 96, dtype=q.dtype)
     with pytest.raises(NotImplementedError, match="head_dim=96"):
@@ -282,6 +347,10 @@ def test_launcher_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="heads"):
         k3 = torch.zeros(2, 100, 3, 64, dtype=q.dtype)
         bwd_launch.hopper_bwd_main(q, k3, k3, dout, lse2, delta, tables, **kwargs)
+    # A head stride of 68 elements (136 bytes): TMA (and the FFI signature) need 16 bytes.
+    q_odd = torch.zeros(2, 100, 4, 68, dtype=q.dtype)[..., :64]
+    with pytest.raises(ValueError, match="q must have a 16-byte aligned"):
+        bwd_launch.hopper_bwd_main(q_odd, k, v, dout, lse2, delta, tables, **kwargs)
 
 
 def test_shipped_variant_tiles_match_the_plan_tiles() -> None:

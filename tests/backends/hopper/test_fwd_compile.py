@@ -61,7 +61,31 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
 def test_compiles_with_expected_ptx(
     ptx_of, hd: int, dtype: torch.dtype, causal: bool, wgs: int
 ) -> None:
-    ptx = ptx_of(hd, dtype, causal, wgs)
+    _check_ptx(ptx_of(hd, dtype, causal, wgs), hd, dtype, wgs)
+
+
+# The TVM-FFI launch (hfwd.TVM_FFI_LAUNCH): both main head dims, both dtypes, causal and full.
+FFI_CONFIGS = [(128, torch.bfloat16, True), (64, torch.float16, False)]
+
+
+def _kernel_text(ptx: str) -> str:
+    """The PTX without the mangled kernel names (they spell the host entry's argument types)."""
+    return re.sub(r"kernel_cutlass\S*", "kernel", ptx)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("hd", "dtype", "causal"), FFI_CONFIGS)
+def test_tvm_ffi_launch_compiles_the_same_kernel(
+    ptx_of, hd: int, dtype: torch.dtype, causal: bool
+) -> None:
+    """Compiled from symbolic fake tensors with --enable-tvm-ffi, the forward has the expected
+    PTX, and it is the plain-number launch's PTX: only the host side differs."""
+    ptx, _ = hfwd.compile_report(hd, str(dtype).removeprefix("torch."), causal, tvm_ffi=True)
+    _check_ptx(ptx, hd, dtype, 2)
+    assert _kernel_text(ptx) == _kernel_text(ptx_of(hd, dtype, causal, 2))
+
+
+def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int) -> None:
     ab = "bf16" if dtype == torch.bfloat16 else "f16"
     # QK^T: 64 x tile_n per warpgroup, k = head_dim; PV: 64 x head_dim, k = tile_n.
     qk = f"wgmma.mma_async.sync.aligned.m64n{hfwd._TILE_N[hd]}k16.f32.{ab}.{ab}"
@@ -108,6 +132,24 @@ def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hfwd.compile_fwd(128, torch.bfloat16, False) is not first
     assert hfwd.compile_fwd(64, torch.float16, False) is not first
     assert len(calls) == 4
+    # The TVM-FFI launch is another kernel object (another entry, another signature), and the
+    # module switch selects it when tvm_ffi is not given.
+    ffi = hfwd.compile_fwd(64, torch.bfloat16, False, tvm_ffi=True)
+    assert ffi is not first and len(calls) == 5
+    monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", True)
+    assert hfwd.compile_fwd(64, torch.bfloat16, False) is ffi
+    assert hfwd.compile_fwd(64, torch.bfloat16, False, tvm_ffi=False) is first
+    assert len(calls) == 5
+
+
+def test_tma_view_fixes_only_odd_strides_of_size_one_dims() -> None:
+    q = torch.empty(1, 8, 4, 64, dtype=torch.bfloat16)
+    assert hfwd._tma_view(q) is q  # batch 1, contiguous: its batch stride is a 16-B multiple
+    odd = torch.empty(2, 8, 1, 64, dtype=torch.bfloat16).as_strided((2, 8, 1, 64), (512, 64, 3, 1))
+    fixed = hfwd._tma_view(odd)
+    assert fixed.stride() == (512, 64, 8, 1) and fixed.data_ptr() == odd.data_ptr()
+    expanded = odd.as_strided((2, 8, 1, 64), (512, 64, 0, 1))
+    assert hfwd._tma_view(expanded).stride() == (512, 64, 8, 1)
 
 
 @pytest.mark.parametrize("hd", [32, 48, 80, 160, 512])
@@ -151,6 +193,16 @@ def _t(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         (_t(2, 8, 4, 64), _t(2, 8, 2, 64), _t(2, 8, 2, 64), "CUDA device"),
     ],
 )
-def test_bad_arguments_raise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, match: str) -> None:
+@pytest.mark.parametrize("tvm_ffi", [False, True], ids=["ints", "tvm_ffi"])
+def test_bad_arguments_raise(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    match: str,
+    tvm_ffi: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused before any compile or launch, on either launch path."""
+    monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", tvm_ffi)
     with pytest.raises(ValueError, match=match):
         hfwd.hopper_fwd(q, k, v, causal=False, softmax_scale=1.0)

@@ -95,10 +95,18 @@ def _kernel_call(
     mode = bwd_launch._launch_mode(variant)
     if mode == "tvm_ffi":
         args = (*tensors, *outs, *(tables[name] for name in TABLE_FIELDS), *scalars)
-        return lambda: compiled(*args)
+
+        def call_ffi() -> None:
+            # The semaphores and the ticket counter start at zero in every launch (without this
+            # a deterministic rerun waits for ranks that have passed, until its timeout).
+            flags.zero_()
+            compiled(*args)
+
+        return call_ffi
 
     def call() -> None:
         # What hopper_bwd_main does per call on the other paths: the arguments and the stream.
+        flags.zero_()
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         if mode == "ints":
             compiled(*bwd_launch._int_args(*tensors, *outs, tables), *scalars, stream)

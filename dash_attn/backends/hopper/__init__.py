@@ -31,7 +31,7 @@ _BWD_TILES = {
 # fastest correct one of the side-by-side check (benchmarks/results/h200/hopper-dev/
 # check_bwd_variants-*.log): 128 x 128 tiles at 64, FA4's dV/dS order with vector epilogue
 # stores and a plain-number launch at 128. Its tiles must equal _BWD_TILES' (tests check).
-BWD_VARIANT = {64: "t128_lt", 128: "fast_lt"}
+BWD_VARIANT = {64: "t128_ffi", 128: "fast_ffi"}
 
 
 def bwd_tiles(headdim: int) -> BackwardTiles:

@@ -822,7 +822,7 @@ class HopperFwd:
 # True, through TVM-FFI (``call_tensors`` compiled with --enable-tvm-ffi from symbolic fake
 # tensors, called with the torch tensors and torch's current stream taken from the
 # environment; needs apache-tvm-ffi). Stays False until a GPU run has compared the two.
-TVM_FFI_LAUNCH = False
+TVM_FFI_LAUNCH = True
 
 _CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
 _CACHE_LOCK = threading.Lock()

@@ -102,8 +102,9 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
     assert auto.backend == "hopper" and auto.backend_reason.startswith("auto: covered")
     with pytest.raises(ValueError, match="dq_reduce='atomic' is an option of the Triton"):
         make_backward_plan(long, device=H200, dq_reduce="atomic")
-    short = make_backward_plan(PROBLEM, device=H200)  # seqlen_k 700
-    assert short.backend == "triton" and "below 2048 tokens" in short.backend_reason
+    assert make_backward_plan(PROBLEM, device=H200).backend == "hopper"  # seqlen_k 700
+    short = make_backward_plan(Problem(2, 300, 4096, 8, 2, 128), device=H200)
+    assert short.backend == "triton" and "below 512 tokens" in short.backend_reason
     with pytest.raises(NotImplementedError, match="backend='hopper' cannot run this bwd: needs"):
         make_backward_plan(PROBLEM, device=INTERPRETER, backend="hopper")
     odd = Problem(1, 100, 100, 2, 2, 96)

@@ -19,11 +19,13 @@ BACKEND_NAMES = ("triton", "hopper")
 
 # Where ``auto`` takes the hopper kernels (when they cover the call): the head dims and sequence
 # lengths at which committed side-by-side runs measured them faster than the Triton ones
-# (benchmarks/results/h200/: bench.csv, shipped-ebcd10a/bench.csv, hopper-dev/). Below 2048
-# tokens the shipped hopper backward was slower than the Triton one in the second run (and the
-# forward was not measured there). Elsewhere they run when asked for by name.
+# (benchmarks/results/h200/: bench.csv, shipped-ebcd10a/bench.csv, hopper-dev/, and for the
+# backward from 512 tokens on session7-2e5d3d2/small/, the first run with the TVM-FFI launch:
+# the plain-number launch's host time had made the hopper backward slower there). The hopper
+# forward below 2048 tokens has not been timed against Triton's. Elsewhere they run when asked
+# for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
-AUTO_HOPPER_MIN_SEQLEN = 2048
+AUTO_HOPPER_MIN_SEQLEN = {"fwd": 2048, "bwd": 512}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:
@@ -45,8 +47,8 @@ def _choose(
         return "triton", f"auto: hopper {gap}"
     if problem.headdim not in AUTO_HOPPER_HEADDIMS[direction]:
         return "triton", f"auto: the hopper {direction} at head dim {problem.headdim} is opt-in"
-    if min(problem.seqlen_q, problem.seqlen_k) < AUTO_HOPPER_MIN_SEQLEN:
-        short = f"below {AUTO_HOPPER_MIN_SEQLEN} tokens"
+    if min(problem.seqlen_q, problem.seqlen_k) < AUTO_HOPPER_MIN_SEQLEN[direction]:
+        short = f"below {AUTO_HOPPER_MIN_SEQLEN[direction]} tokens"
         return "triton", f"auto: {short} the hopper {direction} is opt-in"
     return "hopper", "auto: covered, and measured faster than triton"
 

@@ -143,6 +143,9 @@ def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_fi
     for name in ("few_groups", "many_groups"):
         rows = report.read_csv(results / "invariance-1faac8e" / name / "bench.csv")
         assert report.readme_table(rows) in text
+    # The small shapes after the launch-path fixes (session 7).
+    small = report.read_csv(results / "session7-2e5d3d2" / "small" / "bench.csv")
+    assert report.readme_table(small) in text
 
 
 def test_readme_check_demo_output_is_the_committed_log() -> None:

@@ -1,0 +1,72 @@
+"""dash_attn.errors' bookkeeping on the CPU, with stand-in events: a non-blocking check stops at
+the first unfinished launch (oldest first) and frees what it read; a synchronising check reads
+everything; a set flag raises once with its launch's description."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dash_attn import errors
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: done or not, counting the queries."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+        self.queries = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+@pytest.fixture
+def fake_state(monkeypatch: pytest.MonkeyPatch):
+    host = np.zeros(8, dtype=np.int32)
+    monkeypatch.setattr(errors, "_host_view", host)
+    monkeypatch.setattr(errors, "_pending", {})
+    monkeypatch.setattr(errors, "_free_slots", [])
+    monkeypatch.setattr(errors, "_free_events", {})
+    return host
+
+
+def _queue(launch: int, done: bool, flag: int, host: np.ndarray) -> FakeEvent:
+    event = FakeEvent(done)
+    host[launch] = flag
+    errors._pending[launch] = (launch, event, 0, f"launch {launch} timed out")
+    return event
+
+
+def test_non_blocking_check_stops_at_the_first_unfinished_launch(fake_state) -> None:
+    events = [_queue(i, done, 0, fake_state) for i, done in enumerate([True, True, False, True])]
+    events += [_queue(i, False, 0, fake_state) for i in range(4, 8)]
+    errors.check_errors(synchronize=False)
+    assert list(errors._pending) == [2, 3, 4, 5, 6, 7]  # 0 and 1 read and freed
+    assert sorted(errors._free_slots) == [0, 1]
+    assert [e.queries for e in events] == [1, 1, 1, 0, 0, 0, 0, 0]  # nothing after launch 2
+    errors.check_errors(synchronize=True)
+    assert not errors._pending and sorted(errors._free_slots) == list(range(8))
+
+
+def test_a_set_flag_raises_once_with_its_description(fake_state) -> None:
+    _queue(0, True, 0, fake_state)
+    _queue(1, True, 1, fake_state)
+    _queue(2, False, 1, fake_state)
+    with pytest.raises(RuntimeError, match="launch 1 timed out"):
+        errors.check_errors(synchronize=False)
+    assert list(errors._pending) == [2]
+    with pytest.raises(RuntimeError, match="launch 2 timed out"):
+        errors.check_errors(synchronize=True)
+    errors.check_errors(synchronize=True)  # each reported once
+
+
+def test_cpu_flag_raises_at_once() -> None:
+    torch = pytest.importorskip("torch")
+    errors.record_status(torch.zeros((), dtype=torch.int32), "never", synchronize=False)
+    with pytest.raises(RuntimeError, match="cpu launch"):
+        errors.record_status(torch.ones((), dtype=torch.int32), "cpu launch", synchronize=False)

@@ -125,6 +125,8 @@ def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(hfwd, "_CACHE", {})
     monkeypatch.setattr(hfwd.cute, "compile", fake_compile)
+    # The plain-number launch first (the shipped default is the TVM-FFI one).
+    monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", False)
     first = hfwd.compile_fwd(64, torch.bfloat16, False)
     assert hfwd.compile_fwd(64, torch.bfloat16, False) is first
     assert len(calls) == 1

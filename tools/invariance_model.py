@@ -17,7 +17,15 @@ dim 128, full and causal, 132 and 114 workers: legacy vs WAVE 16/32/64 vs descen
 rounds cannot overlap (a shift round adds to every dQ tile until its last step), so a group runs
 its rounds one after another on at most WAVE workers.
 
-Pure CPU. ``python tools/invariance_model.py wave|band|groups [--out CSV] [--jobs 2]``
+``lanes``: a length-dependent lane cap, ``V = min(units, cap(kv_tiles))`` with the cap a function
+of the sequence's own KV tiles (so still invariant), against WAVE 16 and the worker-dependent
+tables, on the paper grid (as ``wave``) and on few groups (one 16k or 32k sequence, 32 query
+heads, 1..8 kv heads, head dim 128), full and causal, 132 and 114 workers. Every policy caps at
+64 lanes, at most the 114 workers of an H100 PCIe, so none raises there; a launch with fewer
+workers than a sequence's cap raises ValueError in the engine, as a WAVE above them would.
+
+Pure CPU, from the repository root (so that this checkout's ``dash_attn`` is imported):
+``PYTHONPATH=. python tools/invariance_model.py wave|band|groups|lanes --out CSV [--jobs 2]``
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import math
 import time
+from functools import partial
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -40,7 +50,7 @@ from dash_attn.schedule.generators import (
     legacy_shift,
     legacy_symmetric_shift,
 )
-from dash_attn.schedule.invariant import invariant_schedule
+from dash_attn.schedule.invariant import LaneCap, invariant_schedule, lanes_per_group
 from dash_attn.schedule.report import PAPER_SEQLENS, paper_batch_heads
 
 WAVES = (8, 16, 32, 48, 64, 96)
@@ -212,9 +222,132 @@ def band_rows(job: tuple[int, int, tuple[int, int], int, str, float]) -> list[di
     return rows
 
 
+def constant_cap(lanes: int, kv_tiles: int) -> int:
+    """Today's rule: the same cap for every length (``WAVE``)."""
+    return lanes
+
+
+def step_cap(lanes: int, from_tiles: int, kv_tiles: int) -> int:
+    """16 lanes, ``lanes`` from ``from_tiles`` KV tiles on (8k tokens = 64 tiles of 128 keys)."""
+    return lanes if kv_tiles >= from_tiles else 16
+
+
+def clamp_cap(divisor: int, kv_tiles: int) -> int:
+    """One lane per ``divisor`` KV tiles, between 16 and 64."""
+    return min(max(kv_tiles // divisor, 16), 64)
+
+
+# Policies of the ``lanes`` study (partials, so that the pool's workers can take them by name).
+# Every cap is at most 64 <= 114 workers: no policy can ask an H100 PCIe for more lanes than SMs.
+LANE_POLICIES: dict[str, LaneCap] = {
+    "wave16": partial(constant_cap, 16),
+    "wave32": partial(constant_cap, 32),
+    "wave64": partial(constant_cap, 64),
+    "32from64t": partial(step_cap, 32, 64),
+    "32from128t": partial(step_cap, 32, 128),
+    "64from128t": partial(step_cap, 64, 128),
+    "64from256t": partial(step_cap, 64, 256),
+    "clamp_t/2": partial(clamp_cap, 2),
+    "clamp_t/4": partial(clamp_cap, 4),
+    "clamp_t/8": partial(clamp_cap, 8),
+}
+FEW_GROUPS_SEQLENS = (16384, 32768)
+FEW_GROUPS_KV_HEADS = (1, 2, 4, 8)
+
+
+def lane_rows(
+    job: tuple[str, int, bool, int, int, int, float, tuple[int, int]],
+) -> list[dict[str, Any]]:
+    """One row per shape: the makespan of the worker-dependent tables, and every policy's (and
+    ``descending``'s) loss against it. The canonical layout depends on ``V`` alone, so each
+    distinct ``V`` is simulated once and shared by the policies that give it."""
+    study, headdim, causal, seqlen, kv_heads, workers, reduce_cost, tiles = job
+    block_m, block_n = tiles
+    if study == "grid":
+        batch, q_heads = paper_batch_heads(headdim, seqlen)
+        kv_heads = q_heads
+    else:
+        batch, q_heads = 1, 32
+    mask = Mask(causal=causal)
+    spec = ScheduleSpec.from_shape(
+        batch=batch,
+        seqlen_q=seqlen,
+        seqlen_k=seqlen,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        block_m=block_m,
+        block_n=block_n,
+        mask=mask,
+        workers=workers,
+        invariant=False,
+    )
+    name = "symmetric_shift" if causal else "shift"
+    legacy = legacy_symmetric_shift if causal else legacy_shift
+    invariant_spec = dataclasses.replace(spec, invariant=True)
+    legacy_makespan = simulate(legacy(spec), 1.0, reduce_cost).makespan
+    descending = simulate(GENERATORS["descending"](spec), 1.0, reduce_cost).makespan
+    row: dict[str, Any] = dict(
+        study=study,
+        headdim=headdim,
+        block_m=block_m,
+        block_n=block_n,
+        mask=mask.name,
+        seqlen=seqlen,
+        batch=batch,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        kv_tiles=spec.kv_tiles,
+        workers=workers,
+        legacy=round(legacy_makespan, 1),
+        descending=round(descending / legacy_makespan - 1, 4),
+    )
+    by_lanes: dict[int, float | None] = {}
+    for label, cap in LANE_POLICIES.items():
+        lanes = lanes_per_group(name, spec.kv_tiles, cap)
+        if lanes not in by_lanes:
+            try:
+                schedule = invariant_schedule(name, invariant_spec, legacy, wave=cap)
+                by_lanes[lanes] = simulate(schedule, 1.0, reduce_cost).makespan
+            except ValueError:  # V > workers: the engine refuses; no policy here reaches it
+                by_lanes[lanes] = None
+        makespan = by_lanes[lanes]
+        row[f"V:{label}"] = lanes
+        row[label] = "" if makespan is None else round(makespan / legacy_makespan - 1, 4)
+    return [row]
+
+
+def geomean_loss(losses: list[float]) -> float:
+    """Geometric mean of the makespan ratios, minus one (as the WAVE docstring reports)."""
+    return math.exp(sum(math.log1p(loss) for loss in losses) / len(losses)) - 1
+
+
+def lane_summary(rows: list[dict[str, Any]]) -> str:
+    """Per policy, study and worker count: loss vs legacy and vs WAVE 16 (geometric mean, max),
+    and the largest ``V`` it asked for."""
+    lines = [
+        "| policy | study | workers | vs legacy: gmean | max | vs wave16: gmean | max | min "
+        "| max V |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label in LANE_POLICIES:
+        for study in ("grid", "few"):
+            for workers in WORKERS:
+                part = [r for r in rows if r["study"] == study and r["workers"] == workers]
+                if not part or any(r[label] == "" for r in part):
+                    continue
+                losses = [float(r[label]) for r in part]
+                vs16 = [(1 + float(r[label])) / (1 + float(r["wave16"])) - 1 for r in part]
+                lines.append(
+                    f"| {label} | {study} | {workers} | {geomean_loss(losses):+.1%} "
+                    f"| {max(losses):+.1%} | {geomean_loss(vs16):+.1%} | {max(vs16):+.1%} "
+                    f"| {min(vs16):+.1%} | {max(int(r[f'V:{label}']) for r in part)} |"
+                )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=["wave", "band", "groups"])
+    parser.add_argument("study", choices=["wave", "band", "groups", "lanes"])
     parser.add_argument("--reduce-cost", type=float, default=0.3, help="r / c (H200: ~0.3)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True, help="CSV of every row")
@@ -240,6 +373,22 @@ def main() -> None:
     elif args.study == "groups":
         jobs = [(c, kv, w, r) for w in WORKERS for c in (False, True) for kv in (1, 2, 4, 8)]
         work = group_rows
+    elif args.study == "lanes":
+        # Longest jobs first (32k few-groups shapes), so the pool does not end on one of them.
+        jobs = [
+            ("few", 128, causal, seqlen, kv, w, r, tiles[128])
+            for seqlen in FEW_GROUPS_SEQLENS[::-1]
+            for w in WORKERS
+            for causal in (False, True)
+            for kv in FEW_GROUPS_KV_HEADS
+        ] + [
+            ("grid", headdim, causal, seqlen, 0, w, r, tiles[headdim])
+            for w in WORKERS
+            for headdim in tiles
+            for causal in (False, True)
+            for seqlen in PAPER_SEQLENS
+        ]
+        work = lane_rows
     else:
         jobs = [
             (window, seqlen, tiles, 132, shape, r)
@@ -263,6 +412,8 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(sorted(rows, key=lambda row: [str(row[k]) for k in keys[:8]]))
     print(f"wrote {args.out} ({len(rows)} rows)")
+    if args.study == "lanes":
+        print(lane_summary(rows))
 
 
 if __name__ == "__main__":

@@ -112,8 +112,24 @@ def units_per_group(name: str, kv_tiles: int) -> int:
     return (kv_tiles + 1) // 2 if name == "symmetric_shift" else kv_tiles
 
 
-def lanes_per_group(name: str, kv_tiles: int, wave: int = WAVE) -> int:
-    """``V = min(units, wave)``: the virtual lanes (and real workers) a group uses."""
+LaneCap = Callable[[int], int]
+"""A lane cap per sequence, for studies (``tools/invariance_model.py lanes``): the sequence's KV
+tiles -> the most lanes of its canonical layout. A function of the sequence alone, so the order
+still depends on nothing else; the generators never pass one (they use ``WAVE``)."""
+
+
+def lanes_per_group(name: str, kv_tiles: int, wave: int | LaneCap = WAVE) -> int:
+    """``V = min(units, wave)``: the virtual lanes (and real workers) a group uses. A callable
+    ``wave`` is asked for the cap of this sequence: ``V = min(units, wave(kv_tiles))``.
+
+    Raises:
+        ValueError: a callable ``wave`` returned a cap below one lane.
+    """
+    if callable(wave):
+        cap = wave(kv_tiles)
+        if cap < 1:
+            raise ValueError(f"a lane cap must be at least 1, got {cap} for {kv_tiles} KV tiles")
+        return min(units_per_group(name, kv_tiles), cap)
     return min(units_per_group(name, kv_tiles), wave)
 
 
@@ -145,7 +161,7 @@ def canonical_layout(name: str, seq_spec: ScheduleSpec, legacy: Generator) -> Ca
 
 
 def group_layout(
-    name: str, spec: ScheduleSpec, batch: int, legacy: Generator, wave: int = WAVE
+    name: str, spec: ScheduleSpec, batch: int, legacy: Generator, wave: int | LaneCap = WAVE
 ) -> CanonicalLayout:
     """The canonical layout of sequence ``batch`` (shared by its kv heads)."""
     kv_tiles = spec.seq_tiles(batch)[1]
@@ -202,12 +218,13 @@ def _group_block(
 
 
 def invariant_schedule(
-    name: str, spec: ScheduleSpec, legacy: Generator, wave: int = WAVE
+    name: str, spec: ScheduleSpec, legacy: Generator, wave: int | LaneCap = WAVE
 ) -> Schedule:
     """The order-invariant version of a static generator (see the module docstring).
 
     ``wave`` other than ``WAVE`` is for studies of the constant (``tools/invariance_model.py``):
-    the generators always use ``WAVE``, or the bits would depend on a caller's choice.
+    the generators always use ``WAVE``, or the bits would depend on a caller's choice. A
+    ``LaneCap`` gives each sequence its own cap from its KV tiles (``lanes`` study).
     """
     group = spec.group_size
     layouts = [group_layout(name, spec, b, legacy, wave) for b in range(spec.batch)]

@@ -29,6 +29,7 @@ _host: torch.Tensor | None = None  # pinned int32 [_SLOTS]
 _host_view: np.ndarray | None = None  # the same memory, read without a torch call
 _free_slots: list[int] = []
 _free_events: dict[int, list[torch.cuda.Event]] = {}  # per device index
+_failed: list[str] = []  # set flags read while making room for a new launch, oldest first
 
 
 def check_errors(synchronize: bool = True) -> None:
@@ -43,7 +44,7 @@ def check_errors(synchronize: bool = True) -> None:
     """
     with _lock:
         pending = list(_pending.items())
-    failure = None
+        failure = _failed.pop(0) if _failed else None
     for launch, (slot, event, device, description) in pending:
         if synchronize:
             event.synchronize()
@@ -52,30 +53,36 @@ def check_errors(synchronize: bool = True) -> None:
         with _lock:
             if _pending.pop(launch, None) is None:
                 continue  # another thread took it
-            flag = int(_host_view[slot])
-            _free_slots.append(slot)
-            _free_events.setdefault(device, []).append(event)
+            flag = _release(slot, event, device)
         if failure is None and flag != 0:
             failure = description
     if failure is not None:
         raise RuntimeError(failure)
 
 
+def _release(slot: int, event: torch.cuda.Event, device: int) -> int:
+    """The flag in ``slot``, after which the slot and the event are free (caller holds _lock)."""
+    flag = int(_host_view[slot])
+    _free_slots.append(slot)
+    _free_events.setdefault(device, []).append(event)
+    return flag
+
+
 def _take_slot() -> int:
-    """A free pinned slot (caller holds _lock); waits for the oldest launch if none is."""
+    """A free pinned slot (caller holds _lock). With every slot in flight, waits for the oldest
+    launch and reads its flag: a set one is kept for the next check, so that neither it nor the
+    launch being recorded goes unchecked."""
     global _host, _host_view
     if _host is None:
         _host = torch.zeros(_SLOTS, dtype=torch.int32, pin_memory=True)
         _host_view = _host.numpy()
         _free_slots.extend(range(_SLOTS - 1, -1, -1))
     while not _free_slots:
-        launch = next(iter(_pending))
-        _pending[launch][1].synchronize()
-        _lock.release()
-        try:
-            check_errors(synchronize=False)  # frees it (and raises if it failed)
-        finally:
-            _lock.acquire()
+        launch, (slot, event, device, description) = next(iter(_pending.items()))
+        event.synchronize()
+        del _pending[launch]
+        if _release(slot, event, device) != 0:
+            _failed.append(description)
     return _free_slots.pop()
 
 

@@ -29,6 +29,8 @@ class FakeEvent:
 def fake_state(monkeypatch: pytest.MonkeyPatch):
     host = np.zeros(8, dtype=np.int32)
     monkeypatch.setattr(errors, "_host_view", host)
+    monkeypatch.setattr(errors, "_host", host)  # allocated (the pinned tensor needs a GPU)
+    monkeypatch.setattr(errors, "_failed", [])
     monkeypatch.setattr(errors, "_pending", {})
     monkeypatch.setattr(errors, "_free_slots", [])
     monkeypatch.setattr(errors, "_free_events", {})
@@ -63,6 +65,17 @@ def test_a_set_flag_raises_once_with_its_description(fake_state) -> None:
     with pytest.raises(RuntimeError, match="launch 2 timed out"):
         errors.check_errors(synchronize=True)
     errors.check_errors(synchronize=True)  # each reported once
+
+
+def test_making_room_keeps_a_set_flag_for_the_next_check(fake_state) -> None:
+    events = [_queue(i, False, 1 if i == 0 else 0, fake_state) for i in range(8)]
+    # Every slot in flight: the next launch waits for the oldest and frees its slot.
+    with errors._lock:
+        slot = errors._take_slot()
+    assert slot == 0 and events[0].done and list(errors._pending) == list(range(1, 8))
+    with pytest.raises(RuntimeError, match="launch 0 timed out"):
+        errors.check_errors(synchronize=False)
+    errors.check_errors(synchronize=True)  # the others were clean
 
 
 def test_cpu_flag_raises_at_once() -> None:

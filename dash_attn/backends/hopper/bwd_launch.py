@@ -16,9 +16,10 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
 from ...schedule import TABLE_FIELDS
+from ._tensor_args import fake_tensor, outer_strides, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
@@ -124,33 +125,17 @@ def _cute_tensor(t: torch.Tensor, align: int = 16) -> cute.Tensor:
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.ndim - 1)
 
 
-def _fake_tensor(
-    dtype: type[cutlass.Numeric], rank: int, last: int | cute.SymInt, align: int
-) -> Any:
-    """A compile-time stand-in for a torch tensor of ``rank`` dims: every size but the last and
-    every stride but the unit last one symbolic, so one kernel takes any shape and layout.
-
-    The strides promise ``align``-byte multiples, as the base does (what ``_check_args``
-    requires and TMA needs); TVM-FFI checks both on every call. Each dim gets its own symbol
-    (equal sizes across tensors are checked by ``_check_args``, not assumed by the code).
-    """
-    divisibility = max(align * 8 // dtype.width, 1)
-    shape = (*(cute.sym_int() for _ in range(rank - 1)), last)
-    stride = (*(cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)), 1)
-    return make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
-
-
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int) -> list:
     """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
     dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 and dk, dv
     like q and k, flags and the six int32 tables (1-D). The head dim is static (the kernel is
     compiled per head dim; a tensor with another one is refused by TVM-FFI)."""
     return [
-        *(_fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
-        *(_fake_tensor(Float32, 2, cute.sym_int(), 16) for _ in range(2)),
-        _fake_tensor(Float32, 4, head_dim, 16),
-        *(_fake_tensor(dtype, 4, head_dim, 16) for _ in range(2)),
-        *(_fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(1 + len(TABLE_FIELDS))),
+        *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
+        *(fake_tensor(Float32, 2, cute.sym_int(), 16) for _ in range(2)),
+        fake_tensor(Float32, 4, head_dim, 16),
+        *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(2)),
+        *(fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(1 + len(TABLE_FIELDS))),
     ]
 
 
@@ -326,28 +311,6 @@ def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> l
     ]
 
 
-def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(b, s, h) strides in elements; a size-1 dim gets a 16-byte stride instead of whatever
-    torch reports (never used for addressing, but the compiler's alignment assumption and TMA
-    need 16-byte multiples)."""
-    aligned = 16 // t.element_size()
-    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
-    return tuple(st if n != 1 else aligned for n, st in dims)
-
-
-def _ffi_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as TVM-FFI hands it to the kernel: a size-1 outer dim whose stride is not a
-    positive 16-byte multiple (an expanded, zero-stride dim) gets the stride
-    ``_outer_strides`` gives it (a view, no copy), as the plain-number launch does; TMA
-    descriptors want positive 16-byte multiples. Other tensors pass unchanged (the usual
-    case; the test costs well under a microsecond)."""
-    size = t.element_size()
-    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
-    if any(n == 1 and (st <= 0 or st * size % 16) for n, st in dims):
-        return t.as_strided(t.shape, (*_outer_strides(t), 1))
-    return t
-
-
 def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
     """The leading arguments of HopperAttnBwd.call_from_ints, as plain Python ints."""
     batch, seqlen_q, heads, _ = q.shape
@@ -355,7 +318,7 @@ def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tupl
         *(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags)),
         *(tables[name].data_ptr() for name in TABLE_FIELDS),
         batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
-        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(dout),
+        *outer_strides(q), *outer_strides(k), *outer_strides(v), *outer_strides(dout),
     )  # fmt: skip
 
 
@@ -443,7 +406,7 @@ def hopper_bwd_main(
         # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
         # divisibility against the compiled signature); the stream is the current one.
         compiled(
-            _ffi_view(q), _ffi_view(k), _ffi_view(v), _ffi_view(dout), lse2, delta,
+            tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
             dq_acc, dk, dv, flags, *(tables[name] for name in TABLE_FIELDS),
             *_scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale,
                           timeout_ns),

@@ -49,6 +49,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from ._tensor_args import fake_tensor, outer_strides, tma_view
+
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
 # for 192/256 so the rings still fit (hd 192: 48+72+72 KiB; hd 256: 64+64+64 KiB) and the
 # O accumulator (hd/2 fp32 registers per thread) leaves room for S and P under 240 registers.
@@ -821,32 +823,12 @@ class HopperFwd:
 # plain numbers (addresses, sizes, strides: ``__call__``; cutlass-dsl packs each in Python);
 # True, through TVM-FFI (``call_tensors`` compiled with --enable-tvm-ffi from symbolic fake
 # tensors, called with the torch tensors and torch's current stream taken from the
-# environment; needs apache-tvm-ffi). Stays False until a GPU run has compared the two.
+# environment; needs apache-tvm-ffi). True since the GPU run that compared the two (same bits,
+# host time per call 220 -> 41 us: benchmarks/results/h200/session7-2e5d3d2/ffi/).
 TVM_FFI_LAUNCH = True
 
 _CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
 _CACHE_LOCK = threading.Lock()
-
-
-def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """Strides of the (b, s, h) dims in elements; a size-1 dim gets a 16-byte stride instead
-    of whatever torch reports (never used for addressing, but TMA and the compiler's
-    alignment assumption require every stride to be a 16-B multiple)."""
-    aligned = 16 // t.element_size()
-    b, s, h = (st if n != 1 else aligned for n, st in zip(t.shape[:3], t.stride()[:3], strict=True))
-    return b, s, h
-
-
-def _tma_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` for the TVM-FFI launch: a size-1 (b, s, h) dim whose stride is not a positive
-    16-byte multiple gets the stride ``_outer_strides`` gives it (a view, no copy), since
-    the compiled signature promises 16-byte multiples (TVM-FFI checks) and TMA needs them.
-    Other tensors pass unchanged (the usual case; the test costs well under a microsecond)."""
-    size = t.element_size()
-    dims = zip(t.shape[:3], t.stride()[:3], strict=True)
-    if any(n == 1 and (st <= 0 or st * size % 16) for n, st in dims):
-        return t.as_strided(t.shape, (*_outer_strides(t), 1))
-    return t
 
 
 def _fake_fwd_args(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
@@ -856,15 +838,9 @@ def _fake_fwd_args(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
     16-bit tensors promise a 16-byte aligned base and 16-byte multiple strides (what TMA
     needs and hopper_fwd checks), the LSE 4 bytes, as the plain-number launch does."""
 
-    def fake(dt: type[cutlass.Numeric], rank: int, last: Any, align: int) -> Any:
-        divisibility = max(align * 8 // dt.width, 1)
-        shape = (*(cute.sym_int() for _ in range(rank - 1)), last)
-        stride = (*(cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)), 1)
-        return cute.runtime.make_fake_tensor(dt, shape, stride=stride, assumed_align=align)
-
     return (
-        *(fake(dtype, 4, head_dim, 16) for _ in range(4)),
-        fake(Float32, 3, cute.sym_int(), 4),
+        *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
+        fake_tensor(Float32, 3, cute.sym_int(), 4),
     )
 
 
@@ -881,7 +857,7 @@ def _launch_args(
     return (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, seqlen_q, k.shape[1], heads, k.shape[2],
-        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v),
+        *outer_strides(q), *outer_strides(k), *outer_strides(v),
         scale_log2,
     )  # fmt: skip
 
@@ -1007,8 +983,8 @@ def hopper_fwd(
     _check_config(head_dim, q.dtype)
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA needs a 16-byte aligned base and 16-byte multiple strides (size-1 dims excepted,
-        # see _outer_strides); a violation would fault or read garbage, not raise.
-        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in _outer_strides(t)):
+        # see outer_strides); a violation would fault or read garbage, not raise.
+        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in outer_strides(t)):
             raise ValueError(
                 f"{name} must be 16-byte aligned with 16-byte multiple strides for TMA; got "
                 f"data_ptr % 16 = {t.data_ptr() % 16}, strides {t.stride()}"
@@ -1034,7 +1010,7 @@ def hopper_fwd(
     )
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
-        compiled(_tma_view(q), _tma_view(k), _tma_view(v), out, lse, scale * LOG2_E)
+        compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E)
         return out, lse
     args = _launch_args(q, k, v, out, lse, scale * LOG2_E)
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)

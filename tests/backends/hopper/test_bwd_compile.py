@@ -21,6 +21,7 @@ pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import bwd_launch  # noqa: E402
+from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
 
@@ -262,10 +263,10 @@ def test_ffi_call_matches_the_kernel_signature() -> None:
 
 def test_ffi_view_fixes_zero_strides_of_size_one_dims() -> None:
     q = torch.zeros(1, 100, 4, 64, dtype=torch.bfloat16)
-    assert bwd_launch._ffi_view(q) is q
+    assert tma_view(q) is q
     expanded = torch.zeros(1, 100, 1, 64, dtype=torch.bfloat16).expand(1, 100, 1, 64)
     broadcast = expanded.as_strided(expanded.shape, (0, 64, 0, 1))
-    fixed = bwd_launch._ffi_view(broadcast)
+    fixed = tma_view(broadcast)
     assert fixed.stride() == (8, 64, 8, 1)
     assert fixed.data_ptr() == broadcast.data_ptr()
 

@@ -17,6 +17,7 @@ pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
+from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 
 # Every (head_dim, dtype, causal) the backend claims. On a small box (< 4 cores: ~4 s of CPU
 # per compile) the extra head dims 96/192/256 and the 3-warpgroup variant are compiled in one
@@ -146,12 +147,12 @@ def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_tma_view_fixes_only_odd_strides_of_size_one_dims() -> None:
     q = torch.empty(1, 8, 4, 64, dtype=torch.bfloat16)
-    assert hfwd._tma_view(q) is q  # batch 1, contiguous: its batch stride is a 16-B multiple
+    assert tma_view(q) is q  # batch 1, contiguous: its batch stride is a 16-B multiple
     odd = torch.empty(2, 8, 1, 64, dtype=torch.bfloat16).as_strided((2, 8, 1, 64), (512, 64, 3, 1))
-    fixed = hfwd._tma_view(odd)
+    fixed = tma_view(odd)
     assert fixed.stride() == (512, 64, 8, 1) and fixed.data_ptr() == odd.data_ptr()
     expanded = odd.as_strided((2, 8, 1, 64), (512, 64, 0, 1))
-    assert hfwd._tma_view(expanded).stride() == (512, 64, 8, 1)
+    assert tma_view(expanded).stride() == (512, 64, 8, 1)
 
 
 @pytest.mark.parametrize("hd", [32, 48, 80, 160, 512])

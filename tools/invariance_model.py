@@ -35,6 +35,7 @@ import csv
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from multiprocessing import Pool
 from pathlib import Path
@@ -42,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from dash_attn.schedule import Dispatch, Mask, ScheduleSpec, simulate
+from dash_attn.schedule import Dispatch, Mask, Schedule, ScheduleSpec, simulate
 from dash_attn.schedule.generators import (
     GENERATORS,
     RANK_ARRIVAL,
@@ -61,24 +62,34 @@ BAND_SEQLENS = (2048, 4096, 8192, 16384, 32768)
 BAND_TILES = ((64, 128), (128, 128))
 
 
+def shift_spec(
+    causal: bool,
+    batch: int,
+    seqlen: int,
+    q_heads: int,
+    kv_heads: int,
+    tiles: tuple[int, int],
+    workers: int,
+) -> tuple[ScheduleSpec, str, Callable[[ScheduleSpec], Schedule]]:
+    """The worker-dependent spec of one square shape, the shift schedule its mask takes and
+    that schedule's legacy (worker-dependent) generator: what every study compares against."""
+    spec = ScheduleSpec.from_shape(
+        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, q_heads=q_heads, kv_heads=kv_heads,
+        block_m=tiles[0], block_n=tiles[1], mask=Mask(causal=causal), workers=workers,
+        invariant=False,
+    )  # fmt: skip
+    if causal:
+        return spec, "symmetric_shift", legacy_symmetric_shift
+    return spec, "shift", legacy_shift
+
+
 def wave_rows(job: tuple[int, bool, int, int, float, tuple[int, int]]) -> list[dict[str, Any]]:
     headdim, causal, seqlen, workers, reduce_cost, (block_m, block_n) = job
     batch, heads = paper_batch_heads(headdim, seqlen)
-    mask = Mask(causal=causal)
-    spec = ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen,
-        seqlen_k=seqlen,
-        q_heads=heads,
-        kv_heads=heads,
-        block_m=block_m,
-        block_n=block_n,
-        mask=mask,
-        workers=workers,
-        invariant=False,
+    spec, name, legacy = shift_spec(
+        causal, batch, seqlen, heads, heads, (block_m, block_n), workers
     )
-    name = "symmetric_shift" if causal else "shift"
-    legacy = legacy_symmetric_shift if causal else legacy_shift
+    mask = spec.mask
     base = dict(
         headdim=headdim,
         block_m=block_m,
@@ -124,21 +135,8 @@ def wave_rows(job: tuple[int, bool, int, int, float, tuple[int, int]]) -> list[d
 
 def group_rows(job: tuple[bool, int, int, float]) -> list[dict[str, Any]]:
     causal, kv_heads, workers, reduce_cost = job
-    mask = Mask(causal=causal)
-    spec = ScheduleSpec.from_shape(
-        batch=1,
-        seqlen_q=16384,
-        seqlen_k=16384,
-        q_heads=32,
-        kv_heads=kv_heads,
-        block_m=64,
-        block_n=128,
-        mask=mask,
-        workers=workers,
-        invariant=False,
-    )
-    name = "symmetric_shift" if causal else "shift"
-    legacy = legacy_symmetric_shift if causal else legacy_shift
+    spec, name, legacy = shift_spec(causal, 1, 16384, 32, kv_heads, (64, 128), workers)
+    mask = spec.mask
     base = dict(mask=mask.name, seqlen=16384, q_heads=32, kv_heads=kv_heads, workers=workers)
     invariant_spec = dataclasses.replace(spec, invariant=True)
     runs: list[tuple[str, Any]] = [("legacy", lambda: legacy(spec))]
@@ -268,21 +266,8 @@ def lane_rows(
         kv_heads = q_heads
     else:
         batch, q_heads = 1, 32
-    mask = Mask(causal=causal)
-    spec = ScheduleSpec.from_shape(
-        batch=batch,
-        seqlen_q=seqlen,
-        seqlen_k=seqlen,
-        q_heads=q_heads,
-        kv_heads=kv_heads,
-        block_m=block_m,
-        block_n=block_n,
-        mask=mask,
-        workers=workers,
-        invariant=False,
-    )
-    name = "symmetric_shift" if causal else "shift"
-    legacy = legacy_symmetric_shift if causal else legacy_shift
+    spec, name, legacy = shift_spec(causal, batch, seqlen, q_heads, kv_heads, tiles, workers)
+    mask = spec.mask
     invariant_spec = dataclasses.replace(spec, invariant=True)
     legacy_makespan = simulate(legacy(spec), 1.0, reduce_cost).makespan
     descending = simulate(GENERATORS["descending"](spec), 1.0, reduce_cost).makespan

@@ -28,10 +28,11 @@ _BWD_TILES = {
     128: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
 }
 # The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each head dim runs: the
-# fastest correct one of the side-by-side check (benchmarks/results/h200/hopper-dev/
-# check_bwd_variants-*.log): 128 x 128 tiles at 64, FA4's dV/dS order with vector epilogue
-# stores and a plain-number launch at 128. Its tiles must equal _BWD_TILES' (tests check).
-BWD_VARIANT = {64: "t128_ffi", 128: "fast_ffi"}
+# fastest correct one of the side-by-side checks (benchmarks/results/h200/session8-*/variants):
+# 128 x 128 tiles at 64, 64 x 128 at 128; masks only in edge tiles, dS stored by stmatrix,
+# FA4's dV/dS order, vector dK/dV stores, the TVM-FFI launch. Its tiles must equal _BWD_TILES'
+# (tests check).
+BWD_VARIANT = {64: "t128_smq", 128: "t128_smq"}
 
 
 def bwd_tiles(headdim: int) -> BackwardTiles:

@@ -110,6 +110,9 @@ class HopperAttnBwd:
         prefetch_tables: bool = False,
         vec_epilogue: bool = False,
         late_ticket: bool = False,
+        edge_masks_only: bool = False,
+        stmatrix_ds: bool = False,
+        dq_meta_from_stage: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -153,6 +156,21 @@ class HopperAttnBwd:
         #   whose last steps may still wait for their dQ turns: the chain it names (often one
         #   that later chains of its group wait for) cannot start meanwhile.
         self.late_ticket = late_ticket
+        # edge_masks_only: a step tests its tile's key bounds (keys past seqlen_k, causal
+        #   diagonal) once and masks element by element only when the tile crosses one; interior
+        #   tiles (all but the diagonal and the last KV tile) skip the per-element compares and
+        #   selects, which otherwise outnumber the exponentials in the P computation.
+        self.edge_masks_only = edge_masks_only
+        # stmatrix_ds: dS^T goes to shared memory with stmatrix (four 8 x 8 16-bit tiles per
+        #   instruction, the accumulator's own thread layout) instead of one 32-bit store and
+        #   one address computation per register pair; those stores queue in the same MIO
+        #   pipe as the exponentials.
+        self.stmatrix_ds = stmatrix_ds
+        # dq_meta_from_stage: the dQ writer reads a step's (batch, head, tile, rank) from the
+        #   step's load-ring slot and releases the slot itself (one more arrival on its empty
+        #   barrier), instead of an MMA thread copying them next to the dQ partial (that copy
+        #   waits behind the partial's shared-memory stores and holds up its whole warpgroup).
+        self.dq_meta_from_stage = dq_meta_from_stage
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -482,7 +500,10 @@ class HopperAttnBwd:
         if tidx == 0:
             for s in cutlass.range_constexpr(self.stages):
                 cute.arch.mbarrier_init(storage.full_bar.data_ptr() + s, 1)
-                cute.arch.mbarrier_init(storage.empty_bar.data_ptr() + s, self.num_mma_threads)
+                cute.arch.mbarrier_init(
+                    storage.empty_bar.data_ptr() + s,
+                    self.num_mma_threads + (1 if const_expr(self.dq_meta_from_stage) else 0),
+                )
             cute.arch.mbarrier_init(storage.kv_full.data_ptr(), 1)
             cute.arch.mbarrier_init(storage.kv_empty.data_ptr(), self.num_mma_threads)
             cute.arch.mbarrier_init_fence()
@@ -519,8 +540,9 @@ class HopperAttnBwd:
                 )  # fmt: skip
             if warp_idx == 1:
                 self.dq_writer(
-                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqInfo, sDqFail
-                )
+                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqInfo, sDqFail,
+                    sInfo, storage,
+                )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(
@@ -701,6 +723,8 @@ class HopperAttnBwd:
         sdQ: cute.Tensor,
         sDqInfo: cute.Tensor,
         sDqFail: cute.Tensor,
+        sInfo: cute.Tensor,
+        storage,
     ):
         bm, hd = self.block_m, self.head_dim
         lane = cute.arch.lane_idx()
@@ -709,14 +733,26 @@ class HopperAttnBwd:
         # so the MMA warpgroups write the next partial while this one's adds complete.
         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
         done = Int32(0)
+        stage = Int32(0)
         while done == 0:
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
-            done = sDqInfo[_I_FLAGS] & _F_DONE
+            # The step's metadata: from its load-ring slot (released here once read: the MMA
+            # warpgroups release it only after this barrier, so it is still valid) or from
+            # the copy an MMA thread made next to the partial.
+            info = sInfo[None, stage] if const_expr(self.dq_meta_from_stage) else sDqInfo
+            done = info[_I_FLAGS] & _F_DONE
             if done == 0:
-                b = sDqInfo[_I_BATCH]
-                qh = sDqInfo[_I_QH]
-                qt = sDqInfo[_I_QT]
-                rank = sDqInfo[_I_RANK]
+                b = info[_I_BATCH]
+                qh = info[_I_QH]
+                qt = info[_I_QT]
+                rank = info[_I_RANK]
+                if const_expr(self.dq_meta_from_stage):
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    stage = stage + 1
+                    if stage == self.stages:
+                        stage = Int32(0)
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(self.deterministic):
                     if lane == 0:
@@ -840,6 +876,34 @@ class HopperAttnBwd:
             dst[1] = acc[i + 1]
 
     @cute.jit
+    def _probs(
+        self,
+        acc_S: cute.Tensor,
+        tScS: cute.Tensor,
+        rLSE: cute.Tensor,
+        scale_log2: Float32,
+        n0: Int32,
+        m0: Int32,
+        shift: Int32,
+        seqlen_k: Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """P^T = exp2(S^T * scale_log2 - lse2) in place (``rLSE``: lse2 per element); with
+        ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not -inf) and, causal,
+        keys after the bottom-right diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0
+        there without a mask."""
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            n, m = tScS[i]
+            p = cute.math.exp2(acc_S[i] * scale_log2 - rLSE[i], fastmath=True)
+            if const_expr(masked):
+                if n0 + n >= seqlen_k:
+                    p = Float32(0.0)
+                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+                    if n0 + n > m0 + m + shift:
+                        p = Float32(0.0)
+            acc_S[i] = p
+
+    @cute.jit
     def mma(
         self,
         mdK: cute.Tensor,
@@ -891,6 +955,15 @@ class HopperAttnBwd:
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
         tSsdS = thr_sdp.partition_C(sdS)
+        if const_expr(self.stmatrix_ds):
+            # stmatrix (not transposed) takes each thread's 16-bit pairs in exactly the
+            # accumulator's layout and writes rows of sdS, whose Q rows are contiguous.
+            ds_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            )
+            ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
+            thr_ds = ds_copy.get_slice(tidx)
+            tDsdS = thr_ds.partition_D(sdS)
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
         else:
@@ -908,8 +981,9 @@ class HopperAttnBwd:
             if done != 0:
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
                 cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
-                if tidx == 0:
-                    sDqInfo[_I_FLAGS] = Int32(_F_DONE)
+                if const_expr(not self.dq_meta_from_stage):  # noqa: SIM102 (compile-time)
+                    if tidx == 0:
+                        sDqInfo[_I_FLAGS] = Int32(_F_DONE)
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
@@ -927,21 +1001,30 @@ class HopperAttnBwd:
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
 
-                # P^T = exp2(S^T * scale_log2 - lse2), masked: keys past seqlen_k (TMA gave
-                # zeros there, not -inf) and, causal, keys after the bottom-right diagonal.
-                # Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask.
+                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the tile
+                # indices and LSE2 rows before the wait (while S^T, dP^T run) measured no faster.
                 n0 = sInfo[_I_KVT, stage] * bn
                 m0 = sInfo[_I_QT, stage] * bm
+                # lse2 of each element's Q row (the compiler keeps one value per distinct row).
+                rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                for i in cutlass.range_constexpr(cute.size(rLSE)):
+                    rLSE[i] = sLSE[tScS[i][1], stage]
                 shift = seqlen_k - seqlen_q
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    n, m = tScS[i]
-                    p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
-                    if n0 + n >= seqlen_k:
-                        p = Float32(0.0)
+                if const_expr(self.edge_masks_only):
+                    # Warp-uniform: does any (key, query) pair of this tile need a mask? The
+                    # largest key must be < seqlen_k and, causal, <= the smallest query's limit.
+                    edge = Int32(0)
+                    if n0 + bn > seqlen_k:
+                        edge = Int32(1)
                     if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
-                        if n0 + n > m0 + m + shift:
-                            p = Float32(0.0)
-                    acc_S[i] = p
+                        if n0 + bn - 1 > m0 + shift:
+                            edge = Int32(1)
+                    if edge != 0:
+                        self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, True)
+                    else:
+                        self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, False)
+                else:
+                    self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, True)
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dP)):
                     _, m = tScS[i]
@@ -956,7 +1039,10 @@ class HopperAttnBwd:
                 if const_expr(self.queue_dv):
                     # dS^T to shared memory first, then dV: dV runs through the dS barrier
                     # and dQ queues behind it, so the tensor cores see dV, dQ, dK back to back.
-                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    if const_expr(self.stmatrix_ds):
+                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, stage])
+                    else:
+                        cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
                     wgmma(
                         mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
                         zero_init=False,
@@ -977,7 +1063,10 @@ class HopperAttnBwd:
                         zero_init=False,
                     )  # fmt: skip
                     # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
-                    cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                    if const_expr(self.stmatrix_ds):
+                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, stage])
+                    else:
+                        cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
                     cute.arch.fence_view_async_shared()
                     # dV done (it overlapped the dS stores): P's registers are free before dQ's
                     # accumulator is needed (keeps hd 128 within 240 registers, no spills).
@@ -997,10 +1086,11 @@ class HopperAttnBwd:
                     self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
                 else:
                     cute.autovec_copy(acc_dQ, tQsdQ)
-                if tidx == 0:
-                    for w in cutlass.range_constexpr(_I_FLAGS):
-                        sDqInfo[w] = sInfo[w, stage]
-                    sDqInfo[_I_FLAGS] = Int32(0)
+                if const_expr(not self.dq_meta_from_stage):  # noqa: SIM102 (compile-time)
+                    if tidx == 0:
+                        for w in cutlass.range_constexpr(_I_FLAGS):
+                            sDqInfo[w] = sInfo[w, stage]
+                        sDqInfo[_I_FLAGS] = Int32(0)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
 

@@ -82,6 +82,16 @@ VARIANTS["fast_ffi"] = {
     **{key: val for key, val in VARIANTS["fast_lt"].items() if key != "host_ints"},
     "tvm_ffi": True,
 }
+# Session 8 (ncu of t128_ffi/fast_ffi against FA4: MIO-queue stalls, 3x FA4's shared stores):
+# per-element masks only in tiles that cross a key bound ("edge"), then dS stored by stmatrix
+# and the dQ writer reading step metadata from the ring slot ("sm"), then at hd 64 FA4's
+# dV/dS order and vector dK/dV stores, which spilled before stmatrix freed registers ("smq";
+# at hd 128 t128_smq and fast_sm are the same kernel).
+VARIANTS["t128_edge"] = {**VARIANTS["t128_ffi"], "edge_masks_only": True}
+VARIANTS["fast_edge"] = {**VARIANTS["fast_ffi"], "edge_masks_only": True}
+VARIANTS["t128_sm"] = {**VARIANTS["t128_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
+VARIANTS["fast_sm"] = {**VARIANTS["fast_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
+VARIANTS["t128_smq"] = {**VARIANTS["t128_sm"], "queue_dv": True, "vec_epilogue": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles", "host_ints", "per_hd", "tvm_ffi")
 DEFAULT_VARIANT = "base"

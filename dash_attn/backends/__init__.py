@@ -17,15 +17,13 @@ if TYPE_CHECKING:
 
 BACKEND_NAMES = ("triton", "hopper")
 
-# Where ``auto`` takes the hopper kernels (when they cover the call): the head dims and sequence
-# lengths at which committed side-by-side runs measured them faster than the Triton ones
-# (benchmarks/results/h200/: bench.csv, shipped-ebcd10a/bench.csv, hopper-dev/, and for the
-# backward from 512 tokens on session7-2e5d3d2/small/, the first run with the TVM-FFI launch:
-# the plain-number launch's host time had made the hopper backward slower there). The hopper
-# forward below 2048 tokens has not been timed against Triton's. Elsewhere they run when asked
-# for by name.
+# Where ``auto`` takes the hopper kernels (when they cover the call): the head dims, and per
+# head dim the shortest sequence, at which committed side-by-side runs measured them faster than
+# the Triton ones (benchmarks/results/h200/session8-2c6fcbc/: the backward sweep, and the
+# forward sweep, where the hopper forward is 1.26-1.70x Triton's at hd 128 from 512 tokens on,
+# 0.89-1.01x at hd 64 x 512 and 0.99-1.16x from 1024). Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
-AUTO_HOPPER_MIN_SEQLEN = {"fwd": 2048, "bwd": 512}
+AUTO_HOPPER_MIN_SEQLEN = {"fwd": {64: 1024, 128: 512}, "bwd": {64: 512, 128: 512}}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:
@@ -47,8 +45,9 @@ def _choose(
         return "triton", f"auto: hopper {gap}"
     if problem.headdim not in AUTO_HOPPER_HEADDIMS[direction]:
         return "triton", f"auto: the hopper {direction} at head dim {problem.headdim} is opt-in"
-    if min(problem.seqlen_q, problem.seqlen_k) < AUTO_HOPPER_MIN_SEQLEN[direction]:
-        short = f"below {AUTO_HOPPER_MIN_SEQLEN[direction]} tokens"
+    min_seqlen = AUTO_HOPPER_MIN_SEQLEN[direction][problem.headdim]
+    if min(problem.seqlen_q, problem.seqlen_k) < min_seqlen:
+        short = f"below {min_seqlen} tokens"
         return "triton", f"auto: {short} the hopper {direction} is opt-in"
     return "hopper", "auto: covered, and measured faster than triton"
 

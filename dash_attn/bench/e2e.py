@@ -55,7 +55,11 @@ E2E_FIELDS = (
     "speedup_vs_dash_fa3",
     "note",
 )
-E2E_PROVIDERS = ("dash_auto", "dash_fa3", "dash_nondet", "fa4_det")
+# Both dash-attn backends (the Triton ones: auto, the FA3-order baseline, non-det; the hopper
+# ones: auto, non-det) and FA4's deterministic mode.
+E2E_PROVIDERS = (
+    "dash_auto", "dash_fa3", "dash_nondet", "dash_hopper_auto", "dash_hopper_nondet", "fa4_det",
+)  # fmt: skip
 E2E_WARMUP_MS = 100.0
 E2E_REP_MS = 400.0  # a 32k-token block takes ~0.1 s: fewer ms would time a single call
 
@@ -193,7 +197,7 @@ def make_block(cfg: BlockConfig, device: Any, seed: int) -> Any:
 
 
 def e2e_providers(case: Case, workers: int) -> list[Provider]:
-    """dash auto, dash fa3, dash non-det and FA4 det, in the flash-attn layout (GQA native)."""
+    """E2E_PROVIDERS that can run this case, in the flash-attn layout (GQA native)."""
     everything = providers_for_case(case, workers)
     return [p for name in E2E_PROVIDERS for p in everything if p.name == name and p.layout == BSHD]
 

@@ -402,15 +402,19 @@ def determinism_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False)
 
 
 def e2e_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
-    """Block forward+backward time per (model, seqlen) and dash ``auto``'s speedups."""
+    """Block forward+backward time per (model, seqlen), dash ``auto``'s speedups and, when the
+    rows include it, the hopper backend's ratios to FA4-det and to its own non-det mode."""
     grouped: dict[tuple[str, int, int], dict[str, Mapping[str, Any]]] = {}
     for r in rows:
         key = (str(r["model"]), int(r["seqlen"]), int(r["batch"]))
         grouped.setdefault(key, {})[str(r["provider"])] = r
     names = provider_order({str(r["provider"]) for r in rows})
+    # The hopper backend's ratios when the file has its rows (files before session 8 do not).
+    hopper = HOPPER_AUTO in names
     header = [
         "model", "seqlen", "batch", *(f"{n} ms" for n in names),
         "auto vs fa3", "auto vs fa4_det", "auto vs nondet",
+        *(("hopper vs fa4_det", "hopper vs nondet") if hopper else ()),
     ]  # fmt: skip
     body = []
     for (model, seqlen, batch), providers in sorted(grouped.items()):
@@ -427,6 +431,14 @@ def e2e_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
                 _fmt_ratio(ratio(ms(BASELINE_SCHEDULE), auto)),
                 _fmt_ratio(ratio(ms("fa4_det"), auto)),
                 _fmt_ratio(ratio(ms(NONDET), auto)),
+                *(
+                    (
+                        _fmt_ratio(ratio(ms("fa4_det"), ms(HOPPER_AUTO))),
+                        _fmt_ratio(ratio(ms("dash_hopper_nondet"), ms(HOPPER_AUTO))),
+                    )
+                    if hopper
+                    else ()
+                ),
             ]
         )  # fmt: skip
     if markdown:

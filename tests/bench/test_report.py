@@ -104,6 +104,14 @@ def test_determinism_and_e2e_tables() -> None:
         for p, ms in (("dash_auto", 10.0), ("dash_fa3", 12.0), ("fa4_det", 11.0))
     ]
     assert "1.20x" in report.e2e_table(e2e) and "1.10x" in report.e2e_table(e2e)
+    assert "hopper vs fa4_det" not in report.e2e_table(e2e)
+    # With the hopper rows: its ratios to FA4-det (11 / 8.8) and to its non-det mode (8 / 8.8).
+    hopper = e2e + [
+        {"model": "llama3-8b", "seqlen": 8192, "batch": 1, "provider": p, "ms": ms}
+        for p, ms in (("dash_hopper_auto", 8.8), ("dash_hopper_nondet", 8.0))
+    ]
+    last = report.e2e_table(hopper).splitlines()[-1].split()
+    assert "hopper vs fa4_det" in report.e2e_table(hopper) and last[-2:] == ["1.25x", "0.91x"]
 
 
 def test_readme_results_are_generated_from_the_committed_files(

@@ -404,7 +404,9 @@ def _run_gpu(
             from . import model
 
             print("== DAG model vs measurement (CPU)")
-            model_rows = model.model_vs_measured(rows, deadline=deadline)
+            model_rows = model.model_vs_measured(
+                rows, deadline=deadline, backends=tuple(model.BACKEND_PREFIX)
+            )
             write_csv(out_dir / "model_vs_measured.csv", model_rows, model.MODEL_FIELDS)
             written["model_vs_measured.csv"] = out_dir / "model_vs_measured.csv"
         else:

@@ -1,9 +1,10 @@
 """The DASH DAG model against the measured backward times (CPU only, no torch).
 
-For every measured config, each dash schedule's makespan is simulated (``schedule.simulate``) on
-the schedule's real tables (the kernel's tiles, the GPU's SM count as workers) with costs estimated
-from the kernel's own measurements, and the model's speedup over ``fa3`` is set beside the
-measured one.
+For every measured config and backend (the Triton kernels, providers ``dash_*``; the hopper
+kernels, ``dash_hopper_*``), each dash schedule's makespan is simulated (``schedule.simulate``)
+on the schedule's real tables (that backend's tiles, the GPU's SM count as workers) with costs
+estimated from that kernel's own measurements, and the model's speedup over ``fa3`` is set
+beside the measured one.
 
 Method. Let ``S`` be the number of tile tasks (``spec.num_tasks()``) and ``P`` the workers, so a
 perfectly packed kernel runs ``S / P`` steps per worker.
@@ -16,7 +17,8 @@ perfectly packed kernel runs ``S / P`` steps per worker.
   (``model_ms`` >= the measured times); the comparison is about *ratios*: the model's makespans
   are homogeneous in (c, r), so only ``r / c`` shapes the predicted speedups and rankings.
 
-Columns of ``model_vs_measured.csv``: the config, the schedule, ``S``, ``P``, ``c`` and ``r`` in
+Columns of ``model_vs_measured.csv``: the backend, the config, the schedule, ``S``, ``P``, ``c``
+and ``r`` in
 microseconds, ``model_ms`` (simulated makespan), ``measured_ms``, ``model_speedup_vs_fa3`` next to
 ``measured_speedup_vs_fa3``, and the rank of the schedule among the config's schedules (1 =
 fastest) in the model and in the measurement.
@@ -41,6 +43,7 @@ MODEL_FIELDS = (
     "sm_count",
     "commit",
     "mode",
+    "backend",
     "headdim",
     "seqlen",
     "batch",
@@ -73,27 +76,43 @@ def _ranks(values: Mapping[str, float]) -> dict[str, int]:
     return {name: 1 + ordered.index(value) for name, value in values.items()}
 
 
-def model_vs_measured(rows: Iterable[Mapping[str, Any]], deadline: Any = None) -> list[dict]:
-    """One row per (measured bwd config, measured deterministic dash schedule)."""
+# Provider-name prefix of each backend's dash-attn columns in bench.csv.
+BACKEND_PREFIX = {"triton": "dash_", "hopper": "dash_hopper_"}
+
+
+def model_vs_measured(
+    rows: Iterable[Mapping[str, Any]], deadline: Any = None, backends: Sequence[str] = ("triton",)
+) -> list[dict]:
+    """One row per (backend, measured bwd config, measured deterministic dash schedule)."""
+    rows = list(rows)
+    out: list[dict[str, Any]] = []
+    for backend in backends:
+        out += _model_rows(rows, deadline, backend)
+    return out
+
+
+def _model_rows(rows: list[Mapping[str, Any]], deadline: Any, backend: str) -> list[dict]:
+    prefix = BACKEND_PREFIX[backend]
     out: list[dict[str, Any]] = []
     for (mode, headdim, causal, seqlen), providers in by_config(rows).items():
-        if mode != "bwd" or "dash_nondet" not in providers or f"dash_{BASELINE}" not in providers:
+        nondet, baseline = f"{prefix}nondet", f"{prefix}{BASELINE}"
+        if mode != "bwd" or nondet not in providers or baseline not in providers:
             continue
         if deadline is not None and not deadline.allows("report"):
             print("deadline reached: model comparison cut short")
             break
-        first = providers["dash_nondet"]
+        first = providers[nondet]
         workers = int(first["sm_count"])
         spec = square_spec(
-            headdim, seqlen, int(first["batch"]), int(first["heads"]), causal, workers
+            headdim, seqlen, int(first["batch"]), int(first["heads"]), causal, workers, backend
         )
         nondet_ms = float(first["ms"])
-        fa3_ms = float(providers[f"dash_{BASELINE}"]["ms"])
+        fa3_ms = float(providers[baseline]["ms"])
         c, r = estimate_costs(spec, nondet_ms, fa3_ms)
         measured = {
-            name: float(providers[f"dash_{name}"]["ms"])
+            name: float(providers[f"{prefix}{name}"]["ms"])
             for name in applicable_schedules(spec)
-            if f"dash_{name}" in providers
+            if f"{prefix}{name}" in providers
         }
         model = {
             name: simulate(GENERATORS[name](spec), cost_compute=c, cost_reduce=r).makespan
@@ -109,6 +128,7 @@ def model_vs_measured(rows: Iterable[Mapping[str, Any]], deadline: Any = None) -
                     "sm_count": workers,
                     "commit": first.get("commit"),
                     "mode": mode,
+                    "backend": backend,
                     "headdim": headdim,
                     "seqlen": seqlen,
                     "batch": spec.batch,
@@ -138,15 +158,18 @@ def _x(value: Any) -> str:
 def agreement_summary(model_rows: Sequence[Mapping[str, Any]]) -> str:
     """Per config: r/c, each schedule's model vs measured speedup, and whether the model picks the
     measured-fastest schedule; then the count over all configs."""
-    configs: dict[tuple[int, bool, int], list[Mapping[str, Any]]] = {}
+    configs: dict[tuple[str, int, bool, int], list[Mapping[str, Any]]] = {}
     for row in model_rows:
-        key = (int(row["headdim"]), bool(row["causal"]), int(row["seqlen"]))
+        backend = str(row.get("backend") or "triton")
+        key = (backend, int(row["headdim"]), bool(row["causal"]), int(row["seqlen"]))
         configs.setdefault(key, []).append(row)
     names = [n for n in GENERATORS if n != BASELINE and any(r["schedule"] == n for r in model_rows)]
-    header = ["hdim", "mask", "seqlen", "r/c", *(f"{n} model/meas." for n in names), "best"]
+    header = [
+        "backend", "hdim", "mask", "seqlen", "r/c", *(f"{n} model/meas." for n in names), "best"
+    ]  # fmt: skip
     body = []
-    agree = 0
-    for (headdim, causal, seqlen), rows in sorted(configs.items()):
+    agree: dict[str, list[int]] = {}
+    for (backend, headdim, causal, seqlen), rows in sorted(configs.items()):
         by_name = {r["schedule"]: r for r in rows}
         cells = []
         for n in names:
@@ -159,10 +182,13 @@ def agreement_summary(model_rows: Sequence[Mapping[str, Any]]) -> str:
         model_best = min(rows, key=lambda r: (r["model_rank"], r["schedule"]))["schedule"]
         measured_best = min(rows, key=lambda r: (r["measured_rank"], r["schedule"]))["schedule"]
         same = by_name[measured_best]["model_rank"] == 1
-        agree += same
+        counts = agree.setdefault(backend, [0, 0])
+        counts[0] += same
+        counts[1] += 1
         ratio = rows[0].get("r_over_c")
         body.append(
             [
+                backend,
                 str(headdim),
                 "causal" if causal else "full",
                 str(seqlen),
@@ -171,10 +197,11 @@ def agreement_summary(model_rows: Sequence[Mapping[str, Any]]) -> str:
                 measured_best + ("" if same else f" (model: {model_best})"),
             ]
         )
-    table = text_table(header, body, left=2)
+    table = text_table(header, body, left=3)
+    counts = "; ".join(f"{b}: {a} of {n} configs" for b, (a, n) in sorted(agree.items()))
     return (
         f"{table}\nspeedups over fa3 (model / measured); best = measured fastest. The model ranks "
-        f"the measured-fastest schedule first in {agree} of {len(body)} configs."
+        f"the measured-fastest schedule first in {counts}."
     )
 
 
@@ -212,9 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", type=Path, default=None, help="default: model_vs_measured.csv beside the CSV"
     )
     args = parser.parse_args(argv)
-    rows = model_vs_measured(read_csv(args.csv))
+    rows = model_vs_measured(read_csv(args.csv), backends=tuple(BACKEND_PREFIX))
     if not rows:
-        print("no config has both dash_nondet and dash_fa3 in bwd mode: nothing to compare")
+        print("no config has both a backend's non-det and fa3 columns in bwd mode: no comparison")
         return 1
     out = args.out or args.csv.with_name("model_vs_measured.csv")
     write_csv(out, rows, MODEL_FIELDS)

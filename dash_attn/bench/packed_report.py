@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..figures import save_png
 from ..schedule.report import text_table
 from .report import write_csv, write_json
 
@@ -104,7 +105,7 @@ def plot_packed(
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.13, 1, 1))
-    fig.savefig(path, dpi=130)
+    save_png(fig, path, dpi=130)
     plt.close(fig)
     return path
 

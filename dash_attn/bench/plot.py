@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..figures import save_png
 from .providers import family_of
 from .report import provider_order, read_csv
 
@@ -110,7 +111,7 @@ def plot_tflops(
     fig.tight_layout(rect=(0, 0.035 * rows_of_legend + 0.02, 1, 0.96 if title else 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    save_png(fig, path, dpi=130)
     plt.close(fig)
     return path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..figures import save_png
 from .compare import Difference
 from .record import Event
 
@@ -60,6 +61,6 @@ def plot_differences(
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..figures import save_png
 from .simulate import SimResult
 from .types import Schedule
 
@@ -96,7 +97,7 @@ def plot_gantt(
         Patch(facecolor="white", edgecolor="#808080", hatch="////", label="waiting for dQ turn"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=9, frameon=False)
-    fig.savefig(path, dpi=dpi)
+    save_png(fig, path, dpi=dpi)
 
 
 def _draw_panel(ax: Axes, schedule: Schedule, sim: SimResult, rows: int) -> None:

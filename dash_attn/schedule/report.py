@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..backends import choose_backend
+from ..backends import choose_backend, hopper
 from ..backends.triton.tiles import SUPPORTED_HEADDIMS, backward_tiles
 from ..plan import H200, Problem, analysis_device, backward_spec
 from .generators import GENERATORS, applicable_schedules, auto_schedule_name, schedule_names
@@ -90,11 +90,23 @@ class Shape:
 
 
 def analysis_spec(
-    problem: Problem, workers: int, invariant: bool = True
+    problem: Problem, workers: int, invariant: bool = True, backend: str = "triton"
 ) -> tuple[ScheduleSpec, Shape]:
-    """The spec the Triton backward runs for ``problem`` on a ``workers``-SM Hopper GPU, and the
-    shape it was tiled from. Raises ValueError / NotImplementedError (e.g. an unknown head dim)."""
-    _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
+    """The spec the ``backend`` backward ("triton" or "hopper") runs for ``problem`` on a
+    ``workers``-SM Hopper GPU, and the shape it was tiled from. Raises ValueError /
+    NotImplementedError (e.g. an unknown head dim). The hopper tiles are a table, so no CuTe DSL
+    is needed to analyse them."""
+    if backend == "hopper":
+        if problem.headdim not in hopper.BWD_HEADDIMS:
+            raise NotImplementedError(
+                f"the hopper backward has head dims {list(hopper.BWD_HEADDIMS)}, "
+                f"not {problem.headdim}"
+            )
+        tiles = hopper.bwd_tiles(problem.headdim)
+    elif backend == "triton":
+        _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
+    else:
+        raise ValueError(f"backend must be 'triton' or 'hopper', got {backend!r}")
     spec = replace(backward_spec(problem, tiles, workers), invariant=invariant)
     shape = Shape(problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n)
     return spec, shape
@@ -129,11 +141,17 @@ def varlen_analysis_spec(
 
 
 def square_spec(
-    headdim: int, seqlen: int, batch: int, heads: int, causal: bool, workers: int
+    headdim: int,
+    seqlen: int,
+    batch: int,
+    heads: int,
+    causal: bool,
+    workers: int,
+    backend: str = "triton",
 ) -> ScheduleSpec:
     """``analysis_spec`` of a square MHA shape (the benchmarks' configs)."""
-    mask = Mask(causal=causal)
-    return analysis_spec(Problem(batch, seqlen, seqlen, heads, heads, headdim, mask), workers)[0]
+    problem = Problem(batch, seqlen, seqlen, heads, heads, headdim, Mask(causal=causal))
+    return analysis_spec(problem, workers, backend=backend)[0]
 
 
 def sweep_specs(workers: int = DEFAULT_WORKERS) -> list[tuple[ScheduleSpec, Shape]]:

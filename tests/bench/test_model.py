@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dash_attn.backends import hopper
 from dash_attn.bench import model, report
 from dash_attn.schedule.report import square_spec
 
@@ -39,3 +40,31 @@ def test_estimate_costs_per_step() -> None:
     steps = spec.num_tasks() / 132
     assert c == pytest.approx(1.0 / steps) and r == pytest.approx(0.5 / steps)
     assert model.estimate_costs(spec, 1.0, 0.9)[1] == 0.0
+
+
+def test_model_per_backend_uses_each_backends_columns_and_tiles() -> None:
+    """The hopper rows (``dash_hopper_*``) get their own c and r, on the hopper kernels' tiles."""
+    rows = [r for r in synthetic_rows() if r["seqlen"] == 2048 and r["headdim"] == 64]
+    hopper_rows = [
+        {**r, "provider": r["provider"].replace("dash_", "dash_hopper_", 1), "ms": r["ms"] * 0.5}
+        for r in rows
+        if r["provider"].startswith("dash_")
+    ]
+    out = model.model_vs_measured(rows + hopper_rows, backends=("triton", "hopper"))
+    by_backend = {b: [r for r in out if r["backend"] == b] for b in ("triton", "hopper")}
+    assert len(by_backend["triton"]) == len(by_backend["hopper"]) == 6
+    for tri, hop in zip(by_backend["triton"], by_backend["hopper"], strict=True):
+        assert (tri["schedule"], tri["causal"]) == (hop["schedule"], hop["causal"])
+        assert hop["measured_ms"] == pytest.approx(tri["measured_ms"] * 0.5)
+        assert hop["measured_speedup_vs_fa3"] == pytest.approx(tri["measured_speedup_vs_fa3"])
+    summary = model.agreement_summary(out)
+    assert "hopper:" in summary and "triton:" in summary
+    spec = square_spec(64, 2048, 8, 32, True, 132, backend="hopper")
+    tiles = hopper.bwd_tiles(64)
+    assert (spec.block_m, spec.q_tiles) == (tiles.block_m, 2048 // tiles.block_m)
+    with pytest.raises(NotImplementedError, match="hopper backward has head dims"):
+        square_spec(96, 2048, 8, 16, True, 132, backend="hopper")
+    with pytest.raises(ValueError, match="backend must be"):
+        square_spec(64, 2048, 8, 32, True, 132, backend="cuda")
+    # Only the backends asked for (the default is the Triton one, as before).
+    assert {r["backend"] for r in model.model_vs_measured(rows + hopper_rows)} == {"triton"}

@@ -128,12 +128,12 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # The second run (the shipped hopper variants): its summary, from its own CSV.
-    shipped = report.read_csv(results / "shipped-ebcd10a" / "bench.csv")
-    assert report.summary_table(shipped, markdown=True).strip() in readme.read_text()
-    # The end-to-end blocks come from an earlier run (Triton backend only), labelled as such.
-    e2e = report.e2e_table(report.read_csv(results / "e2e-4e3b496.csv"), markdown=True)
-    assert e2e.strip() in readme.read_text()
+    # The forward sweep's summary and the end-to-end blocks (session 8), from their own files.
+    session = results / "session8-2c6fcbc"
+    forward = report.read_csv(session / "fwd" / "bench.csv")
+    assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
+    e2e = report.e2e_table(report.read_csv(session / "e2e-cd4f1d9" / "e2e.csv"), markdown=True)
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
 
 
 def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:
@@ -151,9 +151,6 @@ def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_fi
     for name in ("few_groups", "many_groups"):
         rows = report.read_csv(results / "invariance-1faac8e" / name / "bench.csv")
         assert report.readme_table(rows) in text
-    # The small shapes after the launch-path fixes (session 7).
-    small = report.read_csv(results / "session7-2e5d3d2" / "small" / "bench.csv")
-    assert report.readme_table(small) in text
 
 
 def test_readme_check_demo_output_is_the_committed_log() -> None:

@@ -880,7 +880,8 @@ class HopperAttnBwd:
         self,
         acc_S: cute.Tensor,
         tScS: cute.Tensor,
-        rLSE: cute.Tensor,
+        sLSE: cute.Tensor,
+        stage: Int32,
         scale_log2: Float32,
         n0: Int32,
         m0: Int32,
@@ -888,13 +889,12 @@ class HopperAttnBwd:
         seqlen_k: Int32,
         masked: cutlass.Constexpr,
     ):
-        """P^T = exp2(S^T * scale_log2 - lse2) in place (``rLSE``: lse2 per element); with
-        ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not -inf) and, causal,
-        keys after the bottom-right diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0
-        there without a mask."""
+        """P^T = exp2(S^T * scale_log2 - lse2) in place; with ``masked``, zero for keys past
+        seqlen_k (TMA gave zeros there, not -inf) and, causal, keys after the bottom-right
+        diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask."""
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             n, m = tScS[i]
-            p = cute.math.exp2(acc_S[i] * scale_log2 - rLSE[i], fastmath=True)
+            p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
             if const_expr(masked):
                 if n0 + n >= seqlen_k:
                     p = Float32(0.0)
@@ -1002,13 +1002,10 @@ class HopperAttnBwd:
                 warpgroup.wait_group(1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the tile
-                # indices and LSE2 rows before the wait (while S^T, dP^T run) measured no faster.
+                # indices and LSE2 rows into registers before the wait (while S^T, dP^T run)
+                # measured no faster at hd 128 and spills at hd 64 (32 more live values).
                 n0 = sInfo[_I_KVT, stage] * bn
                 m0 = sInfo[_I_QT, stage] * bm
-                # lse2 of each element's Q row (the compiler keeps one value per distinct row).
-                rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                for i in cutlass.range_constexpr(cute.size(rLSE)):
-                    rLSE[i] = sLSE[tScS[i][1], stage]
                 shift = seqlen_k - seqlen_q
                 if const_expr(self.edge_masks_only):
                     # Warp-uniform: does any (key, query) pair of this tile need a mask? The
@@ -1019,12 +1016,13 @@ class HopperAttnBwd:
                     if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
                         if n0 + bn - 1 > m0 + shift:
                             edge = Int32(1)
+                    probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                     if edge != 0:
-                        self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, True)
+                        self._probs(*probs_args, True)
                     else:
-                        self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, False)
+                        self._probs(*probs_args, False)
                 else:
-                    self._probs(acc_S, tScS, rLSE, scale_log2, n0, m0, shift, seqlen_k, True)
+                    self._probs(acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k, True)
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dP)):
                     _, m = tScS[i]

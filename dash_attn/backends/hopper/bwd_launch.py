@@ -19,6 +19,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
 from ...schedule import TABLE_FIELDS
+from . import kernel_cache
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 
@@ -273,16 +274,21 @@ def compile_bwd(
                 f"variant {variant!r} launches through TVM-FFI, which is not installed "
                 "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
             )
+
         # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and
         # the stream the caller's current one, read by TVM-FFI at every call (torch's current
         # stream of the tensors' device): nothing is specialised on a value.
-        compiled = cute.compile(
-            kernel,
-            *_fake_kernel_args(dtype, head_dim),
-            Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
-            make_fake_stream(use_tvm_ffi_env_stream=True),
-            options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
-        )  # fmt: skip
+        def build() -> Any:
+            return cute.compile(
+                kernel,
+                *_fake_kernel_args(dtype, head_dim),
+                Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
+                make_fake_stream(use_tvm_ffi_env_stream=True),
+                options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
+            )  # fmt: skip
+
+        # Through the opt-in disk cache, except for compiles that keep PTX/SASS for inspection.
+        compiled = build() if extra_options else kernel_cache.cached_compile(("bwd", *key), build)
         with _cache_lock:
             _cache.setdefault(key, compiled)
             return _cache[key]

@@ -49,6 +49,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from . import kernel_cache
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
@@ -940,7 +941,12 @@ def compile_fwd(
             dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
             options += f" --keep-ptx --dump-dir {dump_dir}"
         try:
-            compiled = cute.compile(entry, *args, stream, options=options)
+            if tvm_ffi and not keep_ptx:  # through the opt-in disk cache (kernel_cache)
+                compiled = kernel_cache.cached_compile(
+                    ("fwd", *key), lambda: cute.compile(entry, *args, stream, options=options)
+                )
+            else:
+                compiled = cute.compile(entry, *args, stream, options=options)
         finally:
             if dump_dir is not None:
                 shutil.rmtree(dump_dir, ignore_errors=True)

@@ -96,14 +96,19 @@ def _compile(config: tuple, dump_dir: Path, variant: str = bwd_launch.DEFAULT_VA
          for c in CONFIGS],
 )  # fmt: skip
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
+    """The kernel the backend ships for this head dim (``hopper.BWD_VARIANT``), every config."""
+    from dash_attn.backends import hopper
+
     head_dim, _, _, det = config
-    compiled = _compile(config, tmp_path)
+    variant = hopper.BWD_VARIANT[head_dim]
+    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
+    compiled = _compile(config, tmp_path, variant)
     ptx = compiled.__ptx__
     cubin = compiled.__cubin__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
     # (block_n/16).
-    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * 64 // 16 + 128 // 16
+    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert "cp.reduce.async.bulk.tensor" in ptx
@@ -167,6 +172,14 @@ VARIANT_CONFIGS = [
     ("t128_ffi", (64, torch.float16, False, False)),
     ("fast_ffi", (128, torch.bfloat16, True, True)),
     ("fast_ffi", (128, torch.float16, False, False)),
+    # Session 8: edge-only masks, then stmatrix dS + metadata from the ring slot, then (hd 64)
+    # FA4's dV/dS order with vector dK/dV stores: the shipped t128_smq at both head dims.
+    ("fast_edge", (128, torch.bfloat16, True, True)),
+    ("fast_sm", (128, torch.float16, True, False)),
+    ("t128_smq", (64, torch.bfloat16, True, True)),
+    ("t128_smq", (64, torch.float16, False, False)),
+    ("t128_smq", (128, torch.bfloat16, True, True)),
+    ("t128_smq", (128, torch.float16, False, False)),
 ]
 
 
@@ -204,7 +217,16 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
         # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
         assert "STG.E.U16" not in mma_code
         assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
-    if block_m == 64:
+    options = bwd_launch._variant_options(variant, head_dim)
+    if options.get("stmatrix_ds"):
+        # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as
+        # one 32-bit store per register pair.
+        assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
+    if options.get("edge_masks_only"):
+        # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
+        assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256
+    if block_m == 64 or options.get("stmatrix_ds"):
+        # (128 x 128 at hd 64 kept a few values in local memory until stmatrix freed registers.)
         assert not re.search(r"\b(STL|LDL)\b", mma_code), "MMA warpgroups spill"
     else:
         # 128 x 128 at hd 64: ptxas parks a few loop-invariant values in local memory. Stores

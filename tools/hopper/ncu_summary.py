@@ -1,0 +1,141 @@
+"""Summaries of an Nsight Compute profile of attention backward kernels, from its CSV exports.
+
+    ncu --import prof.ncu-rep --page raw --csv > raw.csv
+    ncu --import prof.ncu-rep --page source --csv --print-source sass > source.csv
+    python tools/hopper/ncu_summary.py --raw raw.csv.gz [--source source.csv.gz]
+
+``--raw``: per kernel (attention kernels only: dash-attn's hopper backward, FA4's sm90 backward),
+the time, clock (GHz), instructions, tensor-pipe activity (mean, min and max over the SMs),
+issue activity and the warps stalled per issued instruction by main reason.
+``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode,
+and the instructions with the most samples with their two main stall reasons. Samples count
+every warp (producer, dQ writer and idle warps too), so compare kernels of the same structure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import gzip
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+KERNELS = re.compile(r"HopperAttnBwd|FlashAttentionBackwardSm90_")
+RAW_METRICS = {
+    "time_ms": "gpu__time_duration.sum",
+    "sm_ghz": "smsp__cycles_elapsed.avg.per_second",
+    "instructions": "smsp__inst_executed.sum",
+    "tensor_active_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "tensor_active_min_pct": "sm__pipe_tensor_cycles_active.min.pct_of_peak_sustained_active",
+    "tensor_active_max_pct": "sm__pipe_tensor_cycles_active.max.pct_of_peak_sustained_active",
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+}
+# Warps stalled per issued instruction, by reason (the source page's samples do not name the
+# "gmma" reason: a warp waiting to issue a warpgroup MMA).
+STALLS = ("gmma", "barrier", "long_scoreboard", "mio_throttle", "short_scoreboard", "wait")
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def _open(path: Path) -> Iterator[list[str]]:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as handle:
+        yield from csv.reader(handle)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def raw_summary(path: Path) -> str:
+    rows = list(_open(path))
+    header, data = rows[0], rows[2:]  # row 1 holds the units
+    col = {name: i for i, name in enumerate(header)}
+    metrics = {**RAW_METRICS, **{f"stall_{k}": STALL_METRIC.format(k) for k in STALLS}}
+    lines = []
+    for row in data:
+        name = row[col["Kernel Name"]]
+        if not KERNELS.search(name):
+            continue
+        short = "dash-attn hopper bwd" if "HopperAttnBwd" in name else "FA4 sm90 bwd"
+        lines.append(f"kernel {row[0]}: {short}")
+        for label, metric in metrics.items():
+            value = _number(row[col[metric]]) if metric in col else None
+            lines.append(f"  {label:<24} {'-' if value is None else f'{value:.4g}'}")
+    return "\n".join(lines)
+
+
+def _source_blocks(path: Path) -> list[dict]:
+    blocks: list[dict] = []
+    current: dict | None = None
+    for row in _open(path):
+        if row and row[0] == "Kernel Name":
+            current = {"name": row[1], "rows": []}
+            blocks.append(current)
+        elif row and row[0] == "Address" and current is not None:
+            current["header"] = row
+        elif row and current is not None:
+            current["rows"].append(row)
+    return [b for b in blocks if KERNELS.search(b["name"])]
+
+
+def source_summary(path: Path, top: int = 20) -> str:
+    out = []
+    for index, block in enumerate(_source_blocks(path)):
+        col = {name: i for i, name in enumerate(block["header"])}
+        reasons = [k for k in block["header"] if k.startswith("stall_") and "Not Issued" not in k]
+        samples_col = col["Warp Stall Sampling (All Samples)"]
+        executed_col = col["Instructions Executed"]
+        by_op: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        by_reason: collections.Counter[str] = collections.Counter()
+        for row in block["rows"]:
+            source = row[col["Source"]].strip()
+            op = re.sub(r"^@!?U?P\w+\s+", "", source).split(" ")[0].split(".")[0] or "?"
+            by_op[op][0] += int(row[samples_col] or 0)
+            by_op[op][1] += int(row[executed_col] or 0)
+            for reason in reasons:
+                by_reason[reason[6:]] += int(row[col[reason]] or 0)
+        total = sum(s for s, _ in by_op.values()) or 1
+        short = "dash-attn hopper bwd" if "HopperAttnBwd" in block["name"] else "FA4 sm90 bwd"
+        out.append(f"== kernel {index}: {short}, {total} warp-stall samples")
+        named = sum(by_reason.values()) or 1
+        out.append(
+            "stall reasons: "
+            + ", ".join(f"{k} {100 * v / named:.1f}%" for k, v in by_reason.most_common(8))
+        )
+        out.append(f"{'opcode':<12} {'samples':>9} {'share':>6} {'executed':>12}")
+        for op, (samples, executed) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
+            out.append(f"{op:<12} {samples:>9} {100 * samples / total:>5.1f}% {executed:>12}")
+        out.append("top instructions (samples, share, two main named stall reasons):")
+        ranked = sorted(block["rows"], key=lambda r: -int(r[samples_col] or 0))[:top]
+        for row in ranked:
+            samples = int(row[samples_col] or 0)
+            main = sorted(((int(row[col[r]] or 0), r[6:]) for r in reasons), reverse=True)[:2]
+            why = ", ".join(f"{name} {count}" for count, name in main if count)
+            text = row[col["Source"]].strip()[:58]
+            out.append(f"  {samples:>7} {100 * samples / total:>5.1f}%  {text:<58} {why}")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--raw", type=Path, help="ncu --page raw --csv export (.csv or .csv.gz)")
+    parser.add_argument("--source", type=Path, help="ncu --page source --csv export")
+    parser.add_argument("--top", type=int, default=20, help="opcodes and instructions listed")
+    args = parser.parse_args(argv)
+    if args.raw is None and args.source is None:
+        parser.error("give --raw and/or --source")
+    if args.raw is not None:
+        print(raw_summary(args.raw))
+        print()
+    if args.source is not None:
+        print(source_summary(args.source, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -182,10 +182,7 @@ def grid_of(sched: Schedule) -> int:
 
 
 def device_tables(sched: Schedule, device: str) -> dict[str, torch.Tensor]:
-    return {
-        name: torch.from_numpy(getattr(sched, name).copy()).to(device)
-        for name in TABLE_FIELDS
-    }
+    return {name: torch.from_numpy(getattr(sched, name).copy()).to(device) for name in TABLE_FIELDS}
 
 
 class Problem:

@@ -74,6 +74,7 @@ SUPPORTED_TILES = ((64, 128), (128, 128))
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
 _BAR_DQ_EMPTY = 2  # dQ buffer free (dQ warp arrives, MMA threads wait)
 _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
+# With dq_double, buffer b uses _BAR_DQ_EMPTY + 2 b and _BAR_DQ_FULL + 2 b (ids 2-5).
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -113,6 +114,7 @@ class HopperAttnBwd:
         edge_masks_only: bool = False,
         stmatrix_ds: bool = False,
         dq_meta_from_stage: bool = False,
+        dq_double: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -171,6 +173,15 @@ class HopperAttnBwd:
         #   barrier), instead of an MMA thread copying them next to the dQ partial (that copy
         #   waits behind the partial's shared-memory stores and holds up its whole warpgroup).
         self.dq_meta_from_stage = dq_meta_from_stage
+        # dq_double: two dQ staging buffers, so the MMA warpgroups wait for the dQ writer only
+        #   when it is two steps behind (the largest stall left in the session-8 profile was
+        #   the wait for the single buffer). The shared memory comes from a single-buffered dS
+        #   tile: dS of step s+1 is written only after every MMA thread passed step s's "dQ
+        #   buffer free" barrier, which each passes after its dQ = dS K of step s completed.
+        if dq_double and not (dq_swizzle and dq_meta_from_stage):
+            raise ValueError("dq_double needs dq_swizzle and dq_meta_from_stage")
+        self.dq_double = dq_double
+        self.dq_bufs = 2 if dq_double else 1
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -362,8 +373,12 @@ class HopperAttnBwd:
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, st)
-        if const_expr(self.dq_swizzle):
+        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
+        if const_expr(self.dq_double):
+            # (rows, hd, buffer); the TMA atom takes one buffer's (rows, hd) layout.
+            dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
+            sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd, 2), order=(0, 1, 2))
+        elif const_expr(self.dq_swizzle):
             # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
             # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
             # covers over all 32 banks.
@@ -393,8 +408,12 @@ class HopperAttnBwd:
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
             g2s, mDelta_t, cute.make_layout(bm), (bm,)
         )
+        # The TMA atom moves one buffer: (rows, hd).
+        sdQ_tile = sdQ_layout
+        if const_expr(self.dq_double):
+            sdQ_tile = cute.select(sdQ_layout, mode=[0, 1])
         tma_dq, tma_tdQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_layout, (bm, hd)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_tile, (bm, hd)
         )
 
         elem = self.dtype.width // 8
@@ -417,7 +436,7 @@ class HopperAttnBwd:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd * self.dq_bufs], 1024]
 
         scale_log2 = softmax_scale * math.log2(math.e)
         self.kernel(
@@ -519,7 +538,9 @@ class HopperAttnBwd:
             # The MMA warpgroups store through a flat view with the swizzle computed by hand
             # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
             # register per store (the XOR hides that they differ by constants) and spills.
-            sdQ_mma = storage.sdQ.get_tensor(cute.make_layout(self.block_m * self.head_dim))
+            sdQ_mma = storage.sdQ.get_tensor(
+                cute.make_layout(self.block_m * self.head_dim * self.dq_bufs)
+            )
         else:
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
             sdQ_mma = sdQ
@@ -729,13 +750,21 @@ class HopperAttnBwd:
         bm, hd = self.block_m, self.head_dim
         lane = cute.arch.lane_idx()
         bar_threads = self.num_mma_threads + cute.arch.WARP_SIZE
-        # The buffer starts free; afterwards it is freed as soon as the TMA unit has read it,
+        # The buffers start free; afterwards each is freed as soon as the TMA unit has read it,
         # so the MMA warpgroups write the next partial while this one's adds complete.
-        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
+        for buf0 in cutlass.range_constexpr(self.dq_bufs):
+            cute.arch.barrier_arrive(
+                barrier_id=_BAR_DQ_EMPTY + 2 * buf0, number_of_threads=bar_threads
+            )
         done = Int32(0)
         stage = Int32(0)
+        buf = Int32(0)  # the staging buffer of this step (always 0 without dq_double)
         while done == 0:
-            cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
+            if const_expr(self.dq_double):
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + 2 * buf, number_of_threads=bar_threads)
+            else:
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
+            sdQ_buf = sdQ[None, None, buf] if const_expr(self.dq_double) else sdQ
             # The step's metadata: from its load-ring slot (released here once read: the MMA
             # warpgroups release it only after this barrier, so it is still valid) or from
             # the copy an MMA thread made next to the partial.
@@ -765,7 +794,7 @@ class HopperAttnBwd:
                         # the error flag (a plain store: every writer writes 1).
                         nan = Float32(float("nan"))
                         for i in cutlass.range(lane, bm * hd, cute.arch.WARP_SIZE, unroll=4):
-                            sdQ[i // hd, i % hd] = nan
+                            sdQ_buf[i // hd, i % hd] = nan
                         cute.arch.fence_view_async_shared()
                         if lane == 0:
                             mFlags[1] = Int32(1)
@@ -777,12 +806,20 @@ class HopperAttnBwd:
                     tma_dq, 0, cute.make_layout(1),
                     cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
                 )  # fmt: skip
-                cute.copy(tma_dq, ts, tg)
+                cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
-                # sdQ (and sDqInfo, already read) may be overwritten from here on.
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads)
+                # This buffer (and sDqInfo, already read) may be overwritten from here on.
+                if const_expr(self.dq_double):
+                    cute.arch.barrier_arrive(
+                        barrier_id=_BAR_DQ_EMPTY + 2 * buf, number_of_threads=bar_threads
+                    )
+                    buf = buf ^ 1
+                else:
+                    cute.arch.barrier_arrive(
+                        barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads
+                    )
                 if const_expr(self.deterministic):
                     # Release only once the adds have been performed in global memory (the wait
                     # for the shared-memory read alone is too weak), ordered before the
@@ -841,6 +878,16 @@ class HopperAttnBwd:
                 elem = g.iterator + cute.crd2idx((row0 + n, d), g.layout)
                 ptr = cute.make_ptr(Int32, elem.toint(), cute.AddressSpace.gmem, assumed_align=4)
                 cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
+
+    @cute.jit
+    def _dq_barrier(self, base: int, buf: Int32, threads: int, wait: cutlass.Constexpr[bool]):
+        """Wait on (``wait``) or arrive at the named barrier ``base`` of dQ buffer ``buf``:
+        ``base + 2 buf`` with dq_double, ``base`` itself otherwise (an immediate id)."""
+        barrier_id = base + 2 * buf if const_expr(self.dq_double) else base
+        if const_expr(wait):
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+        else:
+            cute.arch.barrier_arrive(barrier_id=barrier_id, number_of_threads=threads)
 
     @cute.jit
     def _store_dq_swizzled(
@@ -974,17 +1021,20 @@ class HopperAttnBwd:
         phase = Int32(0)
         kv_phase = Int32(0)
         done = Int32(0)
+        buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
         while done == 0:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
+            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
+            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
             if done != 0:
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
-                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
                 if const_expr(not self.dq_meta_from_stage):  # noqa: SIM102 (compile-time)
                     if tidx == 0:
                         sDqInfo[_I_FLAGS] = Int32(_F_DONE)
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
+                self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -1038,16 +1088,16 @@ class HopperAttnBwd:
                     # dS^T to shared memory first, then dV: dV runs through the dS barrier
                     # and dQ queues behind it, so the tensor cores see dV, dQ, dK back to back.
                     if const_expr(self.stmatrix_ds):
-                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, stage])
+                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
                     else:
-                        cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                        cute.autovec_copy(rdS, tSsdS[None, None, None, ds_stage])
                     wgmma(
                         mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
                         zero_init=False,
                     )  # fmt: skip
                     cute.arch.fence_view_async_shared()
                     cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
                     warpgroup.wait_group(1)  # dV done: P's registers are free
                     wgmma(
                         mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
@@ -1062,15 +1112,15 @@ class HopperAttnBwd:
                     )  # fmt: skip
                     # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
                     if const_expr(self.stmatrix_ds):
-                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, stage])
+                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
                     else:
-                        cute.autovec_copy(rdS, tSsdS[None, None, None, stage])
+                        cute.autovec_copy(rdS, tSsdS[None, None, None, ds_stage])
                     cute.arch.fence_view_async_shared()
                     # dV done (it overlapped the dS stores): P's registers are free before dQ's
                     # accumulator is needed (keeps hd 128 within 240 registers, no spills).
                     warpgroup.wait_group(0)
                     cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, stage], tQrK, zero_init=True)
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
                     # dK += dS^T Q from registers.
                     wgmma(
                         mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
@@ -1079,8 +1129,14 @@ class HopperAttnBwd:
                     warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
-                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_dq)
-                if const_expr(self.dq_swizzle):
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
+                if const_expr(self.dq_double):
+                    tile = self.block_m * self.head_dim
+                    # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
+                    offset = cute.assume(buf * tile, divby=tile)
+                    sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
+                    self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
+                elif const_expr(self.dq_swizzle):
                     self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
                 else:
                     cute.autovec_copy(acc_dQ, tQsdQ)
@@ -1090,7 +1146,9 @@ class HopperAttnBwd:
                             sDqInfo[w] = sInfo[w, stage]
                         sDqInfo[_I_FLAGS] = Int32(0)
                 cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_dq)
+                self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
+                if const_expr(self.dq_double):
+                    buf = buf ^ 1
 
                 warpgroup.wait_group(0)
                 b = sInfo[_I_BATCH, stage]

@@ -93,6 +93,9 @@ VARIANTS["fast_edge"] = {**VARIANTS["fast_ffi"], "edge_masks_only": True}
 VARIANTS["t128_sm"] = {**VARIANTS["t128_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
 VARIANTS["fast_sm"] = {**VARIANTS["fast_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
 VARIANTS["t128_smq"] = {**VARIANTS["t128_sm"], "queue_dv": True, "vec_epilogue": True}
+# t128_smq with two dQ staging buffers (dS single-buffered to make room). Compile-checked only:
+# not yet run on a GPU (session 8 had no device time left).
+VARIANTS["t128_dq2"] = {**VARIANTS["t128_smq"], "dq_double": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles", "host_ints", "per_hd", "tvm_ffi")
 DEFAULT_VARIANT = "base"

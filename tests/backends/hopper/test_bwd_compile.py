@@ -180,6 +180,9 @@ VARIANT_CONFIGS = [
     ("t128_smq", (64, torch.float16, False, False)),
     ("t128_smq", (128, torch.bfloat16, True, True)),
     ("t128_smq", (128, torch.float16, False, False)),
+    # Two dQ staging buffers (compile-checked; not yet run on a GPU).
+    ("t128_dq2", (64, torch.bfloat16, True, True)),
+    ("t128_dq2", (128, torch.float16, False, False)),
 ]
 
 
@@ -222,6 +225,11 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
         # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as
         # one 32-bit store per register pair.
         assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
+    if options.get("dq_double"):
+        # Buffer b's "free" and "written" barriers are 2 + 2b and 3 + 2b: the dQ writer frees
+        # both buffers at its start with immediate ids, later ones come from a register.
+        assert "BAR.ARV 0x2, 0x120" in sass and "BAR.ARV 0x4, 0x120" in sass
+        assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x120", mma_code)
     if options.get("edge_masks_only"):
         # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
         assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256

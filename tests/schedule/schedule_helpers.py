@@ -134,3 +134,23 @@ def make_spec(*, causal: bool = False, **kwargs: object) -> ScheduleSpec:
     defaults: dict[str, object] = dict(batch=1, q_heads=1, kv_heads=1, invariant=False)
     defaults.update(kwargs)
     return ScheduleSpec(mask=Mask(causal=causal), **defaults)  # type: ignore[arg-type]
+
+
+def packed_spec(
+    seqlens: list[tuple[int, int]],
+    *,
+    mask: Mask,
+    block: tuple[int, int],
+    heads: tuple[int, int] = (2, 1),
+    workers: int = 16,
+) -> ScheduleSpec:
+    """A packed (varlen) spec: ``heads`` = (q heads, kv heads), ``block`` = (block_m, block_n)."""
+    return ScheduleSpec.from_seqlens(
+        seqlens=seqlens,
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        block_m=block[0],
+        block_n=block[1],
+        mask=mask,
+        workers=workers,
+    )

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from schedule_helpers import reference_static_times
+from schedule_helpers import packed_spec, reference_static_times
 
 from dash_attn.schedule import (
     CAUSAL,
@@ -28,25 +28,6 @@ from dash_attn.schedule.invariant import WAVE, lanes_per_group
 
 BLOCKS = [(8, 8), (8, 16), (16, 16), (4, 12)]
 MASKS = [FULL, CAUSAL, Mask(window_left=24, window_right=0), Mask(window_left=7, window_right=30)]
-
-
-def _spec(
-    seqlens: list[tuple[int, int]],
-    *,
-    mask: Mask,
-    block: tuple[int, int],
-    heads: tuple[int, int] = (2, 1),
-    workers: int = 16,
-) -> ScheduleSpec:
-    return ScheduleSpec.from_seqlens(
-        seqlens=seqlens,
-        q_heads=heads[0],
-        kv_heads=heads[1],
-        block_m=block[0],
-        block_n=block[1],
-        mask=mask,
-        workers=workers,
-    )
 
 
 def _min_workers(spec: ScheduleSpec, name: str) -> int:
@@ -73,7 +54,7 @@ def test_fuzz_packs_are_valid_and_invariant(seed: int) -> None:
     block = BLOCKS[int(rng.integers(len(BLOCKS)))]
     kv_heads = int(rng.integers(1, 3))
     heads = (kv_heads * int(rng.integers(1, 4)), kv_heads)
-    probe = _spec(pack, mask=mask, block=block, heads=heads)
+    probe = packed_spec(pack, mask=mask, block=block, heads=heads)
     for name in applicable_schedules(probe):
         least = _min_workers(probe, name)
         workers = least + int(rng.integers(0, 12))
@@ -85,14 +66,14 @@ def test_fuzz_packs_are_valid_and_invariant(seed: int) -> None:
 
         # The pack reversed, on other workers, with one query head per kv head.
         other_workers = least + int(rng.integers(0, 12))
-        reordered = _spec(
+        reordered = packed_spec(
             pack[::-1], mask=mask, block=block, heads=(kv_heads, kv_heads), workers=other_workers
         )
         other = make_schedule(name, reordered)
         assert validate(other).valid
         for b, lengths in enumerate(pack):
             alone = make_schedule(
-                name, _spec([lengths], mask=mask, block=block, heads=(1, 1), workers=least)
+                name, packed_spec([lengths], mask=mask, block=block, heads=(1, 1), workers=least)
             )
             assert invariance_errors(schedule, b, alone, 0) == [], (name, pack, b)
             assert invariance_errors(other, len(pack) - 1 - b, alone, 0) == []
@@ -107,8 +88,8 @@ def test_worker_count_changes_no_bit(name: str, workers: int) -> None:
     """sm_margin 0 / 8 / 20 on an H200 and an H100 PCIe: the same order for every sequence."""
     mask = FULL if name == "shift" else CAUSAL
     pack = [(1000, 1000), (3000, 3000), (517, 517), (2048, 2048)]
-    spec = _spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=workers)
-    base = _spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=132)
+    spec = packed_spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=workers)
+    base = packed_spec(pack, mask=mask, block=(64, 128), heads=(4, 2), workers=132)
     schedule, reference = make_schedule(name, spec), make_schedule(name, base)
     assert validate(schedule).valid
     for b in range(len(pack)):
@@ -127,7 +108,8 @@ def test_padded_batch_and_varlen_agree() -> None:
         mask=CAUSAL,
         workers=40,
     )
-    packed = _spec([(77, 77), (200, 200)], mask=CAUSAL, block=(16, 32), heads=(2, 2), workers=9)
+    pack = [(77, 77), (200, 200)]
+    packed = packed_spec(pack, mask=CAUSAL, block=(16, 32), heads=(2, 2), workers=9)
     for name in applicable_schedules(dense):
         a, b = make_schedule(name, dense), make_schedule(name, packed)
         assert invariance_errors(a, 2, b, 1) == []
@@ -153,7 +135,7 @@ def test_worker_dependent_rules_do_change_the_order() -> None:
 
 
 def test_group_wider_than_the_workers_is_a_clear_error() -> None:
-    spec = _spec([(4096, 4096)], mask=FULL, block=(64, 128), heads=(1, 1), workers=8)
+    spec = packed_spec([(4096, 4096)], mask=FULL, block=(64, 128), heads=(1, 1), workers=8)
     with pytest.raises(ValueError, match="needs 16 co-resident workers .* has 8 .*sm_margin"):
         make_schedule("shift", spec)
     assert lanes_per_group("shift", 1000) == WAVE
@@ -166,7 +148,7 @@ def test_auto_is_a_function_of_the_mask_only() -> None:
         (Mask(window_left=64, window_right=0), "descending"),
     ]:
         for workers in (16, 132):
-            spec = _spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
+            spec = packed_spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
             assert auto_schedule_name(spec) == name
 
 
@@ -176,7 +158,7 @@ def test_simulator_agrees_with_a_naive_pass_on_packs(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     pack = _draw_pack(rng)
     for mask, name in ((FULL, "shift"), (CAUSAL, "symmetric_shift")):
-        probe = _spec(pack, mask=mask, block=(8, 16), heads=(2, 1))
+        probe = packed_spec(pack, mask=mask, block=(8, 16), heads=(2, 1))
         spec = dataclasses.replace(probe, workers=_min_workers(probe, name) + int(seed % 3))
         schedule = make_schedule(name, spec)
         acyclic, makespan = reference_static_times(schedule, 2.0, 0.5)
@@ -185,7 +167,7 @@ def test_simulator_agrees_with_a_naive_pass_on_packs(seed: int) -> None:
 
 
 def test_simulator_runs_windows_and_empty_chains() -> None:
-    spec = _spec(
+    spec = packed_spec(
         [(0, 40), (64, 64), (30, 90)], mask=Mask(window_left=16, window_right=0), block=(8, 16)
     )
     for name in applicable_schedules(spec):

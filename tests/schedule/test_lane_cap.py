@@ -8,13 +8,12 @@ import hashlib
 
 import numpy as np
 import pytest
+from schedule_helpers import packed_spec
 
 from dash_attn.schedule import (
     CAUSAL,
     FULL,
-    Mask,
     Schedule,
-    ScheduleSpec,
     make_schedule,
     simulate,
     validate,
@@ -25,25 +24,6 @@ from dash_attn.schedule.invariant import WAVE, invariant_schedule, lanes_per_gro
 
 LEGACY = {"shift": legacy_shift, "symmetric_shift": legacy_symmetric_shift}
 MASK_OF = {"shift": FULL, "symmetric_shift": CAUSAL}
-
-
-def _spec(
-    seqlens: list[tuple[int, int]],
-    *,
-    mask: Mask,
-    block: tuple[int, int],
-    heads: tuple[int, int],
-    workers: int,
-) -> ScheduleSpec:
-    return ScheduleSpec.from_seqlens(
-        seqlens=seqlens,
-        q_heads=heads[0],
-        kv_heads=heads[1],
-        block_m=block[0],
-        block_n=block[1],
-        mask=mask,
-        workers=workers,
-    )
 
 
 def _digest(schedule: Schedule) -> str:
@@ -90,7 +70,7 @@ GOLDEN = [
 @pytest.mark.parametrize("case", GOLDEN, ids=lambda case: f"{case[0]}-{case[5]}w")
 def test_default_tables_are_unchanged(case: tuple) -> None:
     name, seqlens, mask, block, heads, workers, golden = case
-    spec = _spec(seqlens, mask=mask, block=block, heads=heads, workers=workers)
+    spec = packed_spec(seqlens, mask=mask, block=block, heads=heads, workers=workers)
     assert _digest(make_schedule(name, spec)) == golden
     # The explicit constant and a cap that always answers WAVE build the same tables.
     assert _digest(invariant_schedule(name, spec, LEGACY[name], wave=WAVE)) == golden
@@ -110,7 +90,10 @@ def test_length_dependent_cap_is_valid_and_invariant(name: str) -> None:
     assert most == 8  # the long sequences do get the larger cap
     alone = [
         invariant_schedule(
-            name, _spec([s], mask=mask, block=block, heads=(1, 1), workers=most), LEGACY[name], _cap
+            name,
+            packed_spec([s], mask=mask, block=block, heads=(1, 1), workers=most),
+            LEGACY[name],
+            _cap,
         )
         for s in pack
     ]
@@ -119,7 +102,7 @@ def test_length_dependent_cap_is_valid_and_invariant(name: str) -> None:
         (23, pack[::-1], (3, 3)),
         (61, pack, (1, 1)),
     ]:
-        spec = _spec(order, mask=mask, block=block, heads=heads, workers=workers)
+        spec = packed_spec(order, mask=mask, block=block, heads=heads, workers=workers)
         schedule = invariant_schedule(name, spec, LEGACY[name], _cap)
         assert validate(schedule).valid
         simulate(schedule)  # runs to the end: no stall
@@ -130,7 +113,7 @@ def test_length_dependent_cap_is_valid_and_invariant(name: str) -> None:
 def test_cap_changes_the_order_of_long_sequences_only() -> None:
     """The cap is live: a long sequence's order differs from the one under the constant cap 4,
     a short one's (below 8 KV tiles) does not."""
-    spec = _spec([(40, 40), (260, 260)], mask=FULL, block=(16, 16), heads=(1, 1), workers=16)
+    spec = packed_spec([(40, 40), (260, 260)], mask=FULL, block=(16, 16), heads=(1, 1), workers=16)
     capped = invariant_schedule("shift", spec, legacy_shift, _cap)
     constant = invariant_schedule("shift", spec, legacy_shift, 4)
     assert invariance_errors(capped, 0, constant, 0) == []
@@ -138,7 +121,7 @@ def test_cap_changes_the_order_of_long_sequences_only() -> None:
 
 
 def test_cap_above_the_workers_or_below_one_is_an_error() -> None:
-    spec = _spec([(260, 260)], mask=FULL, block=(16, 16), heads=(1, 1), workers=6)
+    spec = packed_spec([(260, 260)], mask=FULL, block=(16, 16), heads=(1, 1), workers=6)
     with pytest.raises(ValueError, match="needs 8 co-resident workers .* has 6"):
         invariant_schedule("shift", spec, legacy_shift, _cap)
     with pytest.raises(ValueError, match="at least 1"):

@@ -46,34 +46,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "prefetch_tables": True,
         "per_hd": {64: {"stages": 3}},
     },  # fmt: skip
-    # pipe with 32-bit dK/dV stores, launched from plain numbers (queue_dv spills at
-    # 128 x 128: not with t128).
-    "fast": {
-        "dq_swizzle": True,
-        "queue_dv": True,
-        "prefetch_tables": True,
-        "per_hd": {64: {"stages": 3}},
-        "vec_epilogue": True,
-        "host_ints": True,
-    },
-    # t128 and fast with the dynamic ticket taken once the CTA's chain is done (static
-    # dispatch compiles to the same code).
-    "t128_lt": {
-        "dq_swizzle": True,
-        "prefetch_tables": True,
-        "tiles": {64: (128, 128)},
-        "late_ticket": True,
-    },
-    "fast_lt": {
-        "dq_swizzle": True,
-        "queue_dv": True,
-        "prefetch_tables": True,
-        "per_hd": {64: {"stages": 3}},
-        "vec_epilogue": True,
-        "host_ints": True,
-        "late_ticket": True,
-    },
 }
+# pipe with 32-bit dK/dV stores, launched from plain numbers (queue_dv spills at 128 x 128: not
+# with t128).
+VARIANTS["fast"] = {**VARIANTS["pipe"], "vec_epilogue": True, "host_ints": True}
+# t128 and fast with the dynamic ticket taken once the CTA's chain is done (static dispatch
+# compiles to the same code).
+VARIANTS["t128_lt"] = {**VARIANTS["t128"], "late_ticket": True}
+VARIANTS["fast_lt"] = {**VARIANTS["fast"], "late_ticket": True}
 # t128_lt and fast_lt (the same kernels) launched through TVM-FFI: compiled once from symbolic
 # fake tensors and called with the torch tensors, the scalars as plain numbers and torch's
 # current stream taken from the environment. The per-call argument conversion is then done in

@@ -38,8 +38,13 @@ def run_backward(
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     sync_check: bool = False,
+    cast_dq: Callable[[torch.Tensor, float, torch.dtype], torch.Tensor] = scale_cast,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in q/k/v's dtype, by ``main`` running the plan's tables.
+
+    ``cast_dq(dq_acc, softmax_scale, dtype)`` makes dq from ``main``'s fp32 accumulator; the
+    default is for an accumulator shaped like q (a backend whose kernel keeps another layout
+    passes its own).
 
     Packed sequences: ``cu_seqlens_q``/``cu_seqlens_k`` (int32 [batch + 1] on the device) with
     q/dout/out ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)`` and lse ``(H, total_q)``; the
@@ -88,7 +93,7 @@ def run_backward(
         dq_acc = dq_acc.index_select(0, varlen.row_index)
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
-    return scale_cast(dq_acc, softmax_scale, q.dtype), dk, dv
+    return cast_dq(dq_acc, softmax_scale, q.dtype), dk, dv
 
 
 def timeout_error(plan: BackwardPlan) -> str:

@@ -212,6 +212,27 @@ def test_hopper_forward_other_head_dims_match_reference(headdim):
     assert_close_to_ref(f"lse [hopper fwd d{headdim}]", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_forward_192_row_tiles_match_reference(causal):
+    """At hd 64 from FWD_3WG_MIN_SEQLEN query tokens the hopper forward runs 192-row tiles
+    (three consumer warpgroups): right (out, lse) on a length that is no tile multiple, GQA,
+    and bitwise repeatable."""
+    from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
+    from dash_attn.backends.hopper.launch import forward_consumer_wgs
+
+    seqlen = FWD_3WG_MIN_SEQLEN + 1
+    assert forward_consumer_wgs(64, seqlen) == 3
+    q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda", seed=3)
+    _skip_if_uncovered_fwd(q, k)
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, 64**-0.5, "hopper")
+    again = torch.ops.dash_attn.fwd(q, k, v, causal, 64**-0.5, "hopper")
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
+    assert_close_to_ref("out [hopper fwd d64, 192 rows]", out, ref_out, same_out, atol=1e-3)
+    assert_close_to_ref("lse [hopper fwd d64, 192 rows]", lse, ref_lse, same_lse, atol=1e-3)
+
+
 def _skip_if_uncovered_fwd(q: torch.Tensor, k: torch.Tensor) -> None:
     gap = hopper_unsupported(problem_of(q, k, CAUSAL), device_info(q.device), "fwd")
     if gap is not None:

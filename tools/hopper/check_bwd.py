@@ -240,7 +240,11 @@ class Problem:
         )  # fmt: skip
         if not self.timing:
             wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
-        return (dq_acc * self.scale).to(self.dtype), dk, dv, status
+        dq = bwd_launch.cast_dq(
+            dq_acc, self.scale, self.dtype, seqlen_q=self.shape.seqlen_q,
+            head_dim=self.shape.head_dim, block_m=block_m, variant=variant,
+        )  # fmt: skip
+        return dq, dk, dv, status
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -50,11 +50,14 @@ def child(out_path: Path) -> None:
     fwd.cute.compile = counting_compile
     results, timings = {}, {}
     for head_dim, causal in CASES:
+        # Every input from the seeded generator (randn_like would draw from the unseeded
+        # global one: other inputs in every process).
         gen = torch.Generator(device="cuda").manual_seed(head_dim + causal)
-        q = torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(2, 1000, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        v = torch.randn_like(k)
-        dout = torch.randn_like(q)
+        q_shape, kv_shape = (2, 1000, 8, head_dim), (2, 1000, 2, head_dim)
+        q, k, v, dout = (
+            torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for shape in (q_shape, kv_shape, kv_shape, q_shape)
+        )
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         start = time.perf_counter()
         out = dash_attn.dash_attn_func(q, k, v, causal=causal, backend="hopper")

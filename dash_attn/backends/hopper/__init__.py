@@ -28,11 +28,17 @@ _BWD_TILES = {
     128: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
 }
 # The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each head dim runs: the
-# fastest correct one of the side-by-side checks (benchmarks/results/h200/session8-*/variants):
+# fastest correct one of the side-by-side checks (benchmarks/results/h200/session9-*/variants):
 # 128 x 128 tiles at 64, 64 x 128 at 128; masks only in edge tiles, dS stored by stmatrix,
-# FA4's dV/dS order, vector dK/dV stores, the TVM-FFI launch. Its tiles must equal _BWD_TILES'
-# (tests check).
-BWD_VARIANT = {64: "t128_smq", 128: "t128_smq"}
+# FA4's dV/dS order, vector dK/dV stores, the dQ partial in fragment order (one flat bulk
+# reduce per step), at hd 128 with two dQ staging buffers; the TVM-FFI launch. Its tiles must
+# equal _BWD_TILES' (tests check).
+BWD_VARIANT = {64: "t128_fq", 128: "t128_fq2"}
+# The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
+# query tokens on, two (128 rows) below: measured side by side (session9-*/fwd), the 192-row
+# tile is 5-6% faster at 8k-16k tokens (causal and full) and up to 8% slower at 2k. A shape
+# always runs the same kernel.
+FWD_3WG_MIN_SEQLEN = 8192
 
 
 def bwd_tiles(headdim: int) -> BackwardTiles:

@@ -49,8 +49,12 @@ tiles at hd 64 (ptxas keeps about ten loop-invariant values in local memory: sto
 reloaded per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack
 tensors; ``late_ticket`` takes a dynamic ticket only when the CTA has finished its chain.
 
+``dq_double`` gives the dQ writer two staging buffers; ``dq_frag`` stages and accumulates the
+dQ partial in the MMA fragments' own order (``dq_fragment.py``; 16-byte stores, one flat bulk
+reduce per step, decoded by the final cast).
+
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
-pointwise work; a double-buffered dQ staging tile.
+pointwise work.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.experimental.primitives as cute_prims
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from . import dq_fragment
 from ._cute_utils import acc_to_operand_a, gmem_tensor, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -115,6 +121,8 @@ class HopperAttnBwd:
         stmatrix_ds: bool = False,
         dq_meta_from_stage: bool = False,
         dq_double: bool = False,
+        dq_frag: bool = False,
+        split_exp: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -178,10 +186,25 @@ class HopperAttnBwd:
         #   the wait for the single buffer). The shared memory comes from a single-buffered dS
         #   tile: dS of step s+1 is written only after every MMA thread passed step s's "dQ
         #   buffer free" barrier, which each passes after its dQ = dS K of step s completed.
-        if dq_double and not (dq_swizzle and dq_meta_from_stage):
-            raise ValueError("dq_double needs dq_swizzle and dq_meta_from_stage")
+        if dq_double and not ((dq_swizzle or dq_frag) and dq_meta_from_stage):
+            raise ValueError("dq_double needs dq_swizzle or dq_frag, and dq_meta_from_stage")
         self.dq_double = dq_double
         self.dq_bufs = 2 if dq_double else 1
+        # dq_frag: the dQ partial is staged and accumulated in fragment order (dq_fragment.py):
+        #   each thread's registers as 16-byte stores (half the store instructions of the
+        #   swizzled tile's 8-byte ones, which queue in the MIO pipe with the exponentials),
+        #   and one flat bulk reduce per step instead of a TMA tensor reduce per 32 columns.
+        #   The accumulator is then (batch, heads, q_tiles, block_m * head_dim) and the final
+        #   cast (dq_cast.scale_cast_fragments) decodes it.
+        if dq_frag and dq_swizzle:
+            raise ValueError("dq_frag and dq_swizzle are two layouts of the dQ tile: pick one")
+        if dq_frag and not dq_meta_from_stage:
+            raise ValueError("dq_frag needs dq_meta_from_stage")
+        self.dq_frag = dq_frag
+        # split_exp: P^T is computed in two passes over the tile, all the scale-and-subtract
+        #   FMAs, then all the exponentials, so that no exponential waits for the FMA that
+        #   feeds it (the session-8 profile showed the MUFU ops stalled on exactly that).
+        self.split_exp = split_exp
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -230,7 +253,7 @@ class HopperAttnBwd:
         mdO: cute.Tensor,
         mLSE: cute.Tensor,  # (b * heads, rows_pad) fp32
         mDelta: cute.Tensor,
-        mdQacc: cute.Tensor,  # (b, seqlen_q, heads, hd) fp32
+        mdQacc: cute.Tensor,  # (b, seqlen_q, heads, hd) fp32; dq_frag: (b, heads, q_tiles, bm * hd)
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mFlags: cute.Tensor,  # int32 [2 + b * heads * q_tiles]: ticket, error, semaphores
@@ -374,7 +397,10 @@ class HopperAttnBwd:
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
         sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
-        if const_expr(self.dq_double):
+        if const_expr(self.dq_frag):
+            # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
+            sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
+        elif const_expr(self.dq_double):
             # (rows, hd, buffer); the TMA atom takes one buffer's (rows, hd) layout.
             dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd, 2), order=(0, 1, 2))
@@ -408,13 +434,18 @@ class HopperAttnBwd:
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
             g2s, mDelta_t, cute.make_layout(bm), (bm,)
         )
-        # The TMA atom moves one buffer: (rows, hd).
-        sdQ_tile = sdQ_layout
-        if const_expr(self.dq_double):
-            sdQ_tile = cute.select(sdQ_layout, mode=[0, 1])
-        tma_dq, tma_tdQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_tile, (bm, hd)
-        )
+        if const_expr(self.dq_frag):
+            # Flat bulk reduces from plain addresses: no TMA atom (the Q atom stands in for
+            # the unused parameter) and the accumulator is passed as it is.
+            tma_dq, tma_tdQ = tma_q, mdQacc
+        else:
+            # The TMA atom moves one buffer: (rows, hd).
+            sdQ_tile = sdQ_layout
+            if const_expr(self.dq_double):
+                sdQ_tile = cute.select(sdQ_layout, mode=[0, 1])
+            tma_dq, tma_tdQ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_tile, (bm, hd)
+            )
 
         elem = self.dtype.width // 8
         self.bytes_step = 2 * bm * hd * elem + 2 * bm * 4
@@ -533,7 +564,10 @@ class HopperAttnBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        if const_expr(self.dq_swizzle):
+        if const_expr(self.dq_frag):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            sdQ_mma = sdQ
+        elif const_expr(self.dq_swizzle):
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
             # The MMA warpgroups store through a flat view with the swizzle computed by hand
             # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
@@ -764,7 +798,15 @@ class HopperAttnBwd:
                 cute.arch.barrier(barrier_id=_BAR_DQ_FULL + 2 * buf, number_of_threads=bar_threads)
             else:
                 cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
-            sdQ_buf = sdQ[None, None, buf] if const_expr(self.dq_double) else sdQ
+            if const_expr(self.dq_frag):
+                sdQ_buf = cute.make_tensor(
+                    sdQ.iterator + cute.assume(buf * (bm * hd), divby=bm * hd),
+                    cute.make_layout(bm * hd),
+                )
+            elif const_expr(self.dq_double):
+                sdQ_buf = sdQ[None, None, buf]
+            else:
+                sdQ_buf = sdQ
             # The step's metadata: from its load-ring slot (released here once read: the MMA
             # warpgroups release it only after this barrier, so it is still valid) or from
             # the copy an MMA thread made next to the partial.
@@ -794,21 +836,37 @@ class HopperAttnBwd:
                         # the error flag (a plain store: every writer writes 1).
                         nan = Float32(float("nan"))
                         for i in cutlass.range(lane, bm * hd, cute.arch.WARP_SIZE, unroll=4):
-                            sdQ_buf[i // hd, i % hd] = nan
+                            if const_expr(self.dq_frag):
+                                sdQ_buf[i] = nan
+                            else:
+                                sdQ_buf[i // hd, i % hd] = nan
                         cute.arch.fence_view_async_shared()
                         if lane == 0:
                             mFlags[1] = Int32(1)
                     cute.arch.sync_warp()
-                # The whole warp issues the copy (it elects one lane itself); bulk groups are
-                # per thread, so every lane commits and waits (empty groups for the others).
-                gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
-                ts, tg = cpasync.tma_partition(
-                    tma_dq, 0, cute.make_layout(1),
-                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
-                )  # fmt: skip
-                cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if const_expr(self.dq_frag):
+                    # One flat bulk reduce of the whole tile (the accumulator's tile is in the
+                    # same fragment order), issued, committed and waited for by lane 0.
+                    if lane == 0:
+                        tile = mdQ[b, qh, qt, None]
+                        cute_prims.cp_reduce_async_bulk_global_shared_cta(
+                            tile.iterator, sdQ_buf.iterator, bm * hd * 4,
+                            op=cute_prims.CpReduceOp.ADD, type=cute_prims.CpReduceType.F32,
+                        )  # fmt: skip
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                else:
+                    # The whole warp issues the copy (it elects one lane itself); bulk groups
+                    # are per thread, so every lane commits and waits (empty groups for the
+                    # others).
+                    gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
+                    ts, tg = cpasync.tma_partition(
+                        tma_dq, 0, cute.make_layout(1),
+                        cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
+                    )  # fmt: skip
+                    cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
+                    cute.arch.cp_async_bulk_commit_group()
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
                 # This buffer (and sDqInfo, already read) may be overwritten from here on.
                 if const_expr(self.dq_double):
@@ -922,6 +980,39 @@ class HopperAttnBwd:
             dst[0] = acc[i]
             dst[1] = acc[i + 1]
 
+    def _check_dq_fragment(self, mma_dq: cute.TiledMma, registers: int) -> None:
+        """Trace time (plain Python, not staged): the layout the cast kernel decodes must be
+        this MMA's. Its fragment coordinates are compared with dq_fragment.fragment_coords for
+        every register of every lane of warp 0 and of the first and last thread of the other
+        seven warps (the map is affine per warp; all 256 threads cost seconds of compile)."""
+        bm, hd = self.block_m, self.head_dim
+        ident = cute.make_identity_tensor((bm, hd))
+        threads = [*range(32), *(t for w in range(1, 8) for t in (32 * w, 32 * w + 31))]
+        for t in threads:
+            coords = mma_dq.get_slice(t).partition_C(ident)
+            for i in range(registers):
+                expected = dq_fragment.fragment_coords(bm, hd, t, i)
+                if tuple(coords[i]) != expected:
+                    raise AssertionError(
+                        f"dQ fragment of thread {t}, register {i}: the MMA has {coords[i]}, "
+                        f"dq_fragment says {expected}"
+                    )
+
+    @cute.jit
+    def _store_dq_fragment(
+        self, acc: cute.Tensor, flat: cute.Tensor, buf: Int32, tidx: Int32, mma_dq: cute.TiledMma
+    ):
+        """acc_dQ of MMA thread ``tidx`` into staging buffer ``buf`` in fragment order
+        (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 1024 j + 4 tidx."""
+        bm, hd = self.block_m, self.head_dim
+        self._check_dq_fragment(mma_dq, cute.size(acc))
+        base = buf * (bm * hd) + tidx * 4
+        for j in cutlass.range_constexpr(cute.size(acc) // 4):
+            off = cute.assume(base + dq_fragment.fragment_offset(0, 4 * j), divby=4)
+            dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
+            for e in cutlass.range_constexpr(4):
+                dst[e] = acc[4 * j + e]
+
     @cute.jit
     def _probs(
         self,
@@ -939,9 +1030,16 @@ class HopperAttnBwd:
         """P^T = exp2(S^T * scale_log2 - lse2) in place; with ``masked``, zero for keys past
         seqlen_k (TMA gave zeros there, not -inf) and, causal, keys after the bottom-right
         diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask."""
+        if const_expr(self.split_exp):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                _, m = tScS[i]
+                acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             n, m = tScS[i]
-            p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
+            if const_expr(self.split_exp):
+                p = cute.math.exp2(acc_S[i], fastmath=True)
+            else:
+                p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
             if const_expr(masked):
                 if n0 + n >= seqlen_k:
                     p = Float32(0.0)
@@ -1013,7 +1111,7 @@ class HopperAttnBwd:
             tDsdS = thr_ds.partition_D(sdS)
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
-        else:
+        elif const_expr(not self.dq_frag):
             tQsdQ = thr_dq.partition_C(sdQ)
         bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 
@@ -1130,7 +1228,9 @@ class HopperAttnBwd:
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
-                if const_expr(self.dq_double):
+                if const_expr(self.dq_frag):
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                elif const_expr(self.dq_double):
                     tile = self.block_m * self.head_dim
                     # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
                     offset = cute.assume(buf * tile, divby=tile)

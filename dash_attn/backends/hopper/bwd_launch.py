@@ -19,9 +19,11 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
 from ...schedule import TABLE_FIELDS
+from ..triton.dq_cast import scale_cast
 from . import kernel_cache
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
+from .dq_cast import scale_cast_fragments
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
 # per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
@@ -76,6 +78,14 @@ VARIANTS["t128_smq"] = {**VARIANTS["t128_sm"], "queue_dv": True, "vec_epilogue":
 # t128_smq with two dQ staging buffers (dS single-buffered to make room). Compile-checked only:
 # not yet run on a GPU (session 8 had no device time left).
 VARIANTS["t128_dq2"] = {**VARIANTS["t128_smq"], "dq_double": True}
+# Session 9: the dQ partial staged and accumulated in fragment order (16-byte stores, one flat
+# bulk reduce per step; the final cast decodes the layout), with one or two staging buffers;
+# and the exponentials in their own pass after the FMAs that feed them.
+_FRAG = {"dq_swizzle": False, "dq_frag": True}
+VARIANTS["t128_fq"] = {**VARIANTS["t128_smq"], **_FRAG}
+VARIANTS["t128_fq2"] = {**VARIANTS["t128_dq2"], **_FRAG}
+VARIANTS["t128_fqx"] = {**VARIANTS["t128_fq"], "split_exp": True}
+VARIANTS["t128_fq2x"] = {**VARIANTS["t128_fq2"], "split_exp": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles", "host_ints", "per_hd", "tvm_ffi")
 DEFAULT_VARIANT = "base"
@@ -87,6 +97,40 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
+
+
+def dq_fragment_order(variant: str, head_dim: int) -> bool:
+    """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) at
+    ``head_dim`` rather than as (batch, seqlen_q, heads, head_dim)."""
+    return bool(_variant_options(variant, head_dim).get("dq_frag"))
+
+
+def dq_acc_shape(
+    q_shape: tuple[int, ...], q_tiles: int, block_m: int, variant: str
+) -> tuple[int, ...]:
+    """The fp32 dQ accumulator's shape for q of ``q_shape`` (b, s, h, d)."""
+    batch, seqlen_q, heads, head_dim = q_shape
+    if dq_fragment_order(variant, head_dim):
+        return (batch, heads, q_tiles, block_m * head_dim)
+    return (batch, seqlen_q, heads, head_dim)
+
+
+def cast_dq(
+    dq_acc: torch.Tensor,
+    softmax_scale: float,
+    dtype: torch.dtype,
+    *,
+    seqlen_q: int,
+    head_dim: int,
+    block_m: int,
+    variant: str,
+) -> torch.Tensor:
+    """dq (batch, seqlen_q, heads, head_dim) in ``dtype`` from ``hopper_bwd_main``'s
+    accumulator: ``dq_acc * softmax_scale``, decoded first if ``variant`` keeps it in fragment
+    order."""
+    if dq_fragment_order(variant, head_dim):
+        return scale_cast_fragments(dq_acc, softmax_scale, dtype, seqlen_q, block_m)
+    return scale_cast(dq_acc, softmax_scale, dtype)
 
 
 def _launch_mode(variant: str) -> str:
@@ -119,15 +163,16 @@ def _cute_tensor(t: torch.Tensor, align: int = 16) -> cute.Tensor:
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.ndim - 1)
 
 
-def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int) -> list:
+def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
     """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
-    dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 and dk, dv
-    like q and k, flags and the six int32 tables (1-D). The head dim is static (the kernel is
+    dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 (4-D, last
+    dim ``dq_last``: the head dim, or block_m * head_dim in fragment order) and dk, dv like q
+    and k, flags and the six int32 tables (1-D). The head dim is static (the kernel is
     compiled per head dim; a tensor with another one is refused by TVM-FFI)."""
     return [
         *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
         *(fake_tensor(Float32, 2, cute.sym_int(), 16) for _ in range(2)),
-        fake_tensor(Float32, 4, head_dim, 16),
+        fake_tensor(Float32, 4, dq_last, 16),
         *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(2)),
         *(fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(1 + len(TABLE_FIELDS))),
     ]
@@ -258,13 +303,15 @@ def compile_bwd(
                 "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
             )
 
+        dq_last = block_m * head_dim if kernel.dq_frag else head_dim
+
         # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and
         # the stream the caller's current one, read by TVM-FFI at every call (torch's current
         # stream of the tensors' device): nothing is specialised on a value.
         def build() -> Any:
             return cute.compile(
                 kernel,
-                *_fake_kernel_args(dtype, head_dim),
+                *_fake_kernel_args(dtype, head_dim, dq_last),
                 Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
                 make_fake_stream(use_tvm_ffi_env_stream=True),
                 options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
@@ -275,6 +322,8 @@ def compile_bwd(
         with _cache_lock:
             _cache.setdefault(key, compiled)
             return _cache[key]
+    if kernel.dq_frag:
+        raise ValueError(f"variant {variant!r}: dq_frag kernels launch through TVM-FFI only")
     if mode == "ints":
         # Typed placeholders (no tensor needed): nothing is specialised on their values.
         compiled = cute.compile(
@@ -360,7 +409,8 @@ def hopper_bwd_main(
     timeout_ns: int,
     variant: str = DEFAULT_VARIANT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status).
+    """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
+    ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
 
     Same contract as the Triton ``attn_bwd_main``: ``lse2``/``delta`` from the Triton
     preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
@@ -389,7 +439,8 @@ def hopper_bwd_main(
     if timeout_ns < 1:
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
     batch, seqlen_q, heads, head_dim = q.shape
-    dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=q.device, dtype=torch.float32)
+    dq_shape = dq_acc_shape(q.shape, q_tiles, block_m, variant)
+    dq_acc = torch.zeros(dq_shape, device=q.device, dtype=torch.float32)
     dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
     # One zeroed buffer: ticket counter, error flag, then one semaphore per dQ tile.

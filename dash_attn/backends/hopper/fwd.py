@@ -888,8 +888,8 @@ def compile_fwd(
     every batch / seqlen / heads / stride; the real tensors only differ in runtime values. Always
     targets sm_90a (explicitly, so this also works on a machine without a GPU).
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
-    consumer_wgs=3 is the experimental 192-row tile for hd 64 (FA4's choice there; not yet run
-    on a GPU, hence not the default).
+    consumer_wgs=3 is the 192-row tile for hd 64 (FA4's choice there); the backend runs it
+    from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
     from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``.
     """
@@ -967,7 +967,7 @@ def hopper_fwd(
 
     q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
     in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
-    consumer_wgs: 2 (default, 128-row tiles) or 3 (experimental 192-row tiles, hd 64 only).
+    consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles, hd 64 only).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:

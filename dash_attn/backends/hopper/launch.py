@@ -6,13 +6,15 @@ shared ``backends.backward.run_backward``: only the main kernels differ.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
-from . import BWD_VARIANT
-from .bwd_launch import hopper_bwd_main
+from . import BWD_VARIANT, FWD_3WG_MIN_SEQLEN
+from .bwd_launch import cast_dq, hopper_bwd_main
 from .fwd import hopper_fwd
 
 
@@ -20,7 +22,15 @@ def run_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
-    return hopper_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return hopper_fwd(
+        q, k, v, causal=causal, softmax_scale=softmax_scale,
+        consumer_wgs=forward_consumer_wgs(q.shape[3], q.shape[1]),
+    )  # fmt: skip
+
+
+def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
+    """Consumer warpgroups of the hopper forward for this shape (``FWD_3WG_MIN_SEQLEN``)."""
+    return 3 if head_dim == 64 and seqlen_q >= FWD_3WG_MIN_SEQLEN else 2
 
 
 def run_backward(
@@ -37,9 +47,14 @@ def run_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv by the plan's schedule on the warp-specialised kernel (same contract as the
     Triton backend's ``run_backward``)."""
+    cast = functools.partial(
+        cast_dq, seqlen_q=q.shape[1], head_dim=q.shape[3], block_m=plan.tiles.block_m,
+        variant=BWD_VARIANT[plan.problem.headdim],
+    )  # fmt: skip
     return backward.run_backward(
-        plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check
-    )
+        plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
+        cast_dq=cast,
+    )  # fmt: skip
 
 
 def _main(

@@ -111,8 +111,11 @@ def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
-    assert "cp.reduce.async.bulk.tensor" in ptx
-    assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
+    if bwd_launch.dq_fragment_order(variant, head_dim):
+        assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
+    else:
+        assert "cp.reduce.async.bulk.tensor" in ptx
+        assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
     assert "cp.async.bulk.tensor" in ptx  # TMA loads
     # The semaphore protocol exists in deterministic mode only.
     assert ("ld.acquire.gpu" in ptx) == det
@@ -183,6 +186,14 @@ VARIANT_CONFIGS = [
     # Two dQ staging buffers (compile-checked; not yet run on a GPU).
     ("t128_dq2", (64, torch.bfloat16, True, True)),
     ("t128_dq2", (128, torch.float16, False, False)),
+    # Session 9: dQ in fragment order (one and two staging buffers), exponentials split from
+    # their FMAs.
+    ("t128_fq", (64, torch.bfloat16, True, True)),
+    ("t128_fq", (128, torch.bfloat16, True, True)),
+    ("t128_fq", (128, torch.float16, False, False)),
+    ("t128_fq2", (64, torch.float16, False, False)),
+    ("t128_fq2", (128, torch.bfloat16, True, True)),
+    ("t128_fqx", (128, torch.bfloat16, True, True)),
 ]
 
 
@@ -203,9 +214,15 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert ("ld.acquire.gpu" in ptx) == det
     assert ("red.release.gpu" in ptx) == det
-    # dq_swizzle: one bulk reduce-add per 32-column box of the swizzled dQ tile.
-    boxes = head_dim // 32 if bwd_launch.VARIANTS[variant].get("dq_swizzle") else 1
-    assert ptx.count("cp.reduce.async.bulk.tensor") == boxes
+    options = bwd_launch._variant_options(variant, head_dim)
+    if options.get("dq_frag"):
+        # One flat fp32 bulk reduce of the whole tile per step, no tensor (TMA) reduce.
+        assert "cp.reduce.async.bulk.tensor" not in ptx
+        assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
+    else:
+        # dq_swizzle: one bulk reduce-add per 32-column box of the swizzled dQ tile.
+        boxes = head_dim // 32 if options.get("dq_swizzle") else 1
+        assert ptx.count("cp.reduce.async.bulk.tensor") == boxes
     sass = _sass(compiled, tmp_path)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
@@ -214,13 +231,18 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert alloc >= 0
     mma_code = sass[alloc:]
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
-    # The dQ stores go out as 64-bit stores (the hand-computed swizzle kept them vectorised).
-    assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= block_m * head_dim // 256 // 2
+    dq_regs = block_m * head_dim // 256
+    if options.get("dq_frag"):
+        # Fragment order: each thread's dQ registers leave as 16-byte stores.
+        assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
+        assert "UBLKRED.G.S.ADD.F32" in sass
+    else:
+        # 64-bit stores (the hand-computed swizzle kept them vectorised).
+        assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= dq_regs // 2
     if bwd_launch.VARIANTS[variant].get("vec_epilogue"):
         # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
         assert "STG.E.U16" not in mma_code
         assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
-    options = bwd_launch._variant_options(variant, head_dim)
     if options.get("stmatrix_ds"):
         # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as
         # one 32-bit store per register pair.

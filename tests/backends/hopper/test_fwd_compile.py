@@ -20,10 +20,11 @@ from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 
 # Every (head_dim, dtype, causal) the backend claims. On a small box (< 4 cores: ~4 s of CPU
-# per compile) the extra head dims 96/192/256 and the 3-warpgroup variant are compiled in one
-# config each to stay under a minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix.
+# per compile) the extra head dims 96/192/256 are compiled in one config each to stay near a
+# minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix.
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
-# (hd, dtype, causal, consumer warpgroups); the last is the opt-in 3-warpgroup hd-64 variant.
+# (hd, dtype, causal, consumer warpgroups); the last four are the 3-warpgroup hd-64 kernels
+# (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on).
 CONFIGS = [
     (hd, dtype, causal, 2)
     for hd in hfwd.SUPPORTED_HEAD_DIMS
@@ -31,10 +32,7 @@ CONFIGS = [
     for causal in (False, True)
     if hd in (64, 128) or not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
 ] + [
-    (64, dtype, causal, 3)
-    for dtype in (torch.bfloat16, torch.float16)
-    for causal in (False, True)
-    if not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
+    (64, dtype, causal, 3) for dtype in (torch.bfloat16, torch.float16) for causal in (False, True)
 ]
 
 

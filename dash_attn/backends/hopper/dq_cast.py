@@ -1,0 +1,85 @@
+"""The last pass of a hopper backward whose dQ accumulator is in fragment order
+(:mod:`.dq_fragment`): read each tile, scale, cast to q's dtype and write dq ``(b, s, h, d)``
+row-major, dropping the padded rows of the last Q tile. One program per (Q tile, batch x head).
+
+The arithmetic is the same as the row-major cast (``backends.triton.dq_cast``): an fp32
+product, then round-to-nearest-even; only the addresses differ (``dq_fragment.tile_offset``,
+evaluated element-wise here).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dq_fragment import MMA_THREADS, wg_split
+
+
+@triton.jit
+def _fragment_cast_kernel(
+    ACC,
+    OUT,
+    seqlen_q,
+    heads,
+    q_tiles,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    scale,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT_COLS: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    row = tl.arange(0, BLOCK_M)[:, None]
+    col = tl.arange(0, HEAD_DIM)[None, :]
+    # dq_fragment.tile_offset, element-wise.
+    if SPLIT_COLS:
+        wg = col // (HEAD_DIM // 2)
+        rr = row
+        cc = col % (HEAD_DIM // 2)
+    else:
+        wg = row // 64
+        rr = row % 64
+        cc = col
+    thread = 128 * wg + 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2
+    index = cc % 2 + 2 * ((rr % 16) // 8) + 4 * (cc // 8)
+    offset = (index // 4) * (THREADS * 4) + thread * 4 + index % 4
+    base = (bh.to(tl.int64) * q_tiles + tile) * (BLOCK_M * HEAD_DIM)
+    acc = tl.load(ACC + base + offset)
+    seq = tile * BLOCK_M + row
+    dst = OUT + b.to(tl.int64) * stride_ob + seq.to(tl.int64) * stride_os + h * stride_oh + col
+    tl.store(dst, (acc * scale).to(OUT.dtype.element_ty), mask=(seq < seqlen_q) & (col >= 0))
+
+
+def scale_cast_fragments(
+    acc: torch.Tensor, scale: float, dtype: torch.dtype, seqlen_q: int, block_m: int
+) -> torch.Tensor:
+    """dq ``(batch, seqlen_q, heads, head_dim)`` in ``dtype`` = ``acc * scale`` decoded from the
+    fragment-order accumulator ``acc`` fp32 ``(batch, heads, q_tiles, block_m * head_dim)``."""
+    if acc.dtype != torch.float32 or acc.dim() != 4 or not acc.is_contiguous():
+        raise ValueError(
+            f"acc must be a contiguous fp32 (batch, heads, q_tiles, block_m * head_dim) tensor, "
+            f"got {acc.dtype} {tuple(acc.shape)}"
+        )
+    batch, heads, q_tiles, tile = acc.shape
+    split = wg_split(block_m)
+    head_dim = tile // block_m
+    if head_dim * block_m != tile or head_dim not in (64, 128):
+        raise ValueError(f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/128")
+    if q_tiles != -(-seqlen_q // block_m):
+        raise ValueError(f"q_tiles={q_tiles} does not tile seqlen_q={seqlen_q} by {block_m}")
+    out = torch.empty((batch, seqlen_q, heads, head_dim), device=acc.device, dtype=dtype)
+    if out.numel() == 0:
+        return out
+    _fragment_cast_kernel[(q_tiles, batch * heads)](
+        acc, out, seqlen_q, heads, q_tiles, out.stride(0), out.stride(1), out.stride(2), scale,
+        BLOCK_M=block_m, HEAD_DIM=head_dim, SPLIT_COLS=split == "cols", THREADS=MMA_THREADS,
+        num_warps=8,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,72 @@
+"""The fragment-order layout of the Hopper backward's fp32 dQ accumulator (``dq_frag``).
+
+Each step's dQ partial (block_m x head_dim fp32, held by the 256 MMA threads as WGMMA
+accumulator fragments) goes to shared memory and then to global memory *as the threads hold
+it*, not row-major: thread ``t`` writes its registers ``i = 4 j .. 4 j + 3`` as one 16-byte
+store at float offset ``j * 1024 + 4 t``. A warp's store then covers 512 contiguous bytes (no
+bank conflicts, a quarter of the store instructions of 32-bit pairs), and the whole tile is
+added to global memory by one flat bulk reduce (``cp.reduce.async.bulk``) per step. The global
+accumulator is ``(batch, heads, q_tiles, block_m * head_dim)``; only the final scale-and-cast
+(:mod:`.dq_cast`) knows where each element lives. FA4 does the same (its postprocess rebuilds
+the MMA to decode); here the map is written out, checked against the kernel's own fragment
+coordinates at compile time (``HopperAttnBwd``) and by the tests.
+
+Pure Python: no torch, cutlass or triton.
+
+Worked example (block_m 64, head_dim 128: the two MMA warpgroups split the head dim): thread
+t = 37 is warpgroup 0, warp 1, lane 5. Its register 6 is (k, j, n8) = (0, 1, 1): row
+16 * 1 + 5 // 4 + 8 = 25, column 8 + 2 * (5 % 4) + 0 = 10; it is stored at float offset
+(6 // 4) * 1024 + 4 * 37 + 6 % 4 = 1174.
+"""
+
+from __future__ import annotations
+
+MMA_THREADS = 256  # two warpgroups
+_CHUNK = 4  # fp32 values per 16-byte store
+
+
+def wg_split(block_m: int) -> str:
+    """How the two MMA warpgroups share the dQ tile: "cols" (64 rows: each takes half the head
+    dim) or "rows" (128 rows: each takes 64 rows)."""
+    if block_m == 64:
+        return "cols"
+    if block_m == 128:
+        return "rows"
+    raise ValueError(f"block_m must be 64 or 128 for the dQ fragment layout, got {block_m}")
+
+
+def fragment_coords(block_m: int, head_dim: int, thread: int, index: int) -> tuple[int, int]:
+    """(row, col) in the dQ tile of accumulator register ``index`` of MMA thread ``thread``.
+
+    The WGMMA m64nN accumulator: within a warpgroup, warp w and lane l hold rows
+    16 w + l // 4 (+ 8), and registers come in (k, j, n8) order: column pair bit k, row half j,
+    8-column group n8.
+    """
+    split = wg_split(block_m)
+    wg_cols = head_dim // 2 if split == "cols" else head_dim
+    if not 0 <= thread < MMA_THREADS or not 0 <= index < 64 * wg_cols // 128:
+        raise ValueError(f"thread {thread} / register {index} out of range")
+    wg, warp, lane = thread // 128, (thread % 128) // 32, thread % 32
+    k, j, n8 = index % 2, (index // 2) % 2, index // 4
+    row = 16 * warp + lane // 4 + 8 * j
+    col = 8 * n8 + 2 * (lane % 4) + k
+    if split == "cols":
+        return row, wg * wg_cols + col
+    return 64 * wg + row, col
+
+
+def fragment_offset(thread: int, index: int) -> int:
+    """Float offset in the tile of register ``index`` of MMA thread ``thread``."""
+    return (index // _CHUNK) * (MMA_THREADS * _CHUNK) + thread * _CHUNK + index % _CHUNK
+
+
+def tile_offset(block_m: int, head_dim: int, row: int, col: int) -> int:
+    """Float offset in the tile of element (row, col): the inverse of ``fragment_coords``
+    followed by ``fragment_offset`` (the formula the cast kernel evaluates per element)."""
+    if wg_split(block_m) == "cols":
+        wg, rr, cc = col // (head_dim // 2), row, col % (head_dim // 2)
+    else:
+        wg, rr, cc = row // 64, row % 64, col
+    thread = 128 * wg + 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2
+    index = cc % 2 + 2 * ((rr % 16) // 8) + 4 * (cc // 8)
+    return fragment_offset(thread, index)

@@ -1,0 +1,54 @@
+"""The fragment-order dQ layout (``hopper/dq_fragment.py``): a bijection between the MMA
+threads' registers and the tile's elements, whose inverse is what the cast kernel evaluates.
+(That it is the MMA's own layout is checked when a kernel compiles: ``HopperAttnBwd``
+compares it with the tiled MMA's coordinates at trace time.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from dash_attn.backends.hopper import dq_fragment
+
+TILES = [(64, 128), (128, 64)]  # (block_m, head_dim) of the hopper backward at hd 128 and 64
+
+
+@pytest.mark.parametrize("block_m,head_dim", TILES)
+def test_fragment_order_is_a_bijection_with_its_inverse(block_m: int, head_dim: int) -> None:
+    registers = block_m * head_dim // dq_fragment.MMA_THREADS
+    offsets, coords = set(), set()
+    for thread in range(dq_fragment.MMA_THREADS):
+        for index in range(registers):
+            row, col = dq_fragment.fragment_coords(block_m, head_dim, thread, index)
+            assert 0 <= row < block_m and 0 <= col < head_dim
+            offset = dq_fragment.fragment_offset(thread, index)
+            assert dq_fragment.tile_offset(block_m, head_dim, row, col) == offset
+            offsets.add(offset)
+            coords.add((row, col))
+    assert offsets == set(range(block_m * head_dim))
+    assert len(coords) == block_m * head_dim
+
+
+def test_worked_example_and_16_byte_chunks() -> None:
+    # The module docstring's example.
+    assert dq_fragment.fragment_coords(64, 128, 37, 6) == (25, 10)
+    assert dq_fragment.fragment_offset(37, 6) == 1174
+    # A thread's registers 4j..4j+3 are contiguous and 16-byte aligned; a warp's chunk j covers
+    # 512 contiguous bytes (32 threads x 16 B).
+    for j in range(8):
+        starts = [dq_fragment.fragment_offset(t, 4 * j) for t in range(32)]
+        assert starts == list(range(1024 * j, 1024 * j + 128, 4))
+        assert [dq_fragment.fragment_offset(5, 4 * j + e) for e in range(4)] == [
+            starts[5] + e for e in range(4)
+        ]
+    # Warpgroup 1 holds the right half of the head dim (64-row tiles), the lower rows (128).
+    assert dq_fragment.fragment_coords(64, 128, 128, 0) == (0, 64)
+    assert dq_fragment.fragment_coords(128, 64, 128, 0) == (64, 0)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="block_m must be 64 or 128"):
+        dq_fragment.wg_split(80)
+    with pytest.raises(ValueError, match="out of range"):
+        dq_fragment.fragment_coords(64, 128, 256, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        dq_fragment.fragment_coords(64, 128, 0, 32)

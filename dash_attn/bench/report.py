@@ -283,7 +283,8 @@ def summary_ratios(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, st
 
 def summary_table(rows: Iterable[Mapping[str, Any]], markdown: bool = False) -> str:
     header = ["config", "ratio", "geomean", "range", "configs"]
-    body = [[g, c, v, d, str(n)] for g, c, v, d, n in summary_ratios(rows)]
+    # Ratios whose providers the run did not have (a run with a few providers) are left out.
+    body = [[g, c, v, d, str(n)] for g, c, v, d, n in summary_ratios(rows) if n]
     return markdown_table(header, body, left=2) if markdown else text_table(header, body, left=2)
 
 

@@ -134,6 +134,11 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
     e2e = report.e2e_table(report.read_csv(session / "e2e-cd4f1d9" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
+    # Session 9's hopper-and-FA4 backward run: its table and its summary.
+    hopper9 = report.read_csv(results / "session9-0df7a3e" / "sweep" / "bench.csv")
+    assert len(hopper9) == 24 * 4
+    assert report.readme_table(hopper9) in readme.read_text()
+    assert report.summary_table(hopper9, markdown=True).strip() in readme.read_text()
 
 
 def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:

@@ -299,7 +299,7 @@ def test_ffi_call_matches_the_kernel_signature() -> None:
 
     params = list(inspect.signature(HopperAttnBwd.__call__).parameters)
     assert params[0] == "self" and params[-1] == "stream"
-    fakes = bwd_launch._fake_kernel_args(cutlass.BFloat16, 128)
+    fakes = bwd_launch._fake_kernel_args(cutlass.BFloat16, 128, 128)
     scalars = bwd_launch._scalar_args(2, 1, 4, 4, True, 0.125, 10**9)
     assert len(fakes) + len(scalars) == len(params) - 2
     assert params[len(fakes) + 1 : -1] == [

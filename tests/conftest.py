@@ -1,9 +1,17 @@
 """Shared test set-up: the source checkout's ``tools/`` are importable (``from tools import ...``),
-and the two machine-dependent markers skip where their machine is missing."""
+the two machine-dependent markers skip where their machine is missing, and the disk cache of
+compiled kernels is off unless a test turns it on."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Compiled hopper kernels stay in the test process: the suite must not write to (or load from)
+# the user's disk cache (~/.cache/dash_attn/kernels). Tests of the cache set the variable
+# themselves.
+os.environ.setdefault("DASH_ATTN_KERNEL_CACHE", "0")
 
 from dash_attn.device import is_interpreter
 

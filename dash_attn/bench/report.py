@@ -281,10 +281,15 @@ def summary_ratios(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, st
     return out
 
 
-def summary_table(rows: Iterable[Mapping[str, Any]], markdown: bool = False) -> str:
+def summary_table(
+    rows: Iterable[Mapping[str, Any]], markdown: bool = False, only_measured: bool = False
+) -> str:
+    """Geometric-mean ratios per config group; a ratio whose providers the run lacks shows "-"
+    (or, with ``only_measured``, is left out: a run of a few providers)."""
     header = ["config", "ratio", "geomean", "range", "configs"]
-    # Ratios whose providers the run did not have (a run with a few providers) are left out.
-    body = [[g, c, v, d, str(n)] for g, c, v, d, n in summary_ratios(rows) if n]
+    body = [
+        [g, c, v, d, str(n)] for g, c, v, d, n in summary_ratios(rows) if n or not only_measured
+    ]
     return markdown_table(header, body, left=2) if markdown else text_table(header, body, left=2)
 
 

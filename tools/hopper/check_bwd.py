@@ -5,7 +5,7 @@ Run on an H100/H200 from the repository root::
 
     PYTHONPATH=$PWD python3 tools/hopper/check_bwd.py --out OUT_DIR
 
-``--variants base,dqswz,t128`` instead compares kernel variants (bwd_launch.VARIANTS) side by
+``--variants t128_smq,t128_fq2`` instead compares kernel variants (bwd_launch.VARIANTS) side by
 side: numerics and 3 bitwise repeats for every schedule on a few shapes (det and non-det), a
 forced timeout, then timing on the 8 benchmark shapes (det and non-det, and FA4 if importable),
 within a global time budget; it ends with a variant x shape table.
@@ -161,9 +161,11 @@ def reference_grads(inputs: dict, causal: bool, scale: float, dtype: torch.dtype
 
 
 def schedule_for(
-    shape: Shape, causal: bool, name: str, workers: int, variant: str = "base"
+    shape: Shape, causal: bool, name: str, workers: int, variant: str | None = None
 ) -> Schedule:
-    """The schedule ``name`` built with the tiles that ``variant`` runs at this head dim."""
+    """The schedule ``name`` built with the tiles that ``variant`` (default: the shipped one)
+    runs at this head dim."""
+    variant = variant or bwd_launch.shipped_variant(shape.head_dim)
     block_m, block_n = bwd_launch.variant_tiles(variant, shape.head_dim)
     spec = ScheduleSpec.from_shape(
         batch=shape.batch, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
@@ -219,12 +221,13 @@ class Problem:
         deterministic: bool,
         timeout_ns: int = TIMEOUT_NS,
         preprocess: bool = False,
-        variant: str = "base",
+        variant: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One backward: (dq in dtype, dk, dv, status). ``preprocess`` re-runs the Triton
         preprocess (timing of the whole backward). ``sched`` must be built for ``variant``'s
         tiles (schedule_for(..., variant=variant))."""
         spec = sched.spec
+        variant = variant or bwd_launch.shipped_variant(self.shape.head_dim)
         block_m, block_n = bwd_launch.variant_tiles(variant, self.shape.head_dim)
         if preprocess:
             self.lse2, self.delta = attn_bwd_preprocess(
@@ -539,10 +542,7 @@ def variants_timing(
     order = [(0, False), (2, False), (0, True), (2, True), (1, False), (3, False), (1, True),
              (3, True)]  # fmt: skip
     cases = [(TIMING_SHAPES[i], causal) for i, causal in order]
-    if any(bwd_launch.VARIANTS[v].get("host_ints") for v in variants):
-        cases = small + cases
-    else:
-        cases = cases + small
+    cases = cases + small
     for shape, causal in cases:
         s = shape
         flops = 2.5 * 4 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim

@@ -17,11 +17,11 @@ warp 0       producer: the only reader of the schedule tables (and of the dynami
              it publishes a "done" slot.
 warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (deterministic)
              spins until the dQ tile's semaphore equals the rank (bounded by %globaltimer; a
-             timeout raises status[1] and poisons the partial with NaN), issues one TMA tensor
-             reduce-add into dq_acc (rows past seqlen_q clipped by the TMA unit), frees the
-             buffer once the TMA unit has read it, then waits for the adds' full completion
-             and releases the semaphore (red.release.gpu). Non-deterministic mode skips the
-             wait and the release.
+             timeout raises status[1] and poisons the partial with NaN), issues the bulk
+             reduce-add into dq_acc (one flat reduce of the tile in fragment order, or TMA
+             tensor reduces that clip rows past seqlen_q), frees the buffer once it has been
+             read, then waits for the adds' full completion and releases the semaphore
+             (red.release.gpu). Non-deterministic mode skips the wait and the release.
 warps 2-3    idle (they only give registers back).
 WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
@@ -30,28 +30,28 @@ WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              the rows), then the dQ partial goes to the dQ writer's buffer.
 
 Synchronisation: mbarriers for the load ring (full: 1 arrival + TMA bytes; empty: 256 MMA
-threads) and for K/V; named barriers for dS (the 256 MMA threads) and for the dQ buffer
-(256 MMA threads + the dQ warp, "empty" and "full"). TMA copies are issued by whole warps
-(``cute.copy`` elects the issuing lane with a full-mask elect.sync).
+threads + the dQ writer) and for K/V; named barriers for dS (the 256 MMA threads) and for the
+dQ buffers (256 MMA threads + the dQ warp, "empty" and "full"). TMA copies are issued by whole
+warps (``cute.copy`` elects the issuing lane with a full-mask elect.sync).
 
 Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpgroup 0 and
 240 for each MMA warpgroup (24 + 2 x 240 = 504 <= 512; a larger producer budget would leave
 the MMA increase unable to allocate). Launched with ``min_blocks_per_mp=1`` so that ptxas keeps
 setmaxnreg. Shared memory at hd 128: ~194 KiB (one CTA per SM, as static dispatch needs).
 
-Performance options (constructor flags; the defaults are the GPU-verified kernel, the
-launcher names combinations in ``bwd_launch.VARIANTS``): ``dq_swizzle`` stages dQ in a
-128-byte swizzled tile (bank-conflict-free stores, one TMA reduce per 32 columns);
-``queue_dv`` stores dS before issuing dV and lets dV run through the dS barrier (dQ queues
-behind it); ``prefetch_tables`` has the producer read a step's tables before it waits for the
-free stage; ``vec_epilogue`` stores dK/dV as 32-bit pairs; ``stages`` 3 at hd 64; 128 x 128
-tiles at hd 64 (ptxas keeps about ten loop-invariant values in local memory: stored once,
-reloaded per step); ``call_from_ints`` launches from addresses/sizes/strides instead of DLPack
-tensors; ``late_ticket`` takes a dynamic ticket only when the CTA has finished its chain.
+Per step, besides the five GEMMs: masks only in tiles that cross a key bound (one
+warp-uniform test selects a masked or a plain copy of the exponential loop); dS^T stored by
+stmatrix; FA4's order around the dS barrier (dS stored, dV issued, dQ queued behind it); the
+dQ writer reads the step's metadata from the load-ring slot; the producer reads a step's tables
+before it waits for the free stage, and takes a dynamic ticket only once its CTA has finished
+the chain; dK/dV leave as 32-bit pairs. 128 x 128 tiles at hd 64, 64 x 128 at hd 128.
 
-``dq_double`` gives the dQ writer two staging buffers; ``dq_frag`` stages and accumulates the
-dQ partial in the MMA fragments' own order (``dq_fragment.py``; 16-byte stores, one flat bulk
-reduce per step, decoded by the final cast).
+Constructor options (``bwd_launch.VARIANTS`` names combinations):
+``dq_frag`` (default) stages and accumulates the dQ partial in the MMA fragments' own order
+(``dq_fragment.py``; 16-byte stores, one flat bulk reduce per step, decoded by the final cast),
+``dq_swizzle`` instead in a 128-byte swizzled row-major tile (one TMA reduce per 32 columns);
+``dq_double`` gives the dQ writer two staging buffers; ``split_exp`` computes the exponentials'
+arguments in a pass of their own; ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -71,7 +71,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import dq_fragment
-from ._cute_utils import acc_to_operand_a, gmem_tensor, select_modes, transpose_view, wgmma
+from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (128, 128))
@@ -112,16 +112,9 @@ class HopperAttnBwd:
         block_n: int = 128,
         stages: int = 2,
         *,
+        dq_frag: bool = True,
         dq_swizzle: bool = False,
-        queue_dv: bool = False,
-        prefetch_tables: bool = False,
-        vec_epilogue: bool = False,
-        late_ticket: bool = False,
-        edge_masks_only: bool = False,
-        stmatrix_ds: bool = False,
-        dq_meta_from_stage: bool = False,
         dq_double: bool = False,
-        dq_frag: bool = False,
         split_exp: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -145,62 +138,27 @@ class HopperAttnBwd:
         self.block_m = block_m
         self.block_n = block_n
         self.stages = stages
-        # Performance options (compile-time; the defaults are the GPU-verified kernel):
-        # dq_swizzle: the fp32 dQ staging tile in shared memory is 128-byte swizzled (4 TMA
-        #   boxes of 32 columns) instead of row-major: the accumulator's 64-bit stores hit 8
-        #   rows with the same bank set otherwise (8-way conflicts, 4x the wavefronts).
-        # queue_dv: dS goes to shared memory before dV is issued and dV is not waited for
-        #   before the dS barrier: dQ is issued right after the barrier, queued behind dV (no
-        #   tensor-core bubble across the barrier). P's registers stay live until dV is done.
+        # The dQ partial's staging layout (one of two):
+        # dq_frag: staged and accumulated in fragment order (dq_fragment.py): each thread's
+        #   registers as 16-byte stores (half the store instructions of the swizzled tile's
+        #   8-byte ones, which queue in the MIO pipe with the exponentials), and one flat bulk
+        #   reduce per step instead of a TMA tensor reduce per 32 columns. The accumulator is
+        #   then (batch, heads, q_tiles, block_m * head_dim) and the final cast
+        #   (dq_cast.scale_cast_fragments) decodes it.
+        # dq_swizzle: a 128-byte swizzled row-major fp32 tile (4 TMA boxes of 32 columns; the
+        #   accumulator's 64-bit stores would hit 8 rows with the same bank set in a plain
+        #   row-major tile), reduced into a (batch, seqlen_q, heads, head_dim) accumulator.
+        if dq_frag == dq_swizzle:
+            raise ValueError("pick one dQ staging layout: dq_frag or dq_swizzle")
+        self.dq_frag = dq_frag
         self.dq_swizzle = dq_swizzle
-        # prefetch_tables: the producer reads a step's table entries before it waits for the
-        #   free stage (their latency is otherwise added to every load's issue).
-        self.queue_dv = queue_dv
-        # vec_epilogue: dK/dV leave as 32-bit stores of two neighbouring 16-bit values (the
-        #   accumulator holds column pairs) instead of 16-bit scalar stores.
-        self.prefetch_tables = prefetch_tables
-        self.vec_epilogue = vec_epilogue
-        # late_ticket (dynamic dispatch): the producer takes the next chain's ticket only once
-        #   the MMA warpgroups have finished the current chain (its K/V are released), not as
-        #   soon as the chain's last loads are issued. A ticket taken early is held by a CTA
-        #   whose last steps may still wait for their dQ turns: the chain it names (often one
-        #   that later chains of its group wait for) cannot start meanwhile.
-        self.late_ticket = late_ticket
-        # edge_masks_only: a step tests its tile's key bounds (keys past seqlen_k, causal
-        #   diagonal) once and masks element by element only when the tile crosses one; interior
-        #   tiles (all but the diagonal and the last KV tile) skip the per-element compares and
-        #   selects, which otherwise outnumber the exponentials in the P computation.
-        self.edge_masks_only = edge_masks_only
-        # stmatrix_ds: dS^T goes to shared memory with stmatrix (four 8 x 8 16-bit tiles per
-        #   instruction, the accumulator's own thread layout) instead of one 32-bit store and
-        #   one address computation per register pair; those stores queue in the same MIO
-        #   pipe as the exponentials.
-        self.stmatrix_ds = stmatrix_ds
-        # dq_meta_from_stage: the dQ writer reads a step's (batch, head, tile, rank) from the
-        #   step's load-ring slot and releases the slot itself (one more arrival on its empty
-        #   barrier), instead of an MMA thread copying them next to the dQ partial (that copy
-        #   waits behind the partial's shared-memory stores and holds up its whole warpgroup).
-        self.dq_meta_from_stage = dq_meta_from_stage
         # dq_double: two dQ staging buffers, so the MMA warpgroups wait for the dQ writer only
         #   when it is two steps behind (the largest stall left in the session-8 profile was
         #   the wait for the single buffer). The shared memory comes from a single-buffered dS
         #   tile: dS of step s+1 is written only after every MMA thread passed step s's "dQ
         #   buffer free" barrier, which each passes after its dQ = dS K of step s completed.
-        if dq_double and not ((dq_swizzle or dq_frag) and dq_meta_from_stage):
-            raise ValueError("dq_double needs dq_swizzle or dq_frag, and dq_meta_from_stage")
         self.dq_double = dq_double
         self.dq_bufs = 2 if dq_double else 1
-        # dq_frag: the dQ partial is staged and accumulated in fragment order (dq_fragment.py):
-        #   each thread's registers as 16-byte stores (half the store instructions of the
-        #   swizzled tile's 8-byte ones, which queue in the MIO pipe with the exponentials),
-        #   and one flat bulk reduce per step instead of a TMA tensor reduce per 32 columns.
-        #   The accumulator is then (batch, heads, q_tiles, block_m * head_dim) and the final
-        #   cast (dq_cast.scale_cast_fragments) decodes it.
-        if dq_frag and dq_swizzle:
-            raise ValueError("dq_frag and dq_swizzle are two layouts of the dQ tile: pick one")
-        if dq_frag and not dq_meta_from_stage:
-            raise ValueError("dq_frag needs dq_meta_from_stage")
-        self.dq_frag = dq_frag
         # split_exp: P^T is computed in two passes over the tile, all the scale-and-subtract
         #   FMAs, then all the exponentials, so that no exponential waits for the FMA that
         #   feeds it (the session-8 profile showed the MUFU ops stalled on exactly that).
@@ -280,89 +238,6 @@ class HopperAttnBwd:
         )  # fmt: skip
 
     @cute.jit
-    def call_from_ints(
-        self,
-        q_addr: Int64,
-        k_addr: Int64,
-        v_addr: Int64,
-        do_addr: Int64,
-        lse_addr: Int64,
-        delta_addr: Int64,
-        dq_addr: Int64,
-        dk_addr: Int64,
-        dv_addr: Int64,
-        flags_addr: Int64,
-        chain_start_addr: Int64,
-        step_head_addr: Int64,
-        step_tile_addr: Int64,
-        step_rank_addr: Int64,
-        order_addr: Int64,
-        worker_start_addr: Int64,
-        batch: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        heads: Int32,
-        kv_heads: Int32,
-        rows_pad: Int32,
-        q_stride_b: Int64,
-        q_stride_s: Int64,
-        q_stride_h: Int64,
-        k_stride_b: Int64,
-        k_stride_s: Int64,
-        k_stride_h: Int64,
-        v_stride_b: Int64,
-        v_stride_s: Int64,
-        v_stride_h: Int64,
-        do_stride_b: Int64,
-        do_stride_s: Int64,
-        do_stride_h: Int64,
-        q_tiles: Int32,
-        kv_tiles: Int32,
-        num_chains: Int32,
-        num_workers: Int32,
-        dynamic: Int32,
-        softmax_scale: Float32,
-        timeout_ns: Int64,
-        stream: cuda.CUstream,
-    ):
-        """The same launch from plain numbers (addresses, sizes, strides in elements), each
-        a typed scalar parameter: the host function then takes no DLPack conversions (~16 us
-        per tensor per call otherwise). dq_acc, dk and dv are contiguous (the launcher
-        allocates them); the 1-D int32 tables and flags get a nominal extent (indexing is not
-        bounds-checked; the launcher checks their sizes)."""
-        dt, hd = self.dtype, self.head_dim
-        q_shape = (batch, seqlen_q, heads, hd)
-        k_shape = (batch, seqlen_k, kv_heads, hd)
-        mQ = gmem_tensor(dt, q_addr, q_shape, (q_stride_b, q_stride_s, q_stride_h), 16)
-        mK = gmem_tensor(dt, k_addr, k_shape, (k_stride_b, k_stride_s, k_stride_h), 16)
-        mV = gmem_tensor(dt, v_addr, k_shape, (v_stride_b, v_stride_s, v_stride_h), 16)
-        mdO = gmem_tensor(dt, do_addr, q_shape, (do_stride_b, do_stride_s, do_stride_h), 16)
-        rows = (batch * heads, rows_pad)
-        mLSE = gmem_tensor(Float32, lse_addr, rows, (Int64(rows_pad),), 16)
-        mDelta = gmem_tensor(Float32, delta_addr, rows, (Int64(rows_pad),), 16)
-        q_row = Int64(heads) * hd
-        q_strides = (Int64(seqlen_q) * q_row, q_row, Int64(hd))
-        mdQacc = gmem_tensor(Float32, dq_addr, q_shape, q_strides, 16)
-        k_row = Int64(kv_heads) * hd
-        k_strides = (Int64(seqlen_k) * k_row, k_row, Int64(hd))
-        mdK = gmem_tensor(dt, dk_addr, k_shape, k_strides, 16)
-        mdV = gmem_tensor(dt, dv_addr, k_shape, k_strides, 16)
-        extent = (Int32(1 << 30),)
-        mFlags = gmem_tensor(Int32, flags_addr, extent, (), 4)
-        tables = [
-            gmem_tensor(Int32, a, extent, (), 4)
-            for a in (
-                chain_start_addr, step_head_addr, step_tile_addr, step_rank_addr, order_addr,
-                worker_start_addr,
-            )
-        ]  # fmt: skip
-        self._host(
-            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags, *tables,
-            q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
-            stream,
-        )  # fmt: skip
-
-    @cute.jit
     def _host(
         self,
         mQ: cute.Tensor,
@@ -404,14 +279,12 @@ class HopperAttnBwd:
             # (rows, hd, buffer); the TMA atom takes one buffer's (rows, hd) layout.
             dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd, 2), order=(0, 1, 2))
-        elif const_expr(self.dq_swizzle):
+        else:
             # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
             # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
             # covers over all 32 banks.
             dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
-        else:
-            sdQ_layout = cute.make_layout((bm, hd), stride=(hd, 1))
         sLSE_layout = cute.make_layout((bm, st))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
@@ -458,7 +331,6 @@ class HopperAttnBwd:
             kv_full: cute.struct.MemRange[Int64, 1]
             kv_empty: cute.struct.MemRange[Int64, 1]
             info: cute.struct.MemRange[Int32, st * _INFO_WORDS]
-            dq_info: cute.struct.MemRange[Int32, _INFO_WORDS]
             dq_fail: cute.struct.MemRange[Int32, 4]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
@@ -550,10 +422,9 @@ class HopperAttnBwd:
         if tidx == 0:
             for s in cutlass.range_constexpr(self.stages):
                 cute.arch.mbarrier_init(storage.full_bar.data_ptr() + s, 1)
-                cute.arch.mbarrier_init(
-                    storage.empty_bar.data_ptr() + s,
-                    self.num_mma_threads + (1 if const_expr(self.dq_meta_from_stage) else 0),
-                )
+                # Released by the 256 MMA threads and by the dQ writer, which reads the
+                # step's metadata from the slot.
+                cute.arch.mbarrier_init(storage.empty_bar.data_ptr() + s, self.num_mma_threads + 1)
             cute.arch.mbarrier_init(storage.kv_full.data_ptr(), 1)
             cute.arch.mbarrier_init(storage.kv_empty.data_ptr(), self.num_mma_threads)
             cute.arch.mbarrier_init_fence()
@@ -567,7 +438,7 @@ class HopperAttnBwd:
         if const_expr(self.dq_frag):
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
             sdQ_mma = sdQ
-        elif const_expr(self.dq_swizzle):
+        else:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
             # The MMA warpgroups store through a flat view with the swizzle computed by hand
             # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
@@ -575,13 +446,9 @@ class HopperAttnBwd:
             sdQ_mma = storage.sdQ.get_tensor(
                 cute.make_layout(self.block_m * self.head_dim * self.dq_bufs)
             )
-        else:
-            sdQ = storage.sdQ.get_tensor(sdQ_layout)
-            sdQ_mma = sdQ
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((_INFO_WORDS, self.stages)))
-        sDqInfo = storage.dq_info.get_tensor(cute.make_layout(_INFO_WORDS))
         sDqFail = storage.dq_fail.get_tensor(cute.make_layout(4))
 
         if warp_idx < 4:
@@ -595,14 +462,14 @@ class HopperAttnBwd:
                 )  # fmt: skip
             if warp_idx == 1:
                 self.dq_writer(
-                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqInfo, sDqFail,
+                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
                     sInfo, storage,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
-                sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, sDqInfo, storage,
+                sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, storage,
                 mma_sdp, mma_dkv, mma_dq, tidx - 128,
             )  # fmt: skip
 
@@ -669,18 +536,12 @@ class HopperAttnBwd:
             hi = mChainStart[chain + 1]
             for step in cutlass.range(lo, hi, unroll=1):
                 full = storage.full_bar.data_ptr() + stage
-                if const_expr(self.prefetch_tables):
-                    # The table reads (L2 latency) overlap the wait for the free stage instead
-                    # of delaying the loads after it.
-                    qh = mStepHead[step]
-                    qt = mStepTile[step]
-                    rank = mStepRank[step]
-                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
-                else:
-                    cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
-                    qh = mStepHead[step]
-                    qt = mStepTile[step]
-                    rank = mStepRank[step]
+                # The table reads (L2 latency) overlap the wait for the free stage instead of
+                # delaying the loads after it.
+                qh = mStepHead[step]
+                qt = mStepTile[step]
+                rank = mStepRank[step]
+                cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
                 if lane == 0:
                     flags = Int32(0)
                     if step == lo:
@@ -723,10 +584,13 @@ class HopperAttnBwd:
                     stage = Int32(0)
                     phase = phase ^ 1
             if dynamic != 0:
-                if const_expr(self.late_ticket):
-                    # The MMA warpgroups release K/V after the chain's last step (the same
-                    # phase the next chain's K/V load waits for below, so that wait passes).
-                    cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
+                # The next ticket only once the MMA warpgroups have finished this chain (they
+                # release K/V after its last step: the phase the next chain's K/V load waits
+                # for, so that wait passes). A ticket taken as soon as the chain's last loads
+                # are issued is held by a CTA whose last steps may still wait for their dQ
+                # turns: the chain it names (often one that later chains of its group wait
+                # for) could not start meanwhile.
+                cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
                 ticket = self._take_ticket(mFlags, lane)
             else:
                 ticket = ticket + 1
@@ -776,7 +640,6 @@ class HopperAttnBwd:
         heads: Int32,
         timeout_ns: Int64,
         sdQ: cute.Tensor,
-        sDqInfo: cute.Tensor,
         sDqFail: cute.Tensor,
         sInfo: cute.Tensor,
         storage,
@@ -807,23 +670,21 @@ class HopperAttnBwd:
                 sdQ_buf = sdQ[None, None, buf]
             else:
                 sdQ_buf = sdQ
-            # The step's metadata: from its load-ring slot (released here once read: the MMA
-            # warpgroups release it only after this barrier, so it is still valid) or from
-            # the copy an MMA thread made next to the partial.
-            info = sInfo[None, stage] if const_expr(self.dq_meta_from_stage) else sDqInfo
+            # The step's metadata, from its load-ring slot (released here once read: the MMA
+            # warpgroups release it only after this barrier, so it is still valid).
+            info = sInfo[None, stage]
             done = info[_I_FLAGS] & _F_DONE
             if done == 0:
                 b = info[_I_BATCH]
                 qh = info[_I_QH]
                 qt = info[_I_QT]
                 rank = info[_I_RANK]
-                if const_expr(self.dq_meta_from_stage):
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                    stage = stage + 1
-                    if stage == self.stages:
-                        stage = Int32(0)
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                stage = stage + 1
+                if stage == self.stages:
+                    stage = Int32(0)
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(self.deterministic):
                     if lane == 0:
@@ -868,7 +729,7 @@ class HopperAttnBwd:
                     cute.arch.cp_async_bulk_commit_group()
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
-                # This buffer (and sDqInfo, already read) may be overwritten from here on.
+                # This buffer may be overwritten from here on.
                 if const_expr(self.dq_double):
                     cute.arch.barrier_arrive(
                         barrier_id=_BAR_DQ_EMPTY + 2 * buf, number_of_threads=bar_threads
@@ -1066,7 +927,6 @@ class HopperAttnBwd:
         sLSE: cute.Tensor,
         sDelta: cute.Tensor,
         sInfo: cute.Tensor,
-        sDqInfo: cute.Tensor,
         storage,
         mma_sdp: cute.TiledMma,
         mma_dkv: cute.TiledMma,
@@ -1099,20 +959,18 @@ class HopperAttnBwd:
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
-        tSsdS = thr_sdp.partition_C(sdS)
-        if const_expr(self.stmatrix_ds):
-            # stmatrix (not transposed) takes each thread's 16-bit pairs in exactly the
-            # accumulator's layout and writes rows of sdS, whose Q rows are contiguous.
-            ds_atom = cute.make_copy_atom(
-                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-            )
-            ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
-            thr_ds = ds_copy.get_slice(tidx)
-            tDsdS = thr_ds.partition_D(sdS)
+        # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
+        # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
+        # (one 32-bit store and one address computation per register pair otherwise, queued
+        # in the same MIO pipe as the exponentials).
+        ds_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
+        thr_ds = ds_copy.get_slice(tidx)
+        tDsdS = thr_ds.partition_D(sdS)
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
-        elif const_expr(not self.dq_frag):
-            tQsdQ = thr_dq.partition_C(sdQ)
         bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 
         stage = Int32(0)
@@ -1129,9 +987,6 @@ class HopperAttnBwd:
             if done != 0:
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
-                if const_expr(not self.dq_meta_from_stage):  # noqa: SIM102 (compile-time)
-                    if tidx == 0:
-                        sDqInfo[_I_FLAGS] = Int32(_F_DONE)
                 self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
@@ -1155,22 +1010,22 @@ class HopperAttnBwd:
                 n0 = sInfo[_I_KVT, stage] * bn
                 m0 = sInfo[_I_QT, stage] * bm
                 shift = seqlen_k - seqlen_q
-                if const_expr(self.edge_masks_only):
-                    # Warp-uniform: does any (key, query) pair of this tile need a mask? The
-                    # largest key must be < seqlen_k and, causal, <= the smallest query's limit.
-                    edge = Int32(0)
-                    if n0 + bn > seqlen_k:
+                # Masks only in edge tiles. Warp-uniform: does any (key, query) pair of this
+                # tile need one? The largest key must be < seqlen_k and, causal, <= the
+                # smallest query's limit. Interior tiles (all but the diagonal and the last KV
+                # tile) then skip the per-element compares and selects, which otherwise
+                # outnumber the exponentials.
+                edge = Int32(0)
+                if n0 + bn > seqlen_k:
+                    edge = Int32(1)
+                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+                    if n0 + bn - 1 > m0 + shift:
                         edge = Int32(1)
-                    if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
-                        if n0 + bn - 1 > m0 + shift:
-                            edge = Int32(1)
-                    probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
-                    if edge != 0:
-                        self._probs(*probs_args, True)
-                    else:
-                        self._probs(*probs_args, False)
+                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                if edge != 0:
+                    self._probs(*probs_args, True)
                 else:
-                    self._probs(acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k, True)
+                    self._probs(*probs_args, False)
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dP)):
                     _, m = tScS[i]
@@ -1182,49 +1037,23 @@ class HopperAttnBwd:
                 rdS.store(acc_dP.load().to(self.dtype))
 
                 acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
-                if const_expr(self.queue_dv):
-                    # dS^T to shared memory first, then dV: dV runs through the dS barrier
-                    # and dQ queues behind it, so the tensor cores see dV, dQ, dK back to back.
-                    if const_expr(self.stmatrix_ds):
-                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                    else:
-                        cute.autovec_copy(rdS, tSsdS[None, None, None, ds_stage])
-                    wgmma(
-                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
-                    warpgroup.wait_group(1)  # dV done: P's registers are free
-                    wgmma(
-                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    warpgroup.wait_group(1)  # dQ done, dK may still run
-                else:
-                    # dV += P^T dO from registers.
-                    wgmma(
-                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    # dS^T to shared memory for dQ = dS K (the other WG needs all KV rows).
-                    if const_expr(self.stmatrix_ds):
-                        cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                    else:
-                        cute.autovec_copy(rdS, tSsdS[None, None, None, ds_stage])
-                    cute.arch.fence_view_async_shared()
-                    # dV done (it overlapped the dS stores): P's registers are free before dQ's
-                    # accumulator is needed (keeps hd 128 within 240 registers, no spills).
-                    warpgroup.wait_group(0)
-                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
-                    # dK += dS^T Q from registers.
-                    wgmma(
-                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    warpgroup.wait_group(1)  # dQ done, dK may still run
+                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                # back. P's registers stay live until dV is done.
+                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                wgmma(
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
+                warpgroup.wait_group(1)  # dV done: P's registers are free
+                wgmma(
+                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
@@ -1236,15 +1065,8 @@ class HopperAttnBwd:
                     offset = cute.assume(buf * tile, divby=tile)
                     sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
                     self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
-                elif const_expr(self.dq_swizzle):
-                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
                 else:
-                    cute.autovec_copy(acc_dQ, tQsdQ)
-                if const_expr(not self.dq_meta_from_stage):  # noqa: SIM102 (compile-time)
-                    if tidx == 0:
-                        for w in cutlass.range_constexpr(_I_FLAGS):
-                            sDqInfo[w] = sInfo[w, stage]
-                        sDqInfo[_I_FLAGS] = Int32(0)
+                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
                 cute.arch.fence_view_async_shared()
                 self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
                 if const_expr(self.dq_double):
@@ -1266,15 +1088,10 @@ class HopperAttnBwd:
                     rdV.store(acc_dV.load().to(self.dtype))
                     gdK = mdK[b, None, kvh, None]
                     gdV = mdV[b, None, kvh, None]
-                    if const_expr(self.vec_epilogue):
-                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                    else:
-                        for i in cutlass.range_constexpr(cute.size(rdK)):
-                            n, d = tKcK[i]
-                            if kvt * bn + n < seqlen_k:
-                                gdK[kvt * bn + n, d] = rdK[i]
-                                gdV[kvt * bn + n, d] = rdV[i]
+                    # 32-bit stores of two neighbouring 16-bit values (the accumulator holds
+                    # column pairs), rows past seqlen_k dropped.
+                    self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                    self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
 
                 stage = stage + 1
                 if stage == self.stages:

@@ -1,8 +1,10 @@
 """Torch launcher for the Hopper CuTe-DSL backward (:mod:`.bwd`), with an in-memory compile cache.
 
 Importing this module imports torch and cutlass only; kernels are compiled on first use, one per
-(head dim, dtype, causal, deterministic, tiles, launch), and reused for every shape and schedule.
-The TVM-FFI launch (variants with ``tvm_ffi``) imports ``tvm_ffi`` when it compiles.
+(head dim, dtype, causal, deterministic, tiles, variant), and reused for every shape and
+schedule. Every kernel is compiled from symbolic fake tensors and called through TVM-FFI
+(``tvm_ffi`` is imported when the first kernel compiles): the torch tensors go to the compiled
+function as they are, ~20 us of host time per call.
 """
 
 from __future__ import annotations
@@ -11,85 +13,55 @@ import importlib.util
 import threading
 from typing import Any
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.runtime import from_dlpack, make_fake_stream
+from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
 from ..triton.dq_cast import scale_cast
-from . import kernel_cache
-from ._tensor_args import fake_tensor, outer_strides, tma_view
+from . import BWD_VARIANT, kernel_cache
+from ._tensor_args import fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
 # per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
-# with the same tiles). "base" is the GPU-verified kernel; tools/hopper/check_bwd.py --variants
-# times and checks the others side by side so that the default can be flipped to whatever
-# measured best and correct.
+# with the same tiles). The shipped one per head dim is ``hopper.BWD_VARIANT``;
+# tools/hopper/check_bwd.py --variants checks and times them side by side. Earlier variants
+# (sessions 5-8: swizzled dQ alone, the 3-deep ring, the plain-number and DLPack launches, ...)
+# are in git history (commit b09bcda) and benchmarks/NOTES.md.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "base": {},
-    "dqswz": {"dq_swizzle": True},
-    # hd 64 with 128 x 128 tiles (FA4's tile there); hd 128 keeps 64 x 128. With the
-    # producer-only prefetch_tables (no register cost); queue_dv would spill here.
-    "t128": {"dq_swizzle": True, "prefetch_tables": True, "tiles": {64: (128, 128)}},
-    # FA4's order around the dS barrier (dV queued, not waited for).
-    "qdv": {"dq_swizzle": True, "queue_dv": True},
-    # The base kernel launched from plain numbers instead of DLPack tensors (host time only).
-    "ints": {"host_ints": True},
-    # qdv, the producer's table reads before its wait, and at hd 64 a 3-deep Q/dO ring
-    # (hd 128 has no shared memory for a third stage).
-    "pipe": {
-        "dq_swizzle": True,
-        "queue_dv": True,
-        "prefetch_tables": True,
-        "per_hd": {64: {"stages": 3}},
-    },  # fmt: skip
+    # Session 8's kernel: 128 x 128 tiles at hd 64 (FA4's tile there), 64 x 128 at hd 128; the
+    # dQ partial staged in a 128-byte swizzled row-major tile. (Its other session-8 changes,
+    # edge-only masks, stmatrix dS, metadata from the ring slot, FA4's dV/dS order, 32-bit
+    # dK/dV stores, the early table reads and the late ticket, are every kernel's now.)
+    "t128_smq": {"tiles": {64: (128, 128)}, "dq_frag": False, "dq_swizzle": True},
 }
-# pipe with 32-bit dK/dV stores, launched from plain numbers (queue_dv spills at 128 x 128: not
-# with t128).
-VARIANTS["fast"] = {**VARIANTS["pipe"], "vec_epilogue": True, "host_ints": True}
-# t128 and fast with the dynamic ticket taken once the CTA's chain is done (static dispatch
-# compiles to the same code).
-VARIANTS["t128_lt"] = {**VARIANTS["t128"], "late_ticket": True}
-VARIANTS["fast_lt"] = {**VARIANTS["fast"], "late_ticket": True}
-# t128_lt and fast_lt (the same kernels) launched through TVM-FFI: compiled once from symbolic
-# fake tensors and called with the torch tensors, the scalars as plain numbers and torch's
-# current stream taken from the environment. The per-call argument conversion is then done in
-# C (a DLPack exchange per tensor) instead of cutlass-dsl's Python packing of each argument.
-VARIANTS["t128_ffi"] = {**VARIANTS["t128_lt"], "tvm_ffi": True}
-VARIANTS["fast_ffi"] = {
-    **{key: val for key, val in VARIANTS["fast_lt"].items() if key != "host_ints"},
-    "tvm_ffi": True,
-}
-# Session 8 (ncu of t128_ffi/fast_ffi against FA4: MIO-queue stalls, 3x FA4's shared stores):
-# per-element masks only in tiles that cross a key bound ("edge"), then dS stored by stmatrix
-# and the dQ writer reading step metadata from the ring slot ("sm"), then at hd 64 FA4's
-# dV/dS order and vector dK/dV stores, which spilled before stmatrix freed registers ("smq";
-# at hd 128 t128_smq and fast_sm are the same kernel).
-VARIANTS["t128_edge"] = {**VARIANTS["t128_ffi"], "edge_masks_only": True}
-VARIANTS["fast_edge"] = {**VARIANTS["fast_ffi"], "edge_masks_only": True}
-VARIANTS["t128_sm"] = {**VARIANTS["t128_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
-VARIANTS["fast_sm"] = {**VARIANTS["fast_edge"], "stmatrix_ds": True, "dq_meta_from_stage": True}
-VARIANTS["t128_smq"] = {**VARIANTS["t128_sm"], "queue_dv": True, "vec_epilogue": True}
-# t128_smq with two dQ staging buffers (dS single-buffered to make room). Compile-checked only:
-# not yet run on a GPU (session 8 had no device time left).
+# Two dQ staging buffers (dS single-buffered to make room).
 VARIANTS["t128_dq2"] = {**VARIANTS["t128_smq"], "dq_double": True}
 # Session 9: the dQ partial staged and accumulated in fragment order (16-byte stores, one flat
 # bulk reduce per step; the final cast decodes the layout), with one or two staging buffers;
-# and the exponentials in their own pass after the FMAs that feed them.
-_FRAG = {"dq_swizzle": False, "dq_frag": True}
+# and the exponentials in their own pass after the FMAs that feed them (no faster: ptxas
+# interleaves them already).
+_FRAG = {"dq_frag": True, "dq_swizzle": False}
 VARIANTS["t128_fq"] = {**VARIANTS["t128_smq"], **_FRAG}
 VARIANTS["t128_fq2"] = {**VARIANTS["t128_dq2"], **_FRAG}
 VARIANTS["t128_fqx"] = {**VARIANTS["t128_fq"], "split_exp": True}
-VARIANTS["t128_fq2x"] = {**VARIANTS["t128_fq2"], "split_exp": True}
 # Launcher-level keys of a variant (not kernel options).
-_LAUNCH_KEYS = ("tiles", "host_ints", "per_hd", "tvm_ffi")
-DEFAULT_VARIANT = "base"
+_LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
+
+
+def shipped_variant(head_dim: int) -> str:
+    """The variant the backend runs at ``head_dim`` (``hopper.BWD_VARIANT``)."""
+    if head_dim not in BWD_VARIANT:
+        raise NotImplementedError(
+            f"head_dim={head_dim} is not supported by the Hopper backward "
+            f"(supported: {sorted(BWD_VARIANT)})"
+        )
+    return BWD_VARIANT[head_dim]
 
 
 def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
@@ -133,34 +105,15 @@ def cast_dq(
     return scale_cast(dq_acc, softmax_scale, dtype)
 
 
-def _launch_mode(variant: str) -> str:
-    """How ``variant`` is launched: "tvm_ffi" (torch tensors through TVM-FFI), "ints" (plain
-    numbers: addresses, sizes, strides) or "dlpack" (cute tensors built per call)."""
-    spec = VARIANTS[variant]
-    if spec.get("tvm_ffi") and spec.get("host_ints"):
-        raise ValueError(f"variant {variant!r} sets both tvm_ffi and host_ints (pick one launch)")
-    if spec.get("tvm_ffi"):
-        return "tvm_ffi"
-    return "ints" if spec.get("host_ints") else "dlpack"
-
-
 def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
-    """The kernel constructor options of ``variant`` at ``head_dim``."""
-    spec = VARIANTS[variant]
-    options = {k: v for k, v in spec.items() if k not in _LAUNCH_KEYS}
-    return {**options, **spec.get("per_hd", {}).get(head_dim, {})}
+    """The kernel constructor options of ``variant`` (the same at every head dim)."""
+    return {k: v for k, v in VARIANTS[variant].items() if k not in _LAUNCH_KEYS}
 
 
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
-
-
-def _cute_tensor(t: torch.Tensor, align: int = 16) -> cute.Tensor:
-    """A cute view of ``t`` whose shape and strides are runtime values (unit last stride), so
-    one compiled kernel takes any shape."""
-    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=t.ndim - 1)
 
 
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
@@ -266,11 +219,11 @@ def compile_bwd(
     *,
     causal: bool,
     deterministic: bool,
-    block_m: int = 64,
-    block_n: int = 128,
+    block_m: int | None = None,
+    block_n: int | None = None,
     arch: str = "sm_90a",
     extra_options: str = "",
-    variant: str = DEFAULT_VARIANT,
+    variant: str | None = None,
 ) -> Any:
     """Compile (or fetch) the kernel for these tensors' (dtype, head dim) and the flags.
 
@@ -279,14 +232,22 @@ def compile_bwd(
     compile-only checks. ``extra_options`` are further CuTe-DSL compile options (e.g.
     ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
     """
+    if variant is None:
+        variant = shipped_variant(q.shape[-1])
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
-    mode = _launch_mode(variant)
+    tiles = variant_tiles(variant, q.shape[-1])
+    block_m, block_n = block_m or tiles[0], block_n or tiles[1]
+    if importlib.util.find_spec("tvm_ffi") is None:
+        raise ImportError(
+            "the hopper backward launches through TVM-FFI, which is not installed "
+            "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
+        )
     dtype = _TORCH_TO_CUTLASS[q.dtype]
     head_dim = q.shape[-1]
     key = (
         head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), mode,
+        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), "tvm_ffi",
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
@@ -296,78 +257,25 @@ def compile_bwd(
         dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
         **_variant_options(variant, head_dim),
     )  # fmt: skip
-    if mode == "tvm_ffi":
-        if importlib.util.find_spec("tvm_ffi") is None:
-            raise ImportError(
-                f"variant {variant!r} launches through TVM-FFI, which is not installed "
-                "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
-            )
+    dq_last = block_m * head_dim if kernel.dq_frag else head_dim
 
-        dq_last = block_m * head_dim if kernel.dq_frag else head_dim
-
-        # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and
-        # the stream the caller's current one, read by TVM-FFI at every call (torch's current
-        # stream of the tensors' device): nothing is specialised on a value.
-        def build() -> Any:
-            return cute.compile(
-                kernel,
-                *_fake_kernel_args(dtype, head_dim, dq_last),
-                Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
-                make_fake_stream(use_tvm_ffi_env_stream=True),
-                options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
-            )  # fmt: skip
-
-        # Through the opt-in disk cache, except for compiles that keep PTX/SASS for inspection.
-        compiled = build() if extra_options else kernel_cache.cached_compile(("bwd", *key), build)
-        with _cache_lock:
-            _cache.setdefault(key, compiled)
-            return _cache[key]
-    if kernel.dq_frag:
-        raise ValueError(f"variant {variant!r}: dq_frag kernels launch through TVM-FFI only")
-    if mode == "ints":
-        # Typed placeholders (no tensor needed): nothing is specialised on their values.
-        compiled = cute.compile(
-            kernel.call_from_ints,
-            *(Int64(0) for _ in range(16)),  # addresses
-            *(Int32(1) for _ in range(6)),  # batch, seqlen_q, seqlen_k, heads, kv_heads, rows_pad
-            *(Int64(8) for _ in range(12)),  # (b, s, h) strides of q, k, v, dout
+    # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and the
+    # stream the caller's current one, read by TVM-FFI at every call (torch's current stream of
+    # the tensors' device): nothing is specialised on a value.
+    def build() -> Any:
+        return cute.compile(
+            kernel,
+            *_fake_kernel_args(dtype, head_dim, dq_last),
             Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
-            make_fake_stream(),
-            options=f"--gpu-arch {arch} {extra_options}".strip(),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+            options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
         )  # fmt: skip
-        with _cache_lock:
-            _cache.setdefault(key, compiled)
-            return _cache[key]
-    args = _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables)
-    compiled = cute.compile(
-        kernel,
-        *args,
-        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
-        make_fake_stream(),
-        options=f"--gpu-arch {arch} {extra_options}".strip(),
-    )  # fmt: skip
+
+    # Through the disk cache, except for compiles that keep PTX/SASS for inspection.
+    compiled = build() if extra_options else kernel_cache.cached_compile(("bwd", *key), build)
     with _cache_lock:
         _cache.setdefault(key, compiled)
         return _cache[key]
-
-
-def _kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> list:
-    return [
-        *(_cute_tensor(t) for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv)),
-        _cute_tensor(flags, 4),
-        *(_cute_tensor(tables[name], 4) for name in TABLE_FIELDS),
-    ]
-
-
-def _int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables) -> tuple:
-    """The leading arguments of HopperAttnBwd.call_from_ints, as plain Python ints."""
-    batch, seqlen_q, heads, _ = q.shape
-    return (
-        *(t.data_ptr() for t in (q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags)),
-        *(tables[name].data_ptr() for name in TABLE_FIELDS),
-        batch, seqlen_q, k.shape[1], heads, k.shape[2], lse2.shape[1],
-        *outer_strides(q), *outer_strides(k), *outer_strides(v), *outer_strides(dout),
-    )  # fmt: skip
 
 
 def _scalar_args(
@@ -407,7 +315,7 @@ def hopper_bwd_main(
     deterministic: bool,
     dynamic: bool,
     timeout_ns: int,
-    variant: str = DEFAULT_VARIANT,
+    variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
@@ -418,6 +326,8 @@ def hopper_bwd_main(
     dQ wait timed out and the gradients were poisoned with NaN.
     """
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
+    if variant is None:
+        variant = shipped_variant(q.shape[-1])
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     expected_chains = q.shape[0] * k.shape[2] * kv_tiles
@@ -451,29 +361,12 @@ def hopper_bwd_main(
         causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
         variant=variant,
     )  # fmt: skip
-    mode = _launch_mode(variant)
-    if mode == "tvm_ffi":
-        # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
-        # divisibility against the compiled signature); the stream is the current one.
-        compiled(
-            tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
-            dq_acc, dk, dv, flags, *(tables[name] for name in TABLE_FIELDS),
-            *_scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale,
-                          timeout_ns),
-        )  # fmt: skip
-        return dq_acc, dk, dv, status
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    if mode == "ints":
-        compiled(
-            *_int_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
-            q_tiles, kv_tiles, num_chains, num_workers, 1 if dynamic else 0,
-            float(softmax_scale), int(timeout_ns), stream,
-        )  # fmt: skip
-        return dq_acc, dk, dv, status
+    # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
+    # divisibility against the compiled signature); the stream is the current one.
     compiled(
-        *_kernel_args(q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables),
-        Int32(q_tiles), Int32(kv_tiles), Int32(num_chains), Int32(num_workers),
-        Int32(1 if dynamic else 0), Float32(softmax_scale), Int64(timeout_ns),
-        stream,
+        tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
+        dq_acc, dk, dv, flags, *(tables[name] for name in TABLE_FIELDS),
+        *_scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale,
+                      timeout_ns),
     )  # fmt: skip
     return dq_acc, dk, dv, status

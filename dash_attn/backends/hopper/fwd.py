@@ -10,8 +10,8 @@ launches the longest tiles, i.e. the highest m_block, first):
 - warpgroup 0 (producer): drops to 24 registers; its warp 0 issues TMA loads of Q once and of
   K and V through two 2-stage mbarrier rings. K runs one block ahead of V because the consumers
   issue QK^T of block j before PV of block j+1 (see below).
-- warpgroups 1 and 2 (consumers): 240 registers each; each owns 64 query rows (opt-in for hd
-  64: three consumer warpgroups at 160 registers, 192-row tiles). Per key block:
+- warpgroups 1 and 2 (consumers): 240 registers each; each owns 64 query rows (at hd 64 from
+  8192 query tokens: three consumer warpgroups at 160 registers, 192-row tiles). Per key block:
   S = Q K^T (SS WGMMA), mask, online softmax in base 2, P -> bf16/fp16 registers, O += P V
   (RS WGMMA, P never touches smem).
 - Overlap: inside a warpgroup the QK^T of the next key block and the PV of the previous one are
@@ -22,7 +22,7 @@ launches the longest tiles, i.e. the highest m_block, first):
 
 Head dims 64, 96, 128 use 128-wide key blocks, 192 uses 96 and 256 uses 64 (smem: Q + 2-stage
 K and V must fit in 227 KiB). One compiled kernel per (head_dim, dtype, causal) (and the
-opt-in warpgroup count): batch, seqlens, heads and all strides are runtime values
+warpgroup count): batch, seqlens, heads and all strides are runtime values
 (`mark_layout_dynamic`), so a new shape never recompiles.
 """
 
@@ -50,6 +50,7 @@ from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import kernel_cache
+from ._cute_utils import gmem_tensor, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
@@ -168,25 +169,6 @@ def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
         dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
 
 
-def _gmem_tensor(
-    dtype: type[cutlass.Numeric], addr: Int64, shape: tuple, strides: tuple[Int64, Int64, Int64]
-) -> cute.Tensor:
-    """(b, s, h, d) global tensor from an address and the three outer strides (elements).
-
-    Promises the compiler 16-byte alignment of the base and of every outer stride, which TMA
-    descriptors need: the caller (the dispatcher) checks this before choosing this backend,
-    and the launcher substitutes an aligned stride for size-1 dims (whose stride is unused).
-    """
-    ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=16)
-    divby = 128 // dtype.width
-    aligned = tuple(cute.assume(s, divby=divby) for s in strides)
-    return cute.make_tensor(ptr, cute.make_layout(shape, stride=(*aligned, 1)))
-
-
-def _permute(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
-
-
 class HopperFwd:
     """Compile-time configuration + host launch + device kernel of the forward."""
 
@@ -246,7 +228,7 @@ class HopperFwd:
         o_stride_s = Int64(heads) * hd
         o_stride_b = Int64(seqlen_q) * o_stride_s
         mQ_in, mK_in, mV_in, mO_in = [
-            _gmem_tensor(dt, addr, (batch, s, h, hd), strides)
+            gmem_tensor(dt, addr, (batch, s, h, hd), strides, 16)
             for addr, s, h, strides in (
                 (q_addr, seqlen_q, heads, (q_stride_b, q_stride_s, q_stride_h)),
                 (k_addr, seqlen_k, kv_heads, (k_stride_b, k_stride_s, k_stride_h)),
@@ -295,7 +277,7 @@ class HopperFwd:
         (b, h, s_q) LSE tensor."""
         dt = self.dtype
         # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
-        mQ, mK, mV, mO = [_permute(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
+        mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
         tm, tn, hd, st = self.tile_m, self.tile_n, self.head_dim, self.num_stages
 
         tiled_mma_qk = sm90.make_trivial_tiled_mma(
@@ -941,7 +923,7 @@ def compile_fwd(
             dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
             options += f" --keep-ptx --dump-dir {dump_dir}"
         try:
-            if tvm_ffi and not keep_ptx:  # through the opt-in disk cache (kernel_cache)
+            if tvm_ffi and not keep_ptx:  # through the disk cache (kernel_cache)
                 compiled = kernel_cache.cached_compile(
                     ("fwd", *key), lambda: cute.compile(entry, *args, stream, options=options)
                 )

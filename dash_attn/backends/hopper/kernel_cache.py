@@ -1,20 +1,25 @@
-"""An on-disk cache of the compiled hopper kernels, shared by processes (opt-in).
+"""An on-disk cache of the compiled hopper kernels, shared by processes (on by default).
 
 Compiling one kernel configuration takes 2-4 s, once per process: every rank of a distributed
-job and every restart pays it again. With ``DASH_ATTN_KERNEL_CACHE=/some/dir`` set, a kernel
-launched through TVM-FFI is exported as an object file on its first compile and later processes
-load it (tens of ms) instead of compiling.
+job and every restart would pay it again. A kernel launched through TVM-FFI is exported as an
+object file on its first compile and later processes load it (tens of ms) instead of compiling.
+
+Where: ``DASH_ATTN_KERNEL_CACHE=/some/dir`` if set; ``0``, ``off``, ``false``, ``no`` or an
+empty value turn the cache off; unset, ``$XDG_CACHE_HOME/dash_attn/kernels`` (by default
+``~/.cache/dash_attn/kernels``). A folder that cannot be created or written means a warning
+and an in-process compile, never a failed call.
 
 Layout: ``<dir>/<fingerprint>/<key digest>.o``. The fingerprint covers what the object code
 depends on besides the key: Python, nvidia-cutlass-dsl and apache-tvm-ffi versions and the
-source of this package's kernels and launchers; a change to any of them starts a new folder.
-The key is the launcher's own in-memory cache key (head dim, dtype, mask, det/non-det, tiles,
-kernel options). One file lock per key serialises the compile of a key across processes; a
-lock not obtained within ``LOCK_TIMEOUT_S`` means a compile in-process without the cache (a
-warning, never a hang), and an object file that does not load is deleted and rebuilt.
+source of this package's kernels and launchers; a change to any of them starts a new folder
+(old folders can be deleted at any time). The key is the launcher's own in-memory cache key
+(head dim, dtype, mask, det/non-det, tiles, kernel options). One file lock per key serialises
+the compile of a key across processes; a lock not obtained within ``LOCK_TIMEOUT_S`` means a
+compile in-process without the cache (a warning, never a hang), and an object file that does
+not load is deleted and rebuilt.
 
-Off by default until a GPU run has compared loaded and freshly compiled kernels bit for bit
-(benchmarks/NOTES.md, session 8).
+Loaded kernels were compared with fresh compiles on an H200: outputs bitwise equal
+(``tools/hopper/check_kernel_cache.py``; benchmarks/NOTES.md, session 9, item 35).
 """
 
 from __future__ import annotations
@@ -36,10 +41,23 @@ LOCK_TIMEOUT_S = 120.0
 _SOURCES = Path(__file__).resolve().parent
 
 
+_OFF = ("", "0", "off", "false", "no")
+
+
+def default_dir() -> Path:
+    """``$XDG_CACHE_HOME/dash_attn/kernels``, ``~/.cache/dash_attn/kernels`` without it."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base).expanduser() if base else Path.home() / ".cache") / "dash_attn" / "kernels"
+
+
 def cache_dir() -> Path | None:
-    """The cache directory named by ``DASH_ATTN_KERNEL_CACHE``, or None (no disk cache)."""
-    value = os.environ.get(ENV_VAR, "").strip()
-    return Path(value).expanduser() if value else None
+    """The cache directory: ``DASH_ATTN_KERNEL_CACHE``, ``default_dir()`` when it is unset, None
+    (no disk cache) when it says off."""
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return default_dir()
+    value = value.strip()
+    return None if value.lower() in _OFF else Path(value).expanduser()
 
 
 def source_fingerprint(paths: list[Path], versions: tuple[str, ...]) -> str:
@@ -82,7 +100,11 @@ def _exclusive(lock_path: Path, timeout_s: float) -> Iterator[bool]:
     except ImportError:  # not a POSIX system: no cross-process lock
         yield False
         return
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder that is not writable
+        yield False
+        return
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -118,14 +140,24 @@ def cached_compile(key: tuple, compile_fn: Callable[[], Any]) -> Any:
     if directory is None:
         return compile_fn()
     folder = directory / fingerprint()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only home, a file in the way: compile as without the cache
+        warnings.warn(
+            f"{ENV_VAR}: cannot use {folder} ({type(exc).__name__}: {exc}); compiling without "
+            f"the disk cache (set {ENV_VAR} to a writable folder, or to 0 to silence this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return compile_fn()
     name = key_digest(key)
     obj = folder / f"{name}.o"
     with _exclusive(folder / f"{name}.lock", LOCK_TIMEOUT_S) as locked:
         if not locked:
             warnings.warn(
-                f"{ENV_VAR}: could not lock {folder / name}.lock within {LOCK_TIMEOUT_S:g} s; "
-                "compiling without the disk cache",
+                f"{ENV_VAR}: could not lock {folder / name}.lock within {LOCK_TIMEOUT_S:g} s "
+                "(held by another process, or the folder is not writable); compiling without "
+                "the disk cache",
                 RuntimeWarning,
                 stacklevel=3,
             )

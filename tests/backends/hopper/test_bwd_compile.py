@@ -71,8 +71,9 @@ def _fake_inputs(
     )
 
 
-def _compile(config: tuple, dump_dir: Path, variant: str = bwd_launch.DEFAULT_VARIANT):
+def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
     head_dim, dtype, causal, det = config
+    variant = variant or bwd_launch.shipped_variant(head_dim)
     dump_dir.mkdir(parents=True, exist_ok=True)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     start = time.perf_counter()
@@ -97,48 +98,7 @@ def _compile(config: tuple, dump_dir: Path, variant: str = bwd_launch.DEFAULT_VA
 )  # fmt: skip
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for this head dim (``hopper.BWD_VARIANT``), every config."""
-    from dash_attn.backends import hopper
-
-    head_dim, _, _, det = config
-    variant = hopper.BWD_VARIANT[head_dim]
-    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
-    compiled = _compile(config, tmp_path, variant)
-    ptx = compiled.__ptx__
-    cubin = compiled.__cubin__
-    assert isinstance(ptx, str) and ".target sm_90a" in ptx
-    # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
-    # (block_n/16).
-    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
-    if bwd_launch.dq_fragment_order(variant, head_dim):
-        assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
-    else:
-        assert "cp.reduce.async.bulk.tensor" in ptx
-        assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
-    assert "cp.async.bulk.tensor" in ptx  # TMA loads
-    # The semaphore protocol exists in deterministic mode only.
-    assert ("ld.acquire.gpu" in ptx) == det
-    assert ("red.release.gpu" in ptx) == det
-    assert ("%globaltimer" in ptx) == det
-    assert ("fence.proxy.async.global" in ptx) == det
-
-    nvdisasm = _tool("nvdisasm")
-    if nvdisasm is None or not isinstance(cubin, bytes):
-        pytest.skip("nvdisasm not available: SASS checks skipped")
-    cubin_path = tmp_path / "kernel.cubin"
-    cubin_path.write_bytes(cubin)
-    sass = subprocess.run(
-        [nvdisasm, "-c", str(cubin_path)], capture_output=True, text=True, check=True
-    ).stdout
-    # ptxas keeps setmaxnreg only with .minnctapersm (else warning C7508 and no USETMAXREG).
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
-    alloc = sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL")
-    assert alloc >= 0
-    # Everything after the register increase is the MMA warpgroups' code: no local memory.
-    assert not re.search(r"\b(STL|LDL)\b", sass[alloc:]), "MMA warpgroups spill"
-    # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
-    assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
+    _check_kernel_code(config, bwd_launch.shipped_variant(config[0]), tmp_path)
 
 
 def _sass(compiled, tmp_path: Path) -> str | None:
@@ -152,47 +112,24 @@ def _sass(compiled, tmp_path: Path) -> str | None:
     ).stdout
 
 
-# Every non-default variant at the configs where it differs from the others (hd 64: tiles;
-# causal and det: the most code). "t128" at hd 128 is "dqswz" (same options and tiles).
+# The variants that are not shipped (hopper.BWD_VARIANT), at the configs where they differ most
+# (hd 64: tiles; causal and det: the most code); the shipped ones are compiled for every config
+# by test_compiles_for_sm90a.
 VARIANT_CONFIGS = [
-    ("dqswz", (128, torch.bfloat16, True, True)),
-    ("dqswz", (64, torch.bfloat16, False, False)),
-    ("t128", (64, torch.bfloat16, True, True)),
-    ("t128", (64, torch.float16, False, False)),
-    ("qdv", (128, torch.bfloat16, True, True)),
-    ("qdv", (128, torch.float16, False, False)),
-    ("qdv", (64, torch.bfloat16, True, True)),
-    ("pipe", (64, torch.bfloat16, True, True)),
-    ("pipe", (128, torch.bfloat16, False, False)),
-    ("ints", (128, torch.bfloat16, True, True)),
-    ("fast", (64, torch.bfloat16, True, True)),
-    ("fast", (128, torch.float16, False, False)),
-    ("t128_lt", (64, torch.bfloat16, True, True)),
-    ("fast_lt", (128, torch.bfloat16, True, True)),
-    # The TVM-FFI launches of the shipped kernels: both head dims, det and non-det, causal and
-    # full (compiled from symbolic fake tensors, not from the CPU tensors).
-    ("t128_ffi", (64, torch.bfloat16, True, True)),
-    ("t128_ffi", (64, torch.float16, False, False)),
-    ("fast_ffi", (128, torch.bfloat16, True, True)),
-    ("fast_ffi", (128, torch.float16, False, False)),
-    # Session 8: edge-only masks, then stmatrix dS + metadata from the ring slot, then (hd 64)
-    # FA4's dV/dS order with vector dK/dV stores: the shipped t128_smq at both head dims.
-    ("fast_edge", (128, torch.bfloat16, True, True)),
-    ("fast_sm", (128, torch.float16, True, False)),
+    # Session 8's kernel (swizzled row-major dQ tile): both head dims, det and non-det.
     ("t128_smq", (64, torch.bfloat16, True, True)),
     ("t128_smq", (64, torch.float16, False, False)),
     ("t128_smq", (128, torch.bfloat16, True, True)),
     ("t128_smq", (128, torch.float16, False, False)),
-    # Two dQ staging buffers (compile-checked; not yet run on a GPU).
+    # Two dQ staging buffers with that tile.
     ("t128_dq2", (64, torch.bfloat16, True, True)),
     ("t128_dq2", (128, torch.float16, False, False)),
-    # Session 9: dQ in fragment order (one and two staging buffers), exponentials split from
-    # their FMAs.
-    ("t128_fq", (64, torch.bfloat16, True, True)),
+    # dQ in fragment order: one buffer at hd 128, two at hd 64 (the other head dim's choice);
+    # the exponentials split from their FMAs.
     ("t128_fq", (128, torch.bfloat16, True, True)),
     ("t128_fq", (128, torch.float16, False, False)),
     ("t128_fq2", (64, torch.float16, False, False)),
-    ("t128_fq2", (128, torch.bfloat16, True, True)),
+    ("t128_fq2", (64, torch.bfloat16, True, True)),
     ("t128_fqx", (128, torch.bfloat16, True, True)),
 ]
 
@@ -205,88 +142,72 @@ VARIANT_CONFIGS = [
          for v, c in VARIANT_CONFIGS],
 )  # fmt: skip
 def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
+    _check_kernel_code(config, variant, tmp_path)
+
+
+def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
+    """Compile ``variant`` at ``config`` and check its PTX and SASS: the GEMMs, the register
+    split, the semaphore protocol (det only), the dQ staging and reduce, and, in the MMA
+    warpgroups' code, stmatrix dS, 32-bit dK/dV stores, two copies of the exponential loop
+    and no local memory."""
     head_dim, _, _, det = config
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     compiled = _compile(config, tmp_path, variant)
     ptx = compiled.__ptx__
+    assert isinstance(ptx, str) and ".target sm_90a" in ptx
+    # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
+    # (block_n/16).
     assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert "cp.async.bulk.tensor" in ptx  # TMA loads
+    # The semaphore protocol exists in deterministic mode only.
     assert ("ld.acquire.gpu" in ptx) == det
     assert ("red.release.gpu" in ptx) == det
+    assert ("%globaltimer" in ptx) == det
+    assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant, head_dim)
-    if options.get("dq_frag"):
+    if bwd_launch.dq_fragment_order(variant, head_dim):
         # One flat fp32 bulk reduce of the whole tile per step, no tensor (TMA) reduce.
         assert "cp.reduce.async.bulk.tensor" not in ptx
         assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
     else:
-        # dq_swizzle: one bulk reduce-add per 32-column box of the swizzled dQ tile.
-        boxes = head_dim // 32 if options.get("dq_swizzle") else 1
-        assert ptx.count("cp.reduce.async.bulk.tensor") == boxes
+        # One bulk reduce-add per 32-column box of the swizzled dQ tile.
+        assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
+        assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
     sass = _sass(compiled, tmp_path)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
+    # ptxas keeps setmaxnreg only with .minnctapersm (else warning C7508 and no USETMAXREG).
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
     alloc = sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL")
     assert alloc >= 0
+    # Everything after the register increase is the MMA warpgroups' code.
     mma_code = sass[alloc:]
+    assert not re.search(r"\b(STL|LDL)\b", mma_code), "MMA warpgroups spill"
+    # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
     dq_regs = block_m * head_dim // 256
-    if options.get("dq_frag"):
+    if bwd_launch.dq_fragment_order(variant, head_dim):
         # Fragment order: each thread's dQ registers leave as 16-byte stores.
         assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
         assert "UBLKRED.G.S.ADD.F32" in sass
     else:
         # 64-bit stores (the hand-computed swizzle kept them vectorised).
         assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= dq_regs // 2
-    if bwd_launch.VARIANTS[variant].get("vec_epilogue"):
-        # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
-        assert "STG.E.U16" not in mma_code
-        assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
-    if options.get("stmatrix_ds"):
-        # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as
-        # one 32-bit store per register pair.
-        assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
+    # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
+    assert "STG.E.U16" not in mma_code
+    assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
+    # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as one
+    # 32-bit store per register pair.
+    assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
+    # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
+    assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256
     if options.get("dq_double"):
         # Buffer b's "free" and "written" barriers are 2 + 2b and 3 + 2b: the dQ writer frees
         # both buffers at its start with immediate ids, later ones come from a register.
         assert "BAR.ARV 0x2, 0x120" in sass and "BAR.ARV 0x4, 0x120" in sass
         assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x120", mma_code)
-    if options.get("edge_masks_only"):
-        # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
-        assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256
-    if block_m == 64 or options.get("stmatrix_ds"):
-        # (128 x 128 at hd 64 kept a few values in local memory until stmatrix freed registers.)
-        assert not re.search(r"\b(STL|LDL)\b", mma_code), "MMA warpgroups spill"
-    else:
-        # 128 x 128 at hd 64: ptxas parks a few loop-invariant values in local memory. Stores
-        # only before the step loop (the first WGMMA); 6-10 reloads per step seen (L1 hits).
-        first_mma = mma_code.find("HGMMA")
-        assert not re.search(r"\bSTL\b", mma_code[first_mma:]), "spill stores in the loop"
-        assert len(re.findall(r"\bLDL\b", mma_code)) <= 12, "more spill reloads than known"
-
-
-def test_ffi_variants_are_the_shipped_kernels() -> None:
-    """t128_ffi / fast_ffi compile the same kernel options and tiles as t128_lt / fast_lt and
-    differ only in the launch."""
-    for ffi, plain in (("t128_ffi", "t128_lt"), ("fast_ffi", "fast_lt")):
-        for head_dim in (64, 128):
-            assert bwd_launch._variant_options(ffi, head_dim) == bwd_launch._variant_options(
-                plain, head_dim
-            )
-            assert bwd_launch.variant_tiles(ffi, head_dim) == bwd_launch.variant_tiles(
-                plain, head_dim
-            )
-        assert bwd_launch._launch_mode(ffi) == "tvm_ffi"
-    assert bwd_launch._launch_mode("fast_lt") == "ints"
-    assert bwd_launch._launch_mode("t128_lt") == "dlpack"
-
-
-def test_launch_mode_refuses_two_launches(monkeypatch: pytest.MonkeyPatch) -> None:
-    both = {**bwd_launch.VARIANTS["fast_lt"], "tvm_ffi": True}
-    monkeypatch.setitem(bwd_launch.VARIANTS, "both", both)
-    with pytest.raises(ValueError, match="both tvm_ffi and host_ints"):
-        bwd_launch._launch_mode("both")
 
 
 def test_ffi_call_matches_the_kernel_signature() -> None:
@@ -324,9 +245,15 @@ def test_ffi_view_fixes_zero_strides_of_size_one_dims() -> None:
 
 
 def test_variants_resolve() -> None:
-    assert bwd_launch.variant_tiles("base", 64) == (64, 128)
-    assert bwd_launch.variant_tiles("t128", 64) == (128, 128)
-    assert bwd_launch.variant_tiles("t128", 128) == (64, 128)
+    from dash_attn.backends import hopper
+
+    for name in bwd_launch.VARIANTS:
+        assert bwd_launch.variant_tiles(name, 64) == (128, 128)
+        assert bwd_launch.variant_tiles(name, 128) == (64, 128)
+    for head_dim, name in hopper.BWD_VARIANT.items():
+        assert bwd_launch.shipped_variant(head_dim) == name in bwd_launch.VARIANTS
+    with pytest.raises(NotImplementedError, match="head_dim=96"):
+        bwd_launch.shipped_variant(96)
     # Every variant's options are constructor arguments of the kernel.
     import cutlass
 
@@ -368,9 +295,9 @@ def test_unsupported_head_dim_raises() -> None:
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=32)
 
 
-@pytest.mark.parametrize("variant", [bwd_launch.DEFAULT_VARIANT, "fast_lt", "fast_ffi", "t128_ffi"])
-def test_launcher_rejects_bad_arguments(variant: str) -> None:
-    """The launcher's checks come before any compile or launch, whatever the launch path."""
+@pytest.mark.parametrize("variant", [None, "t128_smq", "t128_fq2"])
+def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
+    """The launcher's checks come before any compile or launch, whatever the variant."""
     q, k, v, dout, lse2, delta, _, _, _, _, tables = _fake_inputs(64, torch.bfloat16)
     kwargs = dict(
         block_m=64, block_n=128, num_workers=4, q_tiles=2, kv_tiles=1, num_chains=4,

@@ -1,4 +1,4 @@
-"""The opt-in disk cache of compiled hopper kernels (CPU: compile, export, load; no launch)."""
+"""The disk cache of compiled hopper kernels (CPU: compile, export, load; no launch)."""
 
 from __future__ import annotations
 
@@ -44,15 +44,43 @@ def _no_compile(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_off_without_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_by_default_off_by_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unset: the per-user default folder (XDG_CACHE_HOME, else ~/.cache).
     monkeypatch.delenv(kernel_cache.ENV_VAR, raising=False)
-    assert kernel_cache.cache_dir() is None
-    monkeypatch.setenv(kernel_cache.ENV_VAR, "  ")
-    assert kernel_cache.cache_dir() is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert kernel_cache.cache_dir() == tmp_path / "xdg" / "dash_attn" / "kernels"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert kernel_cache.cache_dir() == tmp_path / "home" / ".cache" / "dash_attn" / "kernels"
+    # Off: 0, off, false, no, empty (any case, spaces ignored).
+    for off in ("0", "off", " OFF ", "false", "no", "  "):
+        monkeypatch.setenv(kernel_cache.ENV_VAR, off)
+        assert kernel_cache.cache_dir() is None, off
     _forget_compiled(monkeypatch)
     monkeypatch.chdir(tmp_path)
     _compile_bwd()
     assert not any(tmp_path.rglob("*.o"))
+
+
+def test_unwritable_folder_compiles_without_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache path that cannot be created (a file in the way) or written: a warning and an
+    in-process compile, never a failed call."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(kernel_cache.ENV_VAR, str(blocker / "cache"))
+    with pytest.warns(RuntimeWarning, match="cannot use"):
+        assert kernel_cache.cached_compile(("test", 2), lambda: "compiled") == "compiled"
+    # A folder that exists but refuses new files (as a read-only one does for a non-root user).
+    monkeypatch.setenv(kernel_cache.ENV_VAR, str(tmp_path / "readonly"))
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(kernel_cache.os, "open", refuse)
+    with pytest.warns(RuntimeWarning, match="not writable"):
+        assert kernel_cache.cached_compile(("test", 3), lambda: "compiled") == "compiled"
 
 
 def test_second_process_loads_instead_of_compiling(

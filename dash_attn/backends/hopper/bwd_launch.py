@@ -205,17 +205,8 @@ def _check_args(
 
 
 def compile_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dout: torch.Tensor,
-    lse2: torch.Tensor,
-    delta: torch.Tensor,
-    dq_acc: torch.Tensor,
-    dk: torch.Tensor,
-    dv: torch.Tensor,
-    flags: torch.Tensor,
-    tables: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    head_dim: int,
     *,
     causal: bool,
     deterministic: bool,
@@ -225,37 +216,38 @@ def compile_bwd(
     extra_options: str = "",
     variant: str | None = None,
 ) -> Any:
-    """Compile (or fetch) the kernel for these tensors' (dtype, head dim) and the flags.
+    """Compile (or fetch) the kernel for q's ``dtype`` and ``head_dim``, the mask and the mode.
 
-    The tensors only provide types and ranks: shapes and strides are compiled as runtime
-    values, so the same kernel serves every shape. Works without a GPU (CPU tensors) for
-    compile-only checks. ``extra_options`` are further CuTe-DSL compile options (e.g.
-    ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
+    Shapes, strides and schedule tables are runtime values, so the same kernel serves every
+    problem; it is compiled from symbolic stand-ins, without a GPU. ``variant`` defaults to the
+    shipped one, the tiles to the variant's. ``extra_options`` are further CuTe-DSL compile
+    options (e.g. ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
     """
+    if dtype not in _TORCH_TO_CUTLASS:
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     if variant is None:
-        variant = shipped_variant(q.shape[-1])
+        variant = shipped_variant(head_dim)
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
-    tiles = variant_tiles(variant, q.shape[-1])
+    tiles = variant_tiles(variant, head_dim)
     block_m, block_n = block_m or tiles[0], block_n or tiles[1]
-    if importlib.util.find_spec("tvm_ffi") is None:
-        raise ImportError(
-            "the hopper backward launches through TVM-FFI, which is not installed "
-            "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
-        )
-    dtype = _TORCH_TO_CUTLASS[q.dtype]
-    head_dim = q.shape[-1]
+    options = _variant_options(variant, head_dim)
     key = (
-        head_dim, q.dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(_variant_options(variant, head_dim).items())), "tvm_ffi",
+        head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
+        extra_options, tuple(sorted(options.items())),
     )  # fmt: skip
     with _cache_lock:
         compiled = _cache.get(key)
     if compiled is not None:
         return compiled
+    if importlib.util.find_spec("tvm_ffi") is None:
+        raise ImportError(
+            "the hopper backward launches through TVM-FFI, which is not installed "
+            "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
+        )
     kernel = HopperAttnBwd(
-        dtype, head_dim, bool(causal), bool(deterministic), block_m, block_n,
-        **_variant_options(variant, head_dim),
+        _TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m, block_n,
+        **options,
     )  # fmt: skip
     dq_last = block_m * head_dim if kernel.dq_frag else head_dim
 
@@ -265,7 +257,7 @@ def compile_bwd(
     def build() -> Any:
         return cute.compile(
             kernel,
-            *_fake_kernel_args(dtype, head_dim, dq_last),
+            *_fake_kernel_args(kernel.dtype, head_dim, dq_last),
             Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
             make_fake_stream(use_tvm_ffi_env_stream=True),
             options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
@@ -357,9 +349,8 @@ def hopper_bwd_main(
     flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
     status = flags[:2]
     compiled = compile_bwd(
-        q, k, v, dout, lse2, delta, dq_acc, dk, dv, flags, tables,
-        causal=causal, deterministic=deterministic, block_m=block_m, block_n=block_n,
-        variant=variant,
+        q.dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
+        block_n=block_n, variant=variant,
     )  # fmt: skip
     # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
     # divisibility against the compiled signature); the stream is the current one.

@@ -54,6 +54,7 @@ def _fragment_cast_kernel(
     acc = tl.load(ACC + base + offset)
     seq = tile * BLOCK_M + row
     dst = OUT + b.to(tl.int64) * stride_ob + seq.to(tl.int64) * stride_os + h * stride_oh + col
+    # (col >= 0 is always true: it broadcasts the row mask to the tile's shape.)
     tl.store(dst, (acc * scale).to(OUT.dtype.element_ty), mask=(seq < seqlen_q) & (col >= 0))
 
 

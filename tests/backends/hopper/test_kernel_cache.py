@@ -11,8 +11,6 @@ pytest.importorskip("cutlass")
 pytest.importorskip("tvm_ffi")
 torch = pytest.importorskip("torch")
 
-from test_bwd_compile import _fake_inputs  # noqa: E402 (this folder is on sys.path)
-
 from dash_attn.backends.hopper import bwd_launch, fwd, kernel_cache  # noqa: E402
 
 VARIANT = "t128_smq"  # a TVM-FFI launch (the disk cache serves only those)
@@ -20,8 +18,8 @@ VARIANT = "t128_smq"  # a TVM-FFI launch (the disk cache serves only those)
 
 def _compile_bwd():
     return bwd_launch.compile_bwd(
-        *_fake_inputs(64, torch.bfloat16), causal=True, deterministic=True,
-        block_m=128, block_n=128, variant=VARIANT,
+        torch.bfloat16, 64, causal=True, deterministic=True, block_m=128, block_n=128,
+        variant=VARIANT,
     )  # fmt: skip
 
 
@@ -130,8 +128,8 @@ def test_inspection_compiles_bypass_the_cache(
     monkeypatch.setenv(kernel_cache.ENV_VAR, str(tmp_path / "cache"))
     _forget_compiled(monkeypatch)
     compiled = bwd_launch.compile_bwd(
-        *_fake_inputs(64, torch.bfloat16), causal=False, deterministic=False,
-        block_m=128, block_n=128, variant=VARIANT,
+        torch.bfloat16, 64, causal=False, deterministic=False, block_m=128, block_n=128,
+        variant=VARIANT,
         extra_options=f"--keep-ptx --dump-dir {tmp_path / 'dump'}",
     )  # fmt: skip
     assert hasattr(compiled, "export_to_c") and compiled.__ptx__  # compiled here, PTX kept

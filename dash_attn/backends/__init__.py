@@ -63,7 +63,7 @@ def choose_backend(
     """
     name, reason = _choose(problem, device, requested, "bwd")
     if name == "hopper":
-        return name, reason, hopper.bwd_tiles(problem.headdim)
+        return name, reason, hopper.bwd_tiles(problem.headdim, problem.mask.causal)
     return name, reason, backward_tiles(problem.headdim, dq_reduce)
 
 

@@ -102,7 +102,7 @@ def analysis_spec(
                 f"the hopper backward has head dims {list(hopper.BWD_HEADDIMS)}, "
                 f"not {problem.headdim}"
             )
-        tiles = hopper.bwd_tiles(problem.headdim)
+        tiles = hopper.bwd_tiles(problem.headdim, problem.mask.causal)
     elif backend == "triton":
         _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
     else:

@@ -4,9 +4,11 @@ Coordinate system
 -----------------
 The attention backward is cut into tiles. Query rows are grouped in Q tiles of ``BLOCK_M`` rows
 (index ``i``, ``0 <= i < M``), key/value rows in KV tiles of ``BLOCK_N`` rows (index ``j``,
-``0 <= j < N``), with ``BLOCK_N = tile_ratio * BLOCK_M``. A *tile task* ``(b, h, i, j)`` is the work
-of KV tile ``j`` against Q tile ``i`` for batch ``b`` and query head ``h``: recompute P, add to dK_j
-and dV_j, and produce a partial dQ_i that must be added into the fp32 dQ accumulator.
+``0 <= j < N``), usually with ``BLOCK_N = tile_ratio * BLOCK_M`` (a spec given in token lengths
+may take any BLOCK_N, e.g. 80 x 128 tiles: its tile ranges are exact either way). A *tile task*
+``(b, h, i, j)`` is the work of KV tile ``j`` against Q tile ``i`` for batch ``b`` and query
+head ``h``: recompute P, add to dK_j and dV_j, and produce a partial dQ_i that must be added
+into the fp32 dQ accumulator.
 
 A *chain* is everything one KV tile ``(b, kv_head, j)`` does: its tasks for every query head of its
 GQA group, executed back to back by one worker, so that dK_j and dV_j stay in registers. A chain is
@@ -82,6 +84,11 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def _tile_ratio(block_m: int, block_n: int) -> int:
+    """``ScheduleSpec.tile_ratio`` of token-level tiles: BLOCK_N / BLOCK_M when whole, else 1."""
+    return block_n // block_m if block_n % block_m == 0 else 1
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """The tile-level shape of one attention backward, and the number of workers running it.
@@ -94,7 +101,9 @@ class ScheduleSpec:
             is set (a padded tile grid).
         kv_tiles: number of KV tiles N per (batch, kv head), likewise.
         mask: which (query, key) pairs attend (``Mask``: full, causal or a window).
-        tile_ratio: s = BLOCK_N / BLOCK_M (Q tiles per KV tile along the diagonal).
+        tile_ratio: s = BLOCK_N / BLOCK_M (Q tiles per KV tile along the diagonal) of a spec
+            given in tiles; 1 for token-level tiles whose BLOCK_N is no multiple of BLOCK_M
+            (their geometry comes from ``block_m`` and ``block_n``).
         workers: number of persistent workers P (SMs given to the kernel).
         causal_offset: ceil((seqlen_k - seqlen_q) / BLOCK_M) of a spec given in tiles; 0 for
             square causal attention. Unused when ``seqlens`` is set.
@@ -102,6 +111,7 @@ class ScheduleSpec:
             tiles (every sequence then has M x N tiles). With it, the tile pairs each sequence
             needs are exact to the token (``q_tile_range``, ``kv_tile_range``).
         block_m: rows of a Q tile (tokens); needed with ``seqlens``.
+        block_n: rows of a KV tile (tokens); defaults to ``block_m * tile_ratio``.
         invariant: the summation order of every dQ tile depends only on its sequence's lengths,
             the tile sizes, the mask and the schedule name (never on the batch, the other
             sequences, the heads or the workers). False keeps the worker-dependent shift rules
@@ -124,6 +134,7 @@ class ScheduleSpec:
     seqlens: tuple[tuple[int, int], ...] | None = None
     block_m: int | None = None
     invariant: bool = True
+    block_n: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -150,9 +161,29 @@ class ScheduleSpec:
             raise ValueError(
                 f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
+        if self.block_n is None:
+            if self.block_m is not None:
+                _check_int("block_m", self.block_m, 1)
+                object.__setattr__(self, "block_n", self.block_m * self.tile_ratio)
+        else:
+            _check_int("block_n", self.block_n, 1)
+            if self.block_m is None:
+                raise ValueError("block_n needs block_m (the rows of a Q tile)")
+            _check_int("block_m", self.block_m, 1)
+            ratio = _tile_ratio(self.block_m, self.block_n)
+            if self.tile_ratio != ratio:
+                raise ValueError(
+                    f"tile_ratio={self.tile_ratio} does not match block_m={self.block_m}, "
+                    f"block_n={self.block_n} (expected {ratio})"
+                )
         if self.seqlens is not None:
             self._check_seqlens()
             return
+        if self.block_n is not None and self.block_n % self.block_m:  # type: ignore[operator]
+            raise ValueError(
+                f"a spec given in tiles needs block_n ({self.block_n}) to be a multiple of "
+                f"block_m ({self.block_m}): give seqlens"
+            )
         if self.mask.kind == "local":
             raise ValueError(
                 f"a {self.mask.name} mask needs token lengths: give seqlens and block_m "
@@ -183,8 +214,7 @@ class ScheduleSpec:
             raise ValueError(f"seqlens has {len(pairs)} sequences, but batch is {self.batch}")
         if self.block_m is None:
             raise ValueError("seqlens needs block_m (the rows of a Q tile)")
-        _check_int("block_m", self.block_m, 1)
-        block_n = self.block_m * self.tile_ratio
+        block_n = int(self.block_n)  # type: ignore[arg-type]  # set with block_m above
         q_tiles = max(1, max(-(-a // self.block_m) for a, _ in pairs))
         kv_tiles = max(1, max(-(-b // block_n) for _, b in pairs))
         if (self.q_tiles, self.kv_tiles) != (q_tiles, kv_tiles):
@@ -208,7 +238,7 @@ class ScheduleSpec:
         workers: int,
         invariant: bool = True,
     ) -> ScheduleSpec:
-        """Tile a padded batch with BLOCK_M x BLOCK_N tiles (BLOCK_N a multiple of BLOCK_M)."""
+        """Tile a padded batch with BLOCK_M x BLOCK_N tiles."""
         for name, value in (
             ("seqlen_q", seqlen_q),
             ("seqlen_k", seqlen_k),
@@ -217,8 +247,6 @@ class ScheduleSpec:
         ):
             _check_int(name, value, 1)
         _check_int("batch", batch, 1)
-        if block_n % block_m:
-            raise ValueError(f"block_n ({block_n}) must be a multiple of block_m ({block_m})")
         offset = -((seqlen_q - seqlen_k) // block_m) if mask.causal else 0  # ceil((sk - sq) / bm)
         return cls(
             batch=batch,
@@ -227,12 +255,13 @@ class ScheduleSpec:
             q_tiles=-(-seqlen_q // block_m),
             kv_tiles=-(-seqlen_k // block_n),
             mask=mask,
-            tile_ratio=block_n // block_m,
+            tile_ratio=_tile_ratio(block_m, block_n),
             workers=workers,
             causal_offset=offset,
             seqlens=((seqlen_q, seqlen_k),) * batch,
             block_m=block_m,
             invariant=invariant,
+            block_n=block_n,
         )
 
     @classmethod
@@ -255,8 +284,6 @@ class ScheduleSpec:
         """
         for name, value in (("block_m", block_m), ("block_n", block_n)):
             _check_int(name, value, 1)
-        if block_n % block_m:
-            raise ValueError(f"block_n ({block_n}) must be a multiple of block_m ({block_m})")
         try:
             pairs = tuple((a, b) for a, b in seqlens)
         except (TypeError, ValueError):
@@ -275,11 +302,12 @@ class ScheduleSpec:
             q_tiles=max(1, max(-(-int(a) // block_m) for a, _ in pairs)),
             kv_tiles=max(1, max(-(-int(b) // block_n) for _, b in pairs)),
             mask=mask,
-            tile_ratio=block_n // block_m,
+            tile_ratio=_tile_ratio(block_m, block_n),
             workers=workers,
             seqlens=pairs,
             block_m=block_m,
             invariant=invariant,
+            block_n=block_n,
         )
 
     @property
@@ -291,11 +319,6 @@ class ScheduleSpec:
     def num_chains(self) -> int:
         """Chains of the padded grid (``chain_start`` has one more entry)."""
         return self.batch * self.kv_heads * self.kv_tiles
-
-    @property
-    def block_n(self) -> int | None:
-        """Rows of a KV tile, when the spec knows ``block_m``."""
-        return None if self.block_m is None else self.block_m * self.tile_ratio
 
     def geometry(self, batch: int) -> SeqGeometry:
         """The tile ranges of sequence ``batch`` (cached per distinct sequence)."""
@@ -311,7 +334,7 @@ class ScheduleSpec:
             )
         seqlen_q, seqlen_k = self.seqlens[batch]
         block_m = int(self.block_m or 0)  # __post_init__ demands block_m with seqlens
-        return token_geometry(seqlen_q, seqlen_k, block_m, block_m * self.tile_ratio, self.mask)
+        return token_geometry(seqlen_q, seqlen_k, block_m, int(self.block_n or 0), self.mask)
 
     def seq_tiles(self, batch: int) -> tuple[int, int]:
         """``(q_tiles_b, kv_tiles_b)``: the tiles sequence ``batch`` really has."""

@@ -60,7 +60,7 @@ def test_model_per_backend_uses_each_backends_columns_and_tiles() -> None:
     summary = model.agreement_summary(out)
     assert "hopper:" in summary and "triton:" in summary
     spec = square_spec(64, 2048, 8, 32, True, 132, backend="hopper")
-    tiles = hopper.bwd_tiles(64)
+    tiles = hopper.bwd_tiles(64, True)
     assert (spec.block_m, spec.q_tiles) == (tiles.block_m, 2048 // tiles.block_m)
     with pytest.raises(NotImplementedError, match="hopper backward has head dims"):
         square_spec(96, 2048, 8, 16, True, 132, backend="hopper")

@@ -205,13 +205,58 @@ def test_dense_spec_keeps_first_q_tile_and_kv_tiles_of() -> None:
         _varlen(mask=CAUSAL).kv_tiles_of(0)
 
 
+@pytest.mark.parametrize("mask", [FULL, CAUSAL, WINDOW])
+def test_kv_tiles_need_not_be_a_multiple_of_q_tiles(mask: Mask) -> None:
+    """80 x 128 tiles (the hopper backward's at hd 128, full mask): the token geometry is exact
+    and every schedule for the mask gives valid tables, on lengths that are no tile multiples."""
+    for seqlen_q, seqlen_k in [(333, 333), (200, 457), (457, 200), (80, 128)]:
+        spec = ScheduleSpec.from_shape(
+            batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, q_heads=4, kv_heads=2, block_m=80,
+            block_n=128, mask=mask, workers=5,
+        )  # fmt: skip
+        assert (spec.block_m, spec.block_n, spec.tile_ratio) == (80, 128, 1)
+        assert (spec.q_tiles, spec.kv_tiles) == (-(-seqlen_q // 80), -(-seqlen_k // 128))
+        meets = _brute_meets(seqlen_q, seqlen_k, 80, 128, mask)
+        assert spec.num_tasks() == int(meets.sum()) * spec.q_heads * spec.batch
+        for name in applicable_schedules(spec):
+            _check_tables(spec, name)
+    packed = ScheduleSpec.from_seqlens(
+        seqlens=[(170, 170), (0, 9), (81, 300)], q_heads=2, kv_heads=1, block_m=80,
+        block_n=128, mask=mask, workers=4,
+    )  # fmt: skip
+    assert packed.block_n == 128
+    for name in applicable_schedules(packed):
+        _check_tables(packed, name)
+    back = schedule_from_json(json.loads(json.dumps(schedule_to_json(make_schedule("fa3", spec)))))
+    assert back.spec == spec
+
+
+def test_spec_checks_block_n() -> None:
+    spec = ScheduleSpec.from_shape(
+        batch=1, seqlen_q=100, seqlen_k=100, q_heads=1, kv_heads=1, block_m=64, block_n=128,
+        mask=FULL, workers=1,
+    )  # fmt: skip
+    assert (spec.block_n, spec.tile_ratio) == (128, 2)
+    # Without block_n, it is block_m x tile_ratio.
+    assert dataclasses.replace(spec, block_n=None).block_n == 128
+    with pytest.raises(ValueError, match=r"tile_ratio=1 does not match block_m=64, block_n=128"):
+        dataclasses.replace(spec, tile_ratio=1)
+    with pytest.raises(ValueError, match="block_n must be >= 1"):
+        dataclasses.replace(spec, block_n=0)
+    with pytest.raises(ValueError, match="a spec given in tiles needs block_n"):
+        ScheduleSpec(
+            batch=1, q_heads=1, kv_heads=1, q_tiles=2, kv_tiles=2, mask=FULL, block_m=80,
+            block_n=128,
+        )  # fmt: skip
+
+
 def test_spec_rejects_inconsistent_sequences() -> None:
     spec = _varlen()
     with pytest.raises(ValueError, match="do not match seqlens"):
         dataclasses.replace(spec, q_tiles=spec.q_tiles + 1)
     with pytest.raises(ValueError, match="seqlens has 5 sequences, but batch is 4"):
         dataclasses.replace(spec, batch=4)
-    with pytest.raises(ValueError, match="seqlens needs block_m"):
+    with pytest.raises(ValueError, match="needs block_m"):
         dataclasses.replace(spec, block_m=None)
     with pytest.raises(ValueError, match=r"seqlens\[1\]\[0\] \(seqlen_q\) must be >= 0"):
         _varlen(seqlens=[(5, 5), (-1, 5)])

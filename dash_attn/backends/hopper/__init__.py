@@ -19,21 +19,30 @@ if TYPE_CHECKING:
 # What the kernels are written and tested for (register and shared-memory budgets per head dim:
 # README, "Hopper backend").
 FWD_HEADDIMS = (64, 96, 128, 192, 256)
-BWD_HEADDIMS = (64, 128)  # the keys of _BWD_TILES
-# One KV tile (block_n rows) is one chain; each of the two MMA warpgroups owns 64 of its rows;
-# block_m query rows per step. num_warps counts the producer/dQ warpgroup too; num_stages is the
-# depth of the Q/dO ring.
+BWD_HEADDIMS = (64, 128)  # the head dims of _BWD_TILES
+# Tiles per (head dim, mask kind). One KV tile (block_n rows) is one chain; each of the two MMA
+# warpgroups owns 64 of its rows; block_m query rows per step. num_warps counts the producer/dQ
+# warpgroup too; num_stages is the depth of the Q/dO ring. At hd 128 the full mask takes FA4's
+# 80-row Q tiles (a quarter more work per step for the same per-step costs; dQ is computed
+# transposed), the causal mask keeps 64 rows, as FA4 does.
 _BWD_TILES = {
-    64: BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
-    128: BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    (64, "full"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
+    (64, "causal"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
+    (128, "full"): BackwardTiles(block_m=80, block_n=128, num_warps=12, num_stages=2),
+    (128, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
 }
-# The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each head dim runs: the
-# fastest correct one of the side-by-side checks (benchmarks/results/h200/session9-*/variants):
-# 128 x 128 tiles at 64, 64 x 128 at 128; masks only in edge tiles, dS stored by stmatrix,
-# FA4's dV/dS order, vector dK/dV stores, the dQ partial in fragment order (one flat bulk
-# reduce per step), at hd 128 with two dQ staging buffers; the TVM-FFI launch. Its tiles must
-# equal _BWD_TILES' (tests check).
-BWD_VARIANT = {64: "t128_fq", 128: "t128_fq2"}
+# The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each (head dim, mask kind)
+# runs: the fastest correct one of the side-by-side checks (benchmarks/results/h200/session*/
+# variants). All of them: masks only in edge tiles, dS stored by stmatrix, FA4's dV/dS order,
+# vector dK/dV stores, the dQ partial in fragment order (one flat bulk reduce per step), the
+# TVM-FFI launch; at hd 128 causal two dQ staging buffers, at hd 128 full 80 x 128 tiles. Its
+# tiles must equal _BWD_TILES' (tests check).
+BWD_VARIANT = {
+    (64, "full"): "t128_fq",
+    (64, "causal"): "t128_fq",
+    (128, "full"): "t80_fq",
+    (128, "causal"): "t128_fq2",
+}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, two (128 rows) below: measured side by side
 # (session9-0df7a3e/check_fwd-3wg.txt), the 192-row tile is 1.00-1.06x at 8k and 16k tokens
@@ -41,9 +50,19 @@ BWD_VARIANT = {64: "t128_fq", 128: "t128_fq2"}
 FWD_3WG_MIN_SEQLEN = 8192
 
 
-def bwd_tiles(headdim: int) -> BackwardTiles:
-    """The backward tiles of the hopper kernels for ``headdim`` (one of BWD_HEADDIMS)."""
-    return _BWD_TILES[headdim]
+def _mask_kind(causal: bool) -> str:
+    return "causal" if causal else "full"
+
+
+def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
+    """The backward tiles of the hopper kernels for ``headdim`` (one of BWD_HEADDIMS) and the
+    mask (full or causal: the hopper backward has no other)."""
+    return _BWD_TILES[headdim, _mask_kind(causal)]
+
+
+def bwd_variant(headdim: int, causal: bool) -> str:
+    """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim and mask."""
+    return BWD_VARIANT[headdim, _mask_kind(causal)]
 
 
 @functools.cache

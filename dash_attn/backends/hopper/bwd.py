@@ -44,7 +44,9 @@ warp-uniform test selects a masked or a plain copy of the exponential loop); dS^
 stmatrix; FA4's order around the dS barrier (dS stored, dV issued, dQ queued behind it); the
 dQ writer reads the step's metadata from the load-ring slot; the producer reads a step's tables
 before it waits for the free stage, and takes a dynamic ticket only once its CTA has finished
-the chain; dK/dV leave as 32-bit pairs. 128 x 128 tiles at hd 64, 64 x 128 at hd 128.
+the chain; dK/dV leave as 32-bit pairs. 128 x 128 tiles at hd 64; at hd 128 64 x 128, or
+80 x 128 (FA4's tile for the full mask: dQ^T = K^T dS^T, since 80 rows are no multiple of the
+64-row WGMMA atom, dS in 32-byte swizzled rows of 160 bytes, 226 KiB of shared memory).
 
 Constructor options (``bwd_launch.VARIANTS`` names combinations):
 ``dq_frag`` (default) stages and accumulates the dQ partial in the MMA fragments' own order
@@ -74,7 +76,7 @@ from . import dq_fragment
 from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_TILES = ((64, 128), (128, 128))
+SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
 
 # Named barrier ids (0 is __syncthreads).
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
@@ -124,10 +126,15 @@ class HopperAttnBwd:
                 f"head_dim={head_dim} is not supported by the Hopper backward "
                 f"(supported: {SUPPORTED_HEAD_DIMS})"
             )
-        if (block_m, block_n) not in SUPPORTED_TILES or (block_m == 128 and head_dim != 64):
+        if (
+            (block_m, block_n) not in SUPPORTED_TILES
+            or (block_m == 128 and head_dim != 64)
+            or (block_m == 80 and head_dim != 128)
+        ):
             raise NotImplementedError(
                 f"tiles (block_m={block_m}, block_n={block_n}) are not supported at "
-                f"head_dim={head_dim} (supported: {SUPPORTED_TILES}, 128 x 128 at hd 64 only)"
+                f"head_dim={head_dim} (supported: {SUPPORTED_TILES}; 128 x 128 at hd 64 only, "
+                "80 x 128 at hd 128 only)"
             )
         if stages < 2:
             raise ValueError(f"stages must be >= 2, got {stages}")
@@ -159,6 +166,18 @@ class HopperAttnBwd:
         #   buffer free" barrier, which each passes after its dQ = dS K of step s completed.
         self.dq_double = dq_double
         self.dq_bufs = 2 if dq_double else 1
+        # 80-row Q tiles (FA4's tile at hd 128 without a causal mask: a quarter more work per
+        # step for the same per-step costs) are no multiple of the 64-row WGMMA atom, so dQ is
+        # computed transposed, dQ^T = K^T dS^T: M = the head dim (64 rows per warpgroup),
+        # N = 80. Only in fragment order (dq_fragment's "swap" split) and with one dQ buffer:
+        # the tiles take ~210 KiB of shared memory before it.
+        self.dq_swap = block_m % 64 != 0
+        # The (M, N) of the dQ GEMM's accumulator: (Q rows, head dim), transposed with dq_swap.
+        self.dq_mma_shape = (head_dim, block_m) if self.dq_swap else (block_m, head_dim)
+        if self.dq_swap and (not dq_frag or dq_double):
+            raise NotImplementedError(
+                f"block_m={block_m} computes dQ transposed: it needs dq_frag and one dQ buffer"
+            )
         # split_exp: P^T is computed in two passes over the tile, all the scale-and-subtract
         #   FMAs, then all the exponentials, so that no exponential waits for the FMA that
         #   feeds it (the session-8 profile had the MUFU ops stalled on fixed-latency waits).
@@ -168,10 +187,17 @@ class HopperAttnBwd:
     # ------------------------------------------------------------------ host-side setup
 
     def _smem_layout(self, rows: int, cols: int, stages: int | None) -> cute.ComposedLayout:
-        """A 128-byte swizzled K-major layout (cols contiguous) that WGMMA reads both as a
-        K-major operand and, through a transposed view, as an MN-major one. All supported
-        tiles have rows of 128 or 256 bytes, a whole number of 128-byte swizzle atoms."""
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+        """A swizzled K-major layout (cols contiguous) that WGMMA reads both as a K-major
+        operand and, through a transposed view, as an MN-major one. The widest swizzle whose
+        atom divides a row: 128 bytes for rows of 128 or 256 bytes, 32 bytes for the dS tile's
+        160-byte rows with 80-row Q tiles (80 = 5 x 16)."""
+        row_bytes = cols * self.dtype.width // 8
+        kinds = warpgroup.SmemLayoutAtomKind
+        kind = next(
+            k for k, width in ((kinds.K_SW128, 128), (kinds.K_SW64, 64), (kinds.K_SW32, 32))
+            if row_bytes % width == 0
+        )  # fmt: skip
+        atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         shape = (rows, cols) if stages is None else (rows, cols, stages)
         order = (0, 1) if stages is None else (0, 1, 2)
         return cute.tile_to_shape(atom, shape, order=order)
@@ -192,8 +218,11 @@ class HopperAttnBwd:
             a_source=warpgroup.OperandSource.RMEM,
         )  # fmt: skip
         # dQ = dS K: A = dS and B = K, both read MN-major. With 64 Q rows the two WGs split
-        # the head dim; with 128 rows they split the rows.
-        if bm == 64:
+        # the head dim; with 128 rows they split the rows. With 80 rows (dq_swap) it is
+        # dQ^T = K^T dS^T: A = K^T, B = dS^T (both MN-major), the WGs split the head dim (M).
+        if self.dq_swap:
+            atom_dq, tiler_dq = (2, 1, 1), (64, bm)
+        elif bm == 64:
             atom_dq, tiler_dq = (1, 2, 1), (64, hd // 2)
         else:
             atom_dq, tiler_dq = (2, 1, 1), (64, hd)
@@ -286,7 +315,10 @@ class HopperAttnBwd:
             # covers over all 32 banks.
             dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
-        sLSE_layout = cute.make_layout((bm, st))
+        # One stage of LSE2/delta rows per 128 bytes at least: TMA writes to 128-byte aligned
+        # shared memory (80 rows are 320 bytes).
+        lse_stride = -(-bm // 32) * 32
+        sLSE_layout = cute.make_layout((bm, st), stride=(1, lse_stride))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
         # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
@@ -333,8 +365,8 @@ class HopperAttnBwd:
             kv_empty: cute.struct.MemRange[Int64, 1]
             info: cute.struct.MemRange[Int32, st * _INFO_WORDS]
             dq_fail: cute.struct.MemRange[Int32, 4]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
-            sDelta: cute.struct.Align[cute.struct.MemRange[Float32, bm * st], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
+            sDelta: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
@@ -848,15 +880,17 @@ class HopperAttnBwd:
         every register of every lane of warp 0 and of the first and last thread of the other
         seven warps (the map is affine per warp; all 256 threads cost seconds of compile)."""
         bm, hd = self.block_m, self.head_dim
-        ident = cute.make_identity_tensor((bm, hd))
+        ident = cute.make_identity_tensor(self.dq_mma_shape)
         threads = [*range(32), *(t for w in range(1, 8) for t in (32 * w, 32 * w + 31))]
         for t in threads:
             coords = mma_dq.get_slice(t).partition_C(ident)
             for i in range(registers):
                 expected = dq_fragment.fragment_coords(bm, hd, t, i)
-                if tuple(coords[i]) != expected:
+                # (dq_swap: the MMA's coordinates are (head dim, Q row))
+                got = tuple(coords[i])[:: -1 if self.dq_swap else 1]
+                if got != expected:
                     raise AssertionError(
-                        f"dQ fragment of thread {t}, register {i}: the MMA has {coords[i]}, "
+                        f"dQ fragment of thread {t}, register {i}: the MMA has {got}, "
                         f"dq_fragment says {expected}"
                     )
 
@@ -951,8 +985,13 @@ class HopperAttnBwd:
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
         tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
-        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
-        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+        if const_expr(self.dq_swap):
+            # dQ^T = K^T dS^T: K^T is the A operand, dS^T (the stage's tile) the B operand.
+            tQrK = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sK)))
+            tQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sdS)))
+        else:
+            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
+            tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
 
         shape_st = (bn, bm)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
@@ -1037,7 +1076,7 @@ class HopperAttnBwd:
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
                 # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
                 # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
                 # back. P's registers stay live until dV is done.
@@ -1048,7 +1087,10 @@ class HopperAttnBwd:
                 )  # fmt: skip
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
+                if const_expr(self.dq_swap):
+                    wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
+                else:
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
                 warpgroup.wait_group(1)  # dV done: P's registers are free
                 wgmma(
                     mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],

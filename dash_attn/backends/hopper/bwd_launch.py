@@ -21,14 +21,14 @@ from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
 from ..triton.dq_cast import scale_cast
-from . import BWD_VARIANT, kernel_cache
+from . import BWD_HEADDIMS, bwd_variant, kernel_cache
 from ._tensor_args import fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
 # per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
-# with the same tiles). The shipped one per head dim is ``hopper.BWD_VARIANT``;
+# with the same tiles). The shipped one per head dim and mask is ``hopper.BWD_VARIANT``;
 # tools/hopper/check_bwd.py --variants checks and times them side by side. Earlier variants
 # (sessions 5-8: swizzled dQ alone, the 3-deep ring, the plain-number and DLPack launches, ...)
 # are in git history (commit b09bcda) and benchmarks/NOTES.md.
@@ -49,19 +49,22 @@ _FRAG = {"dq_frag": True, "dq_swizzle": False}
 VARIANTS["t128_fq"] = {**VARIANTS["t128_smq"], **_FRAG}
 VARIANTS["t128_fq2"] = {**VARIANTS["t128_dq2"], **_FRAG}
 VARIANTS["t128_fqx"] = {**VARIANTS["t128_fq"], "split_exp": True}
+# Session 10: FA4's 80 x 128 tiles at hd 128 (dQ computed transposed, one dQ buffer); the
+# plan gives them to full masks only (causal keeps 64 x 128, as FA4).
+VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80, 128)}}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
 
 
-def shipped_variant(head_dim: int) -> str:
-    """The variant the backend runs at ``head_dim`` (``hopper.BWD_VARIANT``)."""
-    if head_dim not in BWD_VARIANT:
+def shipped_variant(head_dim: int, causal: bool) -> str:
+    """The variant the backend runs at ``head_dim`` with this mask (``hopper.BWD_VARIANT``)."""
+    if head_dim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={head_dim} is not supported by the Hopper backward "
-            f"(supported: {sorted(BWD_VARIANT)})"
+            f"(supported: {list(BWD_HEADDIMS)})"
         )
-    return BWD_VARIANT[head_dim]
+    return bwd_variant(head_dim, causal)
 
 
 def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
@@ -226,7 +229,7 @@ def compile_bwd(
     if dtype not in _TORCH_TO_CUTLASS:
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     if variant is None:
-        variant = shipped_variant(head_dim)
+        variant = shipped_variant(head_dim, causal)
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     tiles = variant_tiles(variant, head_dim)
@@ -319,7 +322,7 @@ def hopper_bwd_main(
     """
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
-        variant = shipped_variant(q.shape[-1])
+        variant = shipped_variant(q.shape[-1], causal)
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     expected_chains = q.shape[0] * k.shape[2] * kv_tiles

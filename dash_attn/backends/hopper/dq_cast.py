@@ -28,21 +28,27 @@ def _fragment_cast_kernel(
     stride_oh,
     scale,
     BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    SPLIT_COLS: tl.constexpr,
+    SPLIT: tl.constexpr,
     THREADS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
-    row = tl.arange(0, BLOCK_M)[:, None]
+    # ROWS: BLOCK_M rounded up to a power of two (Triton's ranges), the extra rows masked.
+    row = tl.arange(0, ROWS)[:, None]
     col = tl.arange(0, HEAD_DIM)[None, :]
     # dq_fragment.tile_offset, element-wise.
-    if SPLIT_COLS:
+    if SPLIT == "cols":
         wg = col // (HEAD_DIM // 2)
         rr = row
         cc = col % (HEAD_DIM // 2)
+    elif SPLIT == "swap":
+        wg = col // 64
+        rr = col % 64
+        cc = row
     else:
         wg = row // 64
         rr = row % 64
@@ -51,11 +57,12 @@ def _fragment_cast_kernel(
     index = cc % 2 + 2 * ((rr % 16) // 8) + 4 * (cc // 8)
     offset = (index // 4) * (THREADS * 4) + thread * 4 + index % 4
     base = (bh.to(tl.int64) * q_tiles + tile) * (BLOCK_M * HEAD_DIM)
-    acc = tl.load(ACC + base + offset)
+    # (col >= 0 is always true: it broadcasts the row masks to the tile's shape.)
+    in_tile = (row < BLOCK_M) & (col >= 0)
+    acc = tl.load(ACC + base + offset, mask=in_tile)
     seq = tile * BLOCK_M + row
     dst = OUT + b.to(tl.int64) * stride_ob + seq.to(tl.int64) * stride_os + h * stride_oh + col
-    # (col >= 0 is always true: it broadcasts the row mask to the tile's shape.)
-    tl.store(dst, (acc * scale).to(OUT.dtype.element_ty), mask=(seq < seqlen_q) & (col >= 0))
+    tl.store(dst, (acc * scale).to(OUT.dtype.element_ty), mask=in_tile & (seq < seqlen_q))
 
 
 def scale_cast_fragments(
@@ -80,7 +87,8 @@ def scale_cast_fragments(
         return out
     _fragment_cast_kernel[(q_tiles, batch * heads)](
         acc, out, seqlen_q, heads, q_tiles, out.stride(0), out.stride(1), out.stride(2), scale,
-        BLOCK_M=block_m, HEAD_DIM=head_dim, SPLIT_COLS=split == "cols", THREADS=MMA_THREADS,
+        BLOCK_M=block_m, ROWS=triton.next_power_of_2(block_m), HEAD_DIM=head_dim, SPLIT=split,
+        THREADS=MMA_THREADS,
         num_warps=8,
     )  # fmt: skip
     return out

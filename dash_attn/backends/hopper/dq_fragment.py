@@ -16,7 +16,9 @@ Pure Python: no torch, cutlass or triton.
 Worked example (block_m 64, head_dim 128: the two MMA warpgroups split the head dim): thread
 t = 37 is warpgroup 0, warp 1, lane 5. Its register 6 is (k, j, n8) = (0, 1, 1): row
 16 * 1 + 5 // 4 + 8 = 25, column 8 + 2 * (5 % 4) + 0 = 10; it is stored at float offset
-(6 // 4) * 1024 + 4 * 37 + 6 % 4 = 1174.
+(6 // 4) * 1024 + 4 * 37 + 6 % 4 = 1174. With block_m 80 (dQ^T in the accumulator) the same
+register of thread 128 + 37 holds Q row 10, head-dim column 64 + 25 = 89, at offset
+1024 + 4 * 165 + 2 = 1686.
 """
 
 from __future__ import annotations
@@ -27,12 +29,20 @@ _CHUNK = 4  # fp32 values per 16-byte store
 
 def wg_split(block_m: int) -> str:
     """How the two MMA warpgroups share the dQ tile: "cols" (64 rows: each takes half the head
-    dim) or "rows" (128 rows: each takes 64 rows)."""
+    dim), "rows" (128 rows: each takes 64 rows) or "swap" (80 rows: the kernel computes dQ^T,
+    each warpgroup 64 head-dim rows of it, i.e. half the head dim of all 80 Q rows)."""
     if block_m == 64:
         return "cols"
     if block_m == 128:
         return "rows"
-    raise ValueError(f"block_m must be 64 or 128 for the dQ fragment layout, got {block_m}")
+    if block_m == 80:
+        return "swap"
+    raise ValueError(f"block_m must be 64, 80 or 128 for the dQ fragment layout, got {block_m}")
+
+
+def registers(block_m: int, head_dim: int) -> int:
+    """fp32 accumulator registers per MMA thread: the tile spread over the 256 threads."""
+    return block_m * head_dim // MMA_THREADS
 
 
 def fragment_coords(block_m: int, head_dim: int, thread: int, index: int) -> tuple[int, int]:
@@ -40,18 +50,20 @@ def fragment_coords(block_m: int, head_dim: int, thread: int, index: int) -> tup
 
     The WGMMA m64nN accumulator: within a warpgroup, warp w and lane l hold rows
     16 w + l // 4 (+ 8), and registers come in (k, j, n8) order: column pair bit k, row half j,
-    8-column group n8.
+    8-column group n8. With "swap" the accumulator is dQ^T: its rows are head-dim columns of
+    the tile and its columns Q rows.
     """
     split = wg_split(block_m)
-    wg_cols = head_dim // 2 if split == "cols" else head_dim
-    if not 0 <= thread < MMA_THREADS or not 0 <= index < 64 * wg_cols // 128:
+    if not 0 <= thread < MMA_THREADS or not 0 <= index < registers(block_m, head_dim):
         raise ValueError(f"thread {thread} / register {index} out of range")
     wg, warp, lane = thread // 128, (thread % 128) // 32, thread % 32
     k, j, n8 = index % 2, (index // 2) % 2, index // 4
     row = 16 * warp + lane // 4 + 8 * j
     col = 8 * n8 + 2 * (lane % 4) + k
     if split == "cols":
-        return row, wg * wg_cols + col
+        return row, wg * (head_dim // 2) + col
+    if split == "swap":
+        return col, 64 * wg + row
     return 64 * wg + row, col
 
 
@@ -63,8 +75,11 @@ def fragment_offset(thread: int, index: int) -> int:
 def tile_offset(block_m: int, head_dim: int, row: int, col: int) -> int:
     """Float offset in the tile of element (row, col): the inverse of ``fragment_coords``
     followed by ``fragment_offset`` (the formula the cast kernel evaluates per element)."""
-    if wg_split(block_m) == "cols":
+    split = wg_split(block_m)
+    if split == "cols":
         wg, rr, cc = col // (head_dim // 2), row, col % (head_dim // 2)
+    elif split == "swap":
+        wg, rr, cc = col // 64, col % 64, row
     else:
         wg, rr, cc = row // 64, row % 64, col
     thread = 128 * wg + 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2

@@ -13,7 +13,7 @@ import torch
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
-from . import BWD_VARIANT, FWD_3WG_MIN_SEQLEN
+from . import FWD_3WG_MIN_SEQLEN, bwd_variant
 from .bwd_launch import cast_dq, hopper_bwd_main
 from .fwd import hopper_fwd
 
@@ -49,7 +49,7 @@ def run_backward(
     Triton backend's ``run_backward``)."""
     cast = functools.partial(
         cast_dq, seqlen_q=q.shape[1], head_dim=q.shape[3], block_m=plan.tiles.block_m,
-        variant=BWD_VARIANT[plan.problem.headdim],
+        variant=bwd_variant(plan.problem.headdim, plan.problem.mask.causal),
     )  # fmt: skip
     return backward.run_backward(
         plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
@@ -76,5 +76,5 @@ def _main(
         causal=spec.mask.causal, softmax_scale=softmax_scale,
         deterministic=plan.deterministic, dynamic=plan.dispatch is Dispatch.DYNAMIC,
         timeout_ns=int(plan.timeout_s * 1e9),
-        variant=BWD_VARIANT[plan.problem.headdim],
+        variant=bwd_variant(plan.problem.headdim, spec.mask.causal),
     )  # fmt: skip

@@ -73,7 +73,7 @@ def _fake_inputs(
 
 def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
     head_dim, dtype, causal, det = config
-    variant = variant or bwd_launch.shipped_variant(head_dim)
+    variant = variant or bwd_launch.shipped_variant(head_dim, causal)
     dump_dir.mkdir(parents=True, exist_ok=True)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     start = time.perf_counter()
@@ -98,8 +98,9 @@ def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
          for c in CONFIGS],
 )  # fmt: skip
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
-    """The kernel the backend ships for this head dim (``hopper.BWD_VARIANT``), every config."""
-    _check_kernel_code(config, bwd_launch.shipped_variant(config[0]), tmp_path)
+    """The kernel the backend ships for this head dim and mask (``hopper.BWD_VARIANT``), every
+    config."""
+    _check_kernel_code(config, bwd_launch.shipped_variant(config[0], config[2]), tmp_path)
 
 
 def _sass(compiled, tmp_path: Path) -> str | None:
@@ -132,6 +133,11 @@ VARIANT_CONFIGS = [
     ("t128_fq2", (64, torch.float16, False, False)),
     ("t128_fq2", (64, torch.bfloat16, True, True)),
     ("t128_fqx", (128, torch.bfloat16, True, True)),
+    # The 64 x 128 kernel at hd 128 with a full mask (shipped for causal only), and the 80 x 128
+    # one (dQ transposed, 32-byte swizzled dS) with a causal mask (shipped for full only).
+    ("t128_fq2", (128, torch.bfloat16, False, True)),
+    ("t80_fq", (128, torch.bfloat16, True, True)),
+    ("t80_fq", (128, torch.float16, True, False)),
 ]
 
 
@@ -250,11 +256,13 @@ def test_variants_resolve() -> None:
 
     for name in bwd_launch.VARIANTS:
         assert bwd_launch.variant_tiles(name, 64) == (128, 128)
-        assert bwd_launch.variant_tiles(name, 128) == (64, 128)
-    for head_dim, name in hopper.BWD_VARIANT.items():
-        assert bwd_launch.shipped_variant(head_dim) == name in bwd_launch.VARIANTS
+        assert bwd_launch.variant_tiles(name, 128) == ((80, 128) if name == "t80_fq" else (64, 128))
+    for (head_dim, kind), name in hopper.BWD_VARIANT.items():
+        assert bwd_launch.shipped_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
+    kinds = ("full", "causal")
+    assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
-        bwd_launch.shipped_variant(96)
+        bwd_launch.shipped_variant(96, True)
     # Every variant's options are constructor arguments of the kernel.
     import cutlass
 
@@ -340,6 +348,6 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
     each head dim runs must have the same tiles, or the kernel would walk other tables."""
     from dash_attn.backends import hopper
 
-    for headdim, variant in hopper.BWD_VARIANT.items():
-        tiles = hopper.bwd_tiles(headdim)
+    for (headdim, kind), variant in hopper.BWD_VARIANT.items():
+        tiles = hopper.bwd_tiles(headdim, kind == "causal")
         assert bwd_launch.variant_tiles(variant, headdim) == (tiles.block_m, tiles.block_n)

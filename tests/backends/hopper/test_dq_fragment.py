@@ -9,12 +9,14 @@ import pytest
 
 from dash_attn.backends.hopper import dq_fragment
 
-TILES = [(64, 128), (128, 64)]  # (block_m, head_dim) of the hopper backward at hd 128 and 64
+# (block_m, head_dim) of the hopper backward: hd 128 causal and full, hd 64.
+TILES = [(64, 128), (80, 128), (128, 64)]
 
 
 @pytest.mark.parametrize("block_m,head_dim", TILES)
 def test_fragment_order_is_a_bijection_with_its_inverse(block_m: int, head_dim: int) -> None:
-    registers = block_m * head_dim // dq_fragment.MMA_THREADS
+    registers = dq_fragment.registers(block_m, head_dim)
+    assert registers * dq_fragment.MMA_THREADS == block_m * head_dim
     offsets, coords = set(), set()
     for thread in range(dq_fragment.MMA_THREADS):
         for index in range(registers):
@@ -32,6 +34,9 @@ def test_worked_example_and_16_byte_chunks() -> None:
     # The module docstring's example.
     assert dq_fragment.fragment_coords(64, 128, 37, 6) == (25, 10)
     assert dq_fragment.fragment_offset(37, 6) == 1174
+    # With 80 rows the accumulator is dQ^T: the same register of thread 128 + 37.
+    assert dq_fragment.fragment_coords(80, 128, 165, 6) == (10, 89)
+    assert dq_fragment.fragment_offset(165, 6) == dq_fragment.tile_offset(80, 128, 10, 89) == 1686
     # A thread's registers 4j..4j+3 are contiguous and 16-byte aligned; a warp's chunk j covers
     # 512 contiguous bytes (32 threads x 16 B).
     for j in range(8):
@@ -40,14 +45,17 @@ def test_worked_example_and_16_byte_chunks() -> None:
         assert [dq_fragment.fragment_offset(5, 4 * j + e) for e in range(4)] == [
             starts[5] + e for e in range(4)
         ]
-    # Warpgroup 1 holds the right half of the head dim (64-row tiles), the lower rows (128).
+    # Warpgroup 1 holds the right half of the head dim (64- and 80-row tiles), the lower rows
+    # (128); with 80 rows a thread's neighbouring registers are neighbouring Q rows.
     assert dq_fragment.fragment_coords(64, 128, 128, 0) == (0, 64)
+    assert dq_fragment.fragment_coords(80, 128, 128, 0) == (0, 64)
+    assert dq_fragment.fragment_coords(80, 128, 128, 1) == (1, 64)
     assert dq_fragment.fragment_coords(128, 64, 128, 0) == (64, 0)
 
 
 def test_bad_arguments_raise() -> None:
-    with pytest.raises(ValueError, match="block_m must be 64 or 128"):
-        dq_fragment.wg_split(80)
+    with pytest.raises(ValueError, match="block_m must be 64, 80 or 128"):
+        dq_fragment.wg_split(96)
     with pytest.raises(ValueError, match="out of range"):
         dq_fragment.fragment_coords(64, 128, 256, 0)
     with pytest.raises(ValueError, match="out of range"):

@@ -50,7 +50,14 @@ def encode(dq: torch.Tensor, block_m: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "shape,block_m", [((2, 100, 3, 128), 64), ((1, 130, 2, 64), 128), ((1, 64, 1, 128), 64)]
+    "shape,block_m",
+    [
+        ((2, 100, 3, 128), 64),
+        ((1, 130, 2, 64), 128),
+        ((1, 64, 1, 128), 64),
+        ((2, 170, 2, 128), 80),
+        ((1, 80, 1, 128), 80),
+    ],
 )
 def test_fragment_cast_matches_row_major_cast(
     shape: tuple[int, ...], block_m: int, dtype: torch.dtype
@@ -70,7 +77,7 @@ def test_fragment_cast_rejects_wrong_shapes() -> None:
     acc = torch.zeros(1, 2, 2, 64 * 128, device=DEVICE)
     with pytest.raises(ValueError, match="does not tile seqlen_q"):
         scale_cast_fragments(acc, 1.0, torch.float16, 300, 64)
-    with pytest.raises(ValueError, match="block_m must be 64 or 128"):
-        scale_cast_fragments(acc, 1.0, torch.float16, 100, 80)
+    with pytest.raises(ValueError, match="block_m must be 64, 80 or 128"):
+        scale_cast_fragments(acc, 1.0, torch.float16, 100, 96)
     with pytest.raises(ValueError, match="contiguous fp32"):
         scale_cast_fragments(acc.half(), 1.0, torch.float16, 100, 64)

@@ -128,19 +128,19 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # The forward sweep's summary and the end-to-end blocks (session 8), from their own files.
-    session = results / "session8-2c6fcbc"
+    # The forward sweep's summary and the end-to-end blocks (session 10), from their own files.
+    session = results / "session10-e3bf495"
     forward = report.read_csv(session / "fwd" / "bench.csv")
     assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
-    e2e = report.e2e_table(report.read_csv(session / "e2e-cd4f1d9" / "e2e.csv"), markdown=True)
+    e2e = report.e2e_table(report.read_csv(session / "e2e" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
-    # Session 9's hopper-and-FA4 backward run: its table and its summary.
-    hopper9 = report.read_csv(results / "session9-0df7a3e" / "sweep" / "bench.csv")
-    assert len(hopper9) == 24 * 4
-    assert report.readme_table(hopper9) in readme.read_text()
-    summary9 = report.summary_table(hopper9, markdown=True, only_measured=True).strip()
-    assert "hopper auto / fa4_det" in summary9 and "dash auto" not in summary9
-    assert summary9 in readme.read_text()
+    # Session 10's hopper-and-FA4 backward run: its table and its summary.
+    hopper = report.read_csv(session / "sweep-hopper-fa4" / "bench.csv")
+    assert len(hopper) == 24 * 4
+    assert report.readme_table(hopper) in readme.read_text()
+    summary = report.summary_table(hopper, markdown=True, only_measured=True).strip()
+    assert "hopper auto / fa4_det" in summary and "dash auto" not in summary
+    assert summary in readme.read_text()
 
 
 def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:

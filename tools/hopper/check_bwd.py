@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from dash_attn.backends.hopper import bwd_launch
+from dash_attn.backends.hopper import bwd_launch, bwd_variant
 from dash_attn.backends.triton.bwd import attn_bwd_preprocess
 from dash_attn.schedule import (
     TABLE_FIELDS,
@@ -167,7 +167,7 @@ def schedule_for(
 ) -> Schedule:
     """The schedule ``name`` built with the tiles that ``variant`` (default: the shipped one)
     runs at this head dim."""
-    variant = variant or bwd_launch.shipped_variant(shape.head_dim, causal)
+    variant = variant or bwd_variant(shape.head_dim, causal)
     block_m, block_n = bwd_launch.variant_tiles(variant, shape.head_dim)
     spec = ScheduleSpec.from_shape(
         batch=shape.batch, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
@@ -230,7 +230,7 @@ class Problem:
         preprocess (timing of the whole backward). ``sched`` must be built for ``variant``'s
         tiles (schedule_for(..., variant=variant))."""
         spec = sched.spec
-        variant = variant or bwd_launch.shipped_variant(self.shape.head_dim, self.causal)
+        variant = variant or bwd_variant(self.shape.head_dim, self.causal)
         block_m, block_n = bwd_launch.variant_tiles(variant, self.shape.head_dim)
         if preprocess:
             self.lse2, self.delta = attn_bwd_preprocess(

@@ -62,6 +62,11 @@ def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
 
 def bwd_variant(headdim: int, causal: bool) -> str:
     """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim and mask."""
+    if headdim not in BWD_HEADDIMS:
+        raise NotImplementedError(
+            f"head_dim={headdim} is not supported by the Hopper backward "
+            f"(supported: {list(BWD_HEADDIMS)})"
+        )
     return BWD_VARIANT[headdim, _mask_kind(causal)]
 
 

@@ -21,7 +21,7 @@ from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
 from ..triton.dq_cast import scale_cast
-from . import BWD_HEADDIMS, bwd_variant, kernel_cache
+from . import bwd_variant, kernel_cache
 from ._tensor_args import fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -55,16 +55,6 @@ VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80,
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
-
-
-def shipped_variant(head_dim: int, causal: bool) -> str:
-    """The variant the backend runs at ``head_dim`` with this mask (``hopper.BWD_VARIANT``)."""
-    if head_dim not in BWD_HEADDIMS:
-        raise NotImplementedError(
-            f"head_dim={head_dim} is not supported by the Hopper backward "
-            f"(supported: {list(BWD_HEADDIMS)})"
-        )
-    return bwd_variant(head_dim, causal)
 
 
 def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
@@ -229,7 +219,7 @@ def compile_bwd(
     if dtype not in _TORCH_TO_CUTLASS:
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     if variant is None:
-        variant = shipped_variant(head_dim, causal)
+        variant = bwd_variant(head_dim, causal)
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     tiles = variant_tiles(variant, head_dim)
@@ -322,7 +312,7 @@ def hopper_bwd_main(
     """
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
-        variant = shipped_variant(q.shape[-1], causal)
+        variant = bwd_variant(q.shape[-1], causal)
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     expected_chains = q.shape[0] * k.shape[2] * kv_tiles

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import bwd_launch  # noqa: E402
+from dash_attn.backends.hopper import bwd_launch, bwd_variant  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
@@ -73,7 +73,7 @@ def _fake_inputs(
 
 def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
     head_dim, dtype, causal, det = config
-    variant = variant or bwd_launch.shipped_variant(head_dim, causal)
+    variant = variant or bwd_variant(head_dim, causal)
     dump_dir.mkdir(parents=True, exist_ok=True)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     start = time.perf_counter()
@@ -100,7 +100,7 @@ def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for this head dim and mask (``hopper.BWD_VARIANT``), every
     config."""
-    _check_kernel_code(config, bwd_launch.shipped_variant(config[0], config[2]), tmp_path)
+    _check_kernel_code(config, bwd_variant(config[0], config[2]), tmp_path)
 
 
 def _sass(compiled, tmp_path: Path) -> str | None:
@@ -258,11 +258,11 @@ def test_variants_resolve() -> None:
         assert bwd_launch.variant_tiles(name, 64) == (128, 128)
         assert bwd_launch.variant_tiles(name, 128) == ((80, 128) if name == "t80_fq" else (64, 128))
     for (head_dim, kind), name in hopper.BWD_VARIANT.items():
-        assert bwd_launch.shipped_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
+        assert bwd_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
-        bwd_launch.shipped_variant(96, True)
+        bwd_variant(96, True)
     # Every variant's options are constructor arguments of the kernel.
     import cutlass
 

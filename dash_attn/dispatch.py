@@ -27,12 +27,17 @@ def last_launch_info() -> BackwardPlan | None:
 def tma_aligned(*tensors: torch.Tensor) -> bool:
     """Whether TMA can read every tensor as a tiled tensor: 16-byte aligned base pointer and
     outer strides, unit stride in the last dimension, no broadcast (zero-stride) dimension."""
-    return all(
-        x.stride(-1) == 1
-        and x.data_ptr() % 16 == 0
-        and all(stride > 0 and stride * x.element_size() % 16 == 0 for stride in x.stride()[:-1])
-        for x in tensors
-    )
+    # Plain loops, each stride tuple read once: this runs on every call (generators over
+    # x.stride(-1), x.stride() took ~13 us for four tensors).
+    for x in tensors:
+        strides = x.stride()
+        if strides[-1] != 1 or x.data_ptr() % 16:
+            return False
+        size = x.element_size()
+        for stride in strides[:-1]:
+            if stride <= 0 or stride * size % 16:
+                return False
+    return True
 
 
 def _dtype_name(x: torch.Tensor) -> str:

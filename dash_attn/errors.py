@@ -12,24 +12,29 @@ cost ~50 us of host time, as much as a small backward's kernels take on the GPU)
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 __all__ = ["check_errors", "record_status"]
 
+# An error text, or a function that makes it, called only if the launch failed (formatting a
+# plan's description takes ~7 us of host time, paid by every launch otherwise).
+Description = str | Callable[[], str]
+
 _SLOTS = 256  # launches whose flag may be in flight at once; more wait for the oldest
 
 _lock = threading.Lock()
 # launch number -> (slot in the pinned buffer, event after the copy, its device index, error
 # message), oldest first
-_pending: dict[int, tuple[int, torch.cuda.Event, int, str]] = {}
+_pending: dict[int, tuple[int, torch.cuda.Event, int, Description]] = {}
 _launches = 0
 _host: torch.Tensor | None = None  # pinned int32 [_SLOTS]
 _host_view: np.ndarray | None = None  # the same memory, read without a torch call
 _free_slots: list[int] = []
 _free_events: dict[int, list[torch.cuda.Event]] = {}  # per device index
-_failed: list[str] = []  # set flags read while making room for a new launch, oldest first
+_failed: list[Description] = []  # set flags read while making room for a new launch, oldest first
 
 
 def check_errors(synchronize: bool = True) -> None:
@@ -57,7 +62,11 @@ def check_errors(synchronize: bool = True) -> None:
         if failure is None and flag != 0:
             failure = description
     if failure is not None:
-        raise RuntimeError(failure)
+        raise RuntimeError(_text(failure))
+
+
+def _text(description: Description) -> str:
+    return description if isinstance(description, str) else description()
 
 
 def _release(slot: int, event: torch.cuda.Event, device: int) -> int:
@@ -86,13 +95,14 @@ def _take_slot() -> int:
     return _free_slots.pop()
 
 
-def record_status(error_flag: torch.Tensor, description: str, synchronize: bool) -> None:
+def record_status(error_flag: torch.Tensor, description: Description, synchronize: bool) -> None:
     """Queue the int32 ``error_flag`` (0-d) of a launch; raise at once if ``synchronize`` (or on
-    the CPU, where the launch already ran) and it is set. ``description`` is the error text."""
+    the CPU, where the launch already ran) and it is set. ``description`` is the error text, or
+    a function that returns it (called only when the flag is set)."""
     global _launches
     if error_flag.device.type != "cuda":
         if int(error_flag.item()) != 0:
-            raise RuntimeError(description)
+            raise RuntimeError(_text(description))
         return
     if torch.cuda.is_current_stream_capturing():
         # A graph capture may not copy to the host; the replay's flag is the caller's to read.
@@ -107,4 +117,7 @@ def record_status(error_flag: torch.Tensor, description: str, synchronize: bool)
         event.record(stream)
         _launches += 1
         _pending[_launches] = (slot, event, device, description)
-    check_errors(synchronize=synchronize)
+    # Without synchronize, the flags of finished launches are read by the next check (each
+    # backward starts with one): this launch's cannot have landed yet.
+    if synchronize:
+        check_errors(synchronize=True)

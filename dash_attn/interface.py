@@ -45,6 +45,9 @@ class DashAttnFunction(torch.autograd.Function):
         invariant: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = ops.call("fwd", q, k, v, causal, softmax_scale, backend, *window)
+        # lse has no gradient: without this, autograd passes a zero tensor of its shape to
+        # backward (an allocation and a fill launch per call).
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
         ctx.window, ctx.invariant = window, invariant
@@ -52,7 +55,9 @@ class DashAttnFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
+    def backward(ctx, dout: torch.Tensor | None, dlse: torch.Tensor | None):
+        if dout is None:  # out did not reach the loss: no gradient
+            return (None,) * 11
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ops.call(
             "bwd", _maybe_contiguous(dout), q, k, v, out, lse, *ctx.options, *ctx.window,
@@ -90,6 +95,7 @@ class DashAttnVarlenFunction(torch.autograd.Function):
             causal, softmax_scale, backend, *window,
         )  # fmt: skip
         ctx.same_k = same_k
+        ctx.set_materialize_grads(False)  # (see DashAttnFunction)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, *(() if same_k else (cu_k,)))
         ctx.lengths = (max_seqlen_q, max_seqlen_k)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
@@ -98,7 +104,9 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None):
+    def backward(ctx, dout: torch.Tensor | None, dlse: torch.Tensor | None):
+        if dout is None:
+            return (None,) * 15
         q, k, v, out, lse, cu_q, *rest = ctx.saved_tensors
         cu_k = cu_q if ctx.same_k else rest[0]
         dq, dk, dv = ops.call(

@@ -83,3 +83,21 @@ def test_cpu_flag_raises_at_once() -> None:
     errors.record_status(torch.zeros((), dtype=torch.int32), "never", synchronize=False)
     with pytest.raises(RuntimeError, match="cpu launch"):
         errors.record_status(torch.ones((), dtype=torch.int32), "cpu launch", synchronize=False)
+
+
+def test_a_description_function_is_called_only_for_a_set_flag(fake_state) -> None:
+    calls: list[int] = []
+
+    def description(launch: int) -> str:
+        calls.append(launch)
+        return f"launch {launch} made its text"
+
+    for launch, flag in enumerate([0, 1]):
+        fake_state[launch] = flag
+        errors._pending[launch] = (launch, FakeEvent(True), 0, lambda n=launch: description(n))
+    with pytest.raises(RuntimeError, match="launch 1 made its text"):
+        errors.check_errors(synchronize=False)
+    assert calls == [1]  # the clean launch's text was never made
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="cpu text"):
+        errors.record_status(torch.ones((), dtype=torch.int32), lambda: "cpu text", False)

@@ -28,8 +28,8 @@ def test_flags_of_more_launches_than_slots_are_all_read() -> None:
 
 def test_a_set_flag_raises_with_its_description_once() -> None:
     errors.check_errors()
-    # It raises at the first check after the flag's copy has landed: at a later record_status
-    # (each one looks at the finished launches) or at check_errors, whichever comes first.
+    # It raises at the first check after the flag's copy has landed (each backward starts with
+    # one; here check_errors), not at the launches recorded after it.
     with pytest.raises(RuntimeError, match="launch 2 timed out"):
         errors.record_status(_flag(0), "clean launch", synchronize=False)
         errors.record_status(_flag(1), "launch 2 timed out", synchronize=False)

@@ -262,3 +262,15 @@ def test_device_is_left_to_the_caller():
     kwargs = _good()
     kwargs.update({n: kwargs[n].to("meta") for n in "qkv"})
     assert check_inputs(**kwargs).batch == B
+
+
+def test_tma_aligned_needs_unit_last_stride_16_byte_strides_and_no_broadcast() -> None:
+    from dash_attn.dispatch import tma_aligned
+
+    q = torch.zeros(2, 100, 4, 64, dtype=torch.bfloat16)
+    assert tma_aligned(q, q.clone())
+    assert not tma_aligned(q, q[..., 1:])  # base 2 bytes past an aligned one
+    assert not tma_aligned(q.transpose(2, 3))  # last stride not 1
+    assert not tma_aligned(torch.zeros(2, 100, 4, 66, dtype=torch.bfloat16)[..., :64])  # 132 B rows
+    broadcast = torch.zeros(2, 100, 1, 64, dtype=torch.bfloat16).expand(2, 100, 4, 64)
+    assert not tma_aligned(broadcast)  # a zero stride

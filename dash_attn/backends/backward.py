@@ -7,6 +7,7 @@ as one opaque call.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -87,7 +88,10 @@ def run_backward(
     extra = {} if varlen is None else {"varlen": varlen}
     dq_acc, dk, dv, status = main(plan, q, k, v, dout, lse2, delta, tables, softmax_scale, **extra)
     if plan.deterministic:
-        record_status(status[1], timeout_error(plan), sync_check or plan.device.is_interpreter)
+        record_status(
+            status[1], functools.partial(timeout_error, plan),
+            sync_check or plan.device.is_interpreter,
+        )  # fmt: skip
     if varlen is not None:
         # The accumulator pads every sequence to whole Q tiles: keep the real rows.
         dq_acc = dq_acc.index_select(0, varlen.row_index)

@@ -34,14 +34,14 @@ _BWD_TILES = {
 # The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each (head dim, mask kind)
 # runs: the fastest correct one of the side-by-side checks (benchmarks/results/h200/session*/
 # variants). All of them: masks only in edge tiles, dS stored by stmatrix, FA4's dV/dS order,
-# vector dK/dV stores, the dQ partial in fragment order (one flat bulk reduce per step), the
-# TVM-FFI launch; at hd 128 causal two dQ staging buffers, at hd 128 full 80 x 128 tiles. Its
-# tiles must equal _BWD_TILES' (tests check).
+# vector dK/dV stores, the dQ partial in fragment order handed over per warpgroup (one flat
+# bulk reduce per warpgroup half and step), the TVM-FFI launch; at hd 128 causal two dQ staging
+# buffers, at hd 128 full 80 x 128 tiles. Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_fq",
-    (64, "causal"): "t128_fq",
-    (128, "full"): "t80_fq",
-    (128, "causal"): "t128_fq2",
+    (64, "full"): "t128_wg",
+    (64, "causal"): "t128_wg",
+    (128, "full"): "t80_wg",
+    (128, "causal"): "t128_wg2",
 }
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, two (128 rows) below: measured side by side

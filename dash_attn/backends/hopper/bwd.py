@@ -27,12 +27,14 @@ WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
              the masks, dS^T = P^T (dP^T - delta), dV += P^T dO and dK += dS^T Q (RS WGMMA from
              registers), dS to shared memory, dQ = dS K (SS, the two WGs split the head dim or
-             the rows), then the dQ partial goes to the dQ writer's buffer.
+             the rows), then each WG's half of the dQ partial goes to the dQ writer's buffer.
 
 Synchronisation: mbarriers for the load ring (full: 1 arrival + TMA bytes; empty: 256 MMA
 threads + the dQ writer) and for K/V; named barriers for dS (the 256 MMA threads) and for the
-dQ buffers (256 MMA threads + the dQ warp, "empty" and "full"). TMA copies are issued by whole
-warps (``cute.copy`` elects the issuing lane with a full-mask elect.sync).
+dQ buffers, "empty" and "full": per warpgroup half with ``dq_wg`` (128 MMA threads + the dQ
+warp: a warpgroup that has its dQ half ready hands it over without waiting for the other), else
+per buffer (256 MMA threads + the dQ warp). TMA copies are issued by whole warps (``cute.copy``
+elects the issuing lane with a full-mask elect.sync).
 
 Registers: 168 per thread at launch (384 threads), then setmaxnreg: 24 for warpgroup 0 and
 240 for each MMA warpgroup (24 + 2 x 240 = 504 <= 512; a larger producer budget would leave
@@ -52,7 +54,8 @@ Constructor options (``bwd_launch.VARIANTS`` names combinations):
 ``dq_frag`` (default) stages and accumulates the dQ partial in the MMA fragments' own order
 (``dq_fragment.py``; 16-byte stores, one flat bulk reduce per step, decoded by the final cast),
 ``dq_swizzle`` instead in a 128-byte swizzled row-major tile (one TMA reduce per 32 columns);
-``dq_double`` gives the dQ writer two staging buffers; ``split_exp`` computes the exponentials'
+``dq_double`` gives the dQ writer two staging buffers; ``dq_wg`` lets each MMA warpgroup hand
+its half of the partial over on its own (FA4's hand-off); ``split_exp`` computes the exponentials'
 arguments in a pass of their own; ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
@@ -82,7 +85,8 @@ SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
 _BAR_DQ_EMPTY = 2  # dQ buffer free (dQ warp arrives, MMA threads wait)
 _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
-# With dq_double, buffer b uses _BAR_DQ_EMPTY + 2 b and _BAR_DQ_FULL + 2 b (ids 2-5).
+# Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
+# and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -117,6 +121,7 @@ class HopperAttnBwd:
         dq_frag: bool = True,
         dq_swizzle: bool = False,
         dq_double: bool = False,
+        dq_wg: bool = False,
         split_exp: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -166,6 +171,14 @@ class HopperAttnBwd:
         #   buffer free" barrier, which each passes after its dQ = dS K of step s completed.
         self.dq_double = dq_double
         self.dq_bufs = 2 if dq_double else 1
+        # dq_wg: each MMA warpgroup hands its half of the dQ partial to the dQ writer on its
+        #   own (named barriers of 160 threads: one warpgroup and the dQ warp), and the writer
+        #   reduces each half as soon as it is there (FA4's hand-off). Without it, both
+        #   warpgroups and the dQ warp meet at one 288-thread barrier per buffer state, a
+        #   second point per step (after the dS barrier) where a warpgroup waits for the other.
+        if dq_wg and not dq_frag:
+            raise ValueError("dq_wg needs dq_frag (one contiguous half per warpgroup)")
+        self.dq_wg = dq_wg
         # 80-row Q tiles (FA4's tile at hd 128 without a causal mask: a quarter more work per
         # step for the same per-step costs) are no multiple of the 64-row WGMMA atom, so dQ is
         # computed transposed, dQ^T = K^T dS^T: M = the head dim (64 rows per warpgroup),
@@ -679,21 +692,20 @@ class HopperAttnBwd:
     ):
         bm, hd = self.block_m, self.head_dim
         lane = cute.arch.lane_idx()
-        bar_threads = self.num_mma_threads + cute.arch.WARP_SIZE
+        # Hand-offs per step: one per warpgroup half with dq_wg (each reduced as soon as its
+        # warpgroup has written it), else one of the whole tile.
+        parts = 2 if const_expr(self.dq_wg) else 1
+        part = bm * hd // parts
         # The buffers start free; afterwards each is freed as soon as the TMA unit has read it,
         # so the MMA warpgroups write the next partial while this one's adds complete.
         for buf0 in cutlass.range_constexpr(self.dq_bufs):
-            cute.arch.barrier_arrive(
-                barrier_id=_BAR_DQ_EMPTY + 2 * buf0, number_of_threads=bar_threads
-            )
+            for p in cutlass.range_constexpr(parts):
+                self._dq_barrier(_BAR_DQ_EMPTY, Int32(buf0), Int32(p), wait=False)
         done = Int32(0)
         stage = Int32(0)
         buf = Int32(0)  # the staging buffer of this step (always 0 without dq_double)
         while done == 0:
-            if const_expr(self.dq_double):
-                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + 2 * buf, number_of_threads=bar_threads)
-            else:
-                cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=bar_threads)
+            self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=True)
             if const_expr(self.dq_frag):
                 sdQ_buf = cute.make_tensor(
                     sdQ.iterator + cute.assume(buf * (bm * hd), divby=bm * hd),
@@ -725,53 +737,54 @@ class HopperAttnBwd:
                         # Order the bulk reduce (async proxy) after the acquire.
                         cute.arch.fence_proxy("async.global")
                     cute.arch.sync_warp()
-                    if sDqFail[0] != 0:
-                        # Never a silent wrong result: poison what this step adds and raise
-                        # the error flag (a plain store: every writer writes 1).
-                        nan = Float32(float("nan"))
-                        for i in cutlass.range(lane, bm * hd, cute.arch.WARP_SIZE, unroll=4):
-                            if const_expr(self.dq_frag):
-                                sdQ_buf[i] = nan
-                            else:
-                                sdQ_buf[i // hd, i % hd] = nan
-                        cute.arch.fence_view_async_shared()
+                for p in cutlass.range_constexpr(parts):
+                    if const_expr(p > 0):
+                        self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
+                    if const_expr(self.deterministic):
+                        if sDqFail[0] != 0:
+                            # Never a silent wrong result: poison what this step adds and
+                            # raise the error flag (a plain store: every writer writes 1).
+                            nan = Float32(float("nan"))
+                            for i in cutlass.range(
+                                p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
+                            ):
+                                if const_expr(self.dq_frag):
+                                    sdQ_buf[i] = nan
+                                else:
+                                    sdQ_buf[i // hd, i % hd] = nan
+                            cute.arch.fence_view_async_shared()
+                            if lane == 0:
+                                mFlags[1] = Int32(1)
+                        cute.arch.sync_warp()
+                    if const_expr(self.dq_frag):
+                        # One flat bulk reduce per part (the accumulator's tile is in the same
+                        # fragment order), issued and committed by lane 0.
                         if lane == 0:
-                            mFlags[1] = Int32(1)
-                    cute.arch.sync_warp()
-                if const_expr(self.dq_frag):
-                    # One flat bulk reduce of the whole tile (the accumulator's tile is in the
-                    # same fragment order), issued, committed and waited for by lane 0.
-                    if lane == 0:
-                        tile = mdQ[b, qh, qt, None]
-                        cute_prims.cp_reduce_async_bulk_global_shared_cta(
-                            tile.iterator, sdQ_buf.iterator, bm * hd * 4,
-                            op=cute_prims.CpReduceOp.ADD, type=cute_prims.CpReduceType.F32,
+                            tile = mdQ[b, qh, qt, None]
+                            cute_prims.cp_reduce_async_bulk_global_shared_cta(
+                                tile.iterator + p * part, sdQ_buf.iterator + p * part,
+                                part * 4,
+                                op=cute_prims.CpReduceOp.ADD, type=cute_prims.CpReduceType.F32,
+                            )  # fmt: skip
+                            cute.arch.cp_async_bulk_commit_group()
+                    else:
+                        # The whole warp issues the copy (it elects one lane itself); bulk
+                        # groups are per thread, so every lane commits (empty groups for the
+                        # others).
+                        gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
+                        ts, tg = cpasync.tma_partition(
+                            tma_dq, 0, cute.make_layout(1),
+                            cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
                         )  # fmt: skip
+                        cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
                         cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                else:
-                    # The whole warp issues the copy (it elects one lane itself); bulk groups
-                    # are per thread, so every lane commits and waits (empty groups for the
-                    # others).
-                    gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
-                    ts, tg = cpasync.tma_partition(
-                        tma_dq, 0, cute.make_layout(1),
-                        cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
-                    )  # fmt: skip
-                    cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
-                    cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.sync_warp()
-                # This buffer may be overwritten from here on.
+                # Each part may be overwritten once the TMA unit has read it (oldest first).
+                for p in cutlass.range_constexpr(parts):
+                    cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
+                    cute.arch.sync_warp()
+                    self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
                 if const_expr(self.dq_double):
-                    cute.arch.barrier_arrive(
-                        barrier_id=_BAR_DQ_EMPTY + 2 * buf, number_of_threads=bar_threads
-                    )
                     buf = buf ^ 1
-                else:
-                    cute.arch.barrier_arrive(
-                        barrier_id=_BAR_DQ_EMPTY, number_of_threads=bar_threads
-                    )
                 if const_expr(self.deterministic):
                     # Release only once the adds have been performed in global memory (the wait
                     # for the shared-memory read alone is too weak), ordered before the
@@ -785,6 +798,9 @@ class HopperAttnBwd:
                             sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
                         )
                     cute.arch.sync_warp()
+            elif const_expr(self.dq_wg):
+                # The other warpgroup's stop handshake.
+                self._dq_barrier(_BAR_DQ_FULL, buf, Int32(1), wait=True)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
@@ -832,14 +848,21 @@ class HopperAttnBwd:
                 cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
 
     @cute.jit
-    def _dq_barrier(self, base: int, buf: Int32, threads: int, wait: cutlass.Constexpr[bool]):
-        """Wait on (``wait``) or arrive at the named barrier ``base`` of dQ buffer ``buf``:
-        ``base + 2 buf`` with dq_double, ``base`` itself otherwise (an immediate id)."""
-        barrier_id = base + 2 * buf if const_expr(self.dq_double) else base
+    def _dq_barrier(self, base: int, buf: Int32, wg: Int32, wait: cutlass.Constexpr[bool]):
+        """Wait on (``wait``) or arrive at the named barrier ``base`` of dQ buffer ``buf``
+        (of warpgroup ``wg``'s half with dq_wg): ``base + 2 (buf + dq_bufs wg)``, ids 2-9.
+        With dq_wg the barrier holds that warpgroup and the dQ warp (160 threads), else both
+        MMA warpgroups and the dQ warp (288)."""
+        index = Int32(0)
+        if const_expr(self.dq_double):
+            index = index + buf
+        if const_expr(self.dq_wg):
+            index = index + self.dq_bufs * wg
+        threads = (128 if const_expr(self.dq_wg) else self.num_mma_threads) + cute.arch.WARP_SIZE
         if const_expr(wait):
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+            cute.arch.barrier(barrier_id=base + 2 * index, number_of_threads=threads)
         else:
-            cute.arch.barrier_arrive(barrier_id=barrier_id, number_of_threads=threads)
+            cute.arch.barrier_arrive(barrier_id=base + 2 * index, number_of_threads=threads)
 
     @cute.jit
     def _store_dq_swizzled(
@@ -899,12 +922,14 @@ class HopperAttnBwd:
         self, acc: cute.Tensor, flat: cute.Tensor, buf: Int32, tidx: Int32, mma_dq: cute.TiledMma
     ):
         """acc_dQ of MMA thread ``tidx`` into staging buffer ``buf`` in fragment order
-        (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 1024 j + 4 tidx."""
+        (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 512 j + 4 (tidx %
+        128) in its warpgroup's half."""
         bm, hd = self.block_m, self.head_dim
         self._check_dq_fragment(mma_dq, cute.size(acc))
-        base = buf * (bm * hd) + tidx * 4
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        base = buf * (bm * hd) + wg * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
         for j in cutlass.range_constexpr(cute.size(acc) // 4):
-            off = cute.assume(base + dq_fragment.fragment_offset(0, 4 * j), divby=4)
+            off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
             dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
@@ -1011,7 +1036,6 @@ class HopperAttnBwd:
         tDsdS = thr_ds.partition_D(sdS)
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
-        bar_dq = self.num_mma_threads + cute.arch.WARP_SIZE
 
         stage = Int32(0)
         phase = Int32(0)
@@ -1026,8 +1050,8 @@ class HopperAttnBwd:
             ds_stage = Int32(0) if const_expr(self.dq_double) else stage
             if done != 0:
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
-                self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -1099,7 +1123,7 @@ class HopperAttnBwd:
                 warpgroup.wait_group(1)  # dQ done, dK may still run
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, bar_dq, wait=True)
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
                 if const_expr(self.dq_frag):
                     self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                 elif const_expr(self.dq_double):
@@ -1111,7 +1135,7 @@ class HopperAttnBwd:
                 else:
                     self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
                 cute.arch.fence_view_async_shared()
-                self._dq_barrier(_BAR_DQ_FULL, buf, bar_dq, wait=False)
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
                 if const_expr(self.dq_double):
                     buf = buf ^ 1
 

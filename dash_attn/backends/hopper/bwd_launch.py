@@ -10,6 +10,7 @@ function as they are, ~20 us of host time per call.
 from __future__ import annotations
 
 import importlib.util
+import math
 import threading
 from typing import Any
 
@@ -52,6 +53,10 @@ VARIANTS["t128_fqx"] = {**VARIANTS["t128_fq"], "split_exp": True}
 # Session 10: FA4's 80 x 128 tiles at hd 128 (dQ computed transposed, one dQ buffer); the
 # plan gives them to full masks only (causal keeps 64 x 128, as FA4).
 VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80, 128)}}
+# Session 11: FA4's per-warpgroup dQ hand-off (each warpgroup's half reduced on its own) on
+# each shipped variant.
+for _name in ("t128_fq", "t128_fq2", "t80_fq"):
+    VARIANTS[_name.replace("_fq", "_wg")] = {**VARIANTS[_name], "dq_wg": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -301,6 +306,7 @@ def hopper_bwd_main(
     dynamic: bool,
     timeout_ns: int,
     variant: str | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
@@ -309,8 +315,13 @@ def hopper_bwd_main(
     preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
     ``num_workers`` CTAs co-resident (one per SM); ``status[1] == 1`` after the kernel means a
     dQ wait timed out and the gradients were poisoned with NaN.
+
+    ``validate=False`` skips the checks of the tensors' shapes, dtypes and alignment (~30 us of
+    host time): for callers whose arguments come from a plan made for these tensors
+    (``launch.run_backward``); the table sizes and counts are checked always.
     """
-    _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
+    if validate:
+        _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
         variant = bwd_variant(q.shape[-1], causal)
     if num_workers < 1:
@@ -335,12 +346,16 @@ def hopper_bwd_main(
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
     batch, seqlen_q, heads, head_dim = q.shape
     dq_shape = dq_acc_shape(q.shape, q_tiles, block_m, variant)
-    dq_acc = torch.zeros(dq_shape, device=q.device, dtype=torch.float32)
+    dq_size = math.prod(dq_shape)
+    # One zeroed allocation (one fill launch) for the fp32 dQ accumulator and, after it, the
+    # int32 flags: ticket counter, error flag, then one semaphore per dQ tile.
+    flag_count = 2 + batch * heads * q_tiles
+    zeroed = torch.zeros(dq_size + flag_count, device=q.device, dtype=torch.float32)
+    dq_acc = zeroed[:dq_size].view(dq_shape)
+    flags = zeroed[dq_size:].view(torch.int32)
+    status = flags[:2]
     dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
-    # One zeroed buffer: ticket counter, error flag, then one semaphore per dQ tile.
-    flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
-    status = flags[:2]
     compiled = compile_bwd(
         q.dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
         block_n=block_n, variant=variant,

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .dq_fragment import MMA_THREADS, wg_split
+from .dq_fragment import WG_THREADS, wg_split
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _fragment_cast_kernel(
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
-    THREADS: tl.constexpr,
+    WG_THREADS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -53,9 +53,10 @@ def _fragment_cast_kernel(
         wg = row // 64
         rr = row % 64
         cc = col
-    thread = 128 * wg + 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2
+    thread = 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2  # within its warpgroup
     index = cc % 2 + 2 * ((rr % 16) // 8) + 4 * (cc // 8)
-    offset = (index // 4) * (THREADS * 4) + thread * 4 + index % 4
+    half = BLOCK_M * HEAD_DIM // 2
+    offset = wg * half + (index // 4) * (WG_THREADS * 4) + thread * 4 + index % 4
     base = (bh.to(tl.int64) * q_tiles + tile) * (BLOCK_M * HEAD_DIM)
     # (col >= 0 is always true: it broadcasts the row masks to the tile's shape.)
     in_tile = (row < BLOCK_M) & (col >= 0)
@@ -88,7 +89,7 @@ def scale_cast_fragments(
     _fragment_cast_kernel[(q_tiles, batch * heads)](
         acc, out, seqlen_q, heads, q_tiles, out.stride(0), out.stride(1), out.stride(2), scale,
         BLOCK_M=block_m, ROWS=triton.next_power_of_2(block_m), HEAD_DIM=head_dim, SPLIT=split,
-        THREADS=MMA_THREADS,
+        WG_THREADS=WG_THREADS,
         num_warps=8,
     )  # fmt: skip
     return out

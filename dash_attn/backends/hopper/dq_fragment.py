@@ -2,11 +2,14 @@
 
 Each step's dQ partial (block_m x head_dim fp32, held by the 256 MMA threads as WGMMA
 accumulator fragments) goes to shared memory and then to global memory *as the threads hold
-it*, not row-major: thread ``t`` writes its registers ``i = 4 j .. 4 j + 3`` as one 16-byte
-store at float offset ``j * 1024 + 4 t``. A warp's store then covers 512 contiguous bytes (no
-bank conflicts, a quarter of the store instructions of 32-bit pairs), and the whole tile is
-added to global memory by one flat bulk reduce (``cp.reduce.async.bulk``) per step. The global
-accumulator is ``(batch, heads, q_tiles, block_m * head_dim)``; only the final scale-and-cast
+it*, not row-major. The tile is two halves, one per MMA warpgroup (each warpgroup's registers
+are one contiguous half), and in its half thread ``t`` (``t % 128`` within its warpgroup)
+writes its registers ``i = 4 j .. 4 j + 3`` as one 16-byte store at float offset
+``j * 512 + 4 (t % 128)``. A warp's store then covers 512 contiguous bytes (no bank conflicts,
+a quarter of the store instructions of 32-bit pairs), and each half is added to global memory
+by one flat bulk reduce (``cp.reduce.async.bulk``), so each warpgroup hands its half over on
+its own (or both go as one reduce of the whole tile). The global accumulator is
+``(batch, heads, q_tiles, block_m * head_dim)``; only the final scale-and-cast
 (:mod:`.dq_cast`) knows where each element lives. FA4 does the same (its postprocess rebuilds
 the MMA to decode); here the map is written out, checked against the kernel's own fragment
 coordinates at compile time (``HopperAttnBwd``) and by the tests.
@@ -16,14 +19,15 @@ Pure Python: no torch, cutlass or triton.
 Worked example (block_m 64, head_dim 128: the two MMA warpgroups split the head dim): thread
 t = 37 is warpgroup 0, warp 1, lane 5. Its register 6 is (k, j, n8) = (0, 1, 1): row
 16 * 1 + 5 // 4 + 8 = 25, column 8 + 2 * (5 % 4) + 0 = 10; it is stored at float offset
-(6 // 4) * 1024 + 4 * 37 + 6 % 4 = 1174. With block_m 80 (dQ^T in the accumulator) the same
-register of thread 128 + 37 holds Q row 10, head-dim column 64 + 25 = 89, at offset
-1024 + 4 * 165 + 2 = 1686.
+(6 // 4) * 512 + 4 * 37 + 6 % 4 = 662. With block_m 80 (dQ^T in the accumulator) the same
+register of thread 128 + 37 holds Q row 10, head-dim column 64 + 25 = 89, in warpgroup 1's
+half, which starts at 80 * 128 / 2 = 5120: offset 5120 + 512 + 4 * 37 + 2 = 5782.
 """
 
 from __future__ import annotations
 
 MMA_THREADS = 256  # two warpgroups
+WG_THREADS = 128
 _CHUNK = 4  # fp32 values per 16-byte store
 
 
@@ -67,9 +71,18 @@ def fragment_coords(block_m: int, head_dim: int, thread: int, index: int) -> tup
     return 64 * wg + row, col
 
 
-def fragment_offset(thread: int, index: int) -> int:
+def half_size(block_m: int, head_dim: int) -> int:
+    """fp32 values in one warpgroup's half of the tile (warpgroup w's starts at w times it)."""
+    return block_m * head_dim // 2
+
+
+def fragment_offset(block_m: int, head_dim: int, thread: int, index: int) -> int:
     """Float offset in the tile of register ``index`` of MMA thread ``thread``."""
-    return (index // _CHUNK) * (MMA_THREADS * _CHUNK) + thread * _CHUNK + index % _CHUNK
+    wg, t = divmod(thread, WG_THREADS)
+    return (
+        wg * half_size(block_m, head_dim)
+        + (index // _CHUNK) * (WG_THREADS * _CHUNK) + t * _CHUNK + index % _CHUNK
+    )  # fmt: skip
 
 
 def tile_offset(block_m: int, head_dim: int, row: int, col: int) -> int:
@@ -84,4 +97,4 @@ def tile_offset(block_m: int, head_dim: int, row: int, col: int) -> int:
         wg, rr, cc = row // 64, row % 64, col
     thread = 128 * wg + 32 * (rr // 16) + 4 * (rr % 8) + (cc % 8) // 2
     index = cc % 2 + 2 * ((rr % 16) // 8) + 4 * (cc // 8)
-    return fragment_offset(thread, index)
+    return fragment_offset(block_m, head_dim, thread, index)

@@ -133,11 +133,15 @@ VARIANT_CONFIGS = [
     ("t128_fq2", (64, torch.float16, False, False)),
     ("t128_fq2", (64, torch.bfloat16, True, True)),
     ("t128_fqx", (128, torch.bfloat16, True, True)),
-    # The 64 x 128 kernel at hd 128 with a full mask (shipped for causal only), and the 80 x 128
-    # one (dQ transposed, 32-byte swizzled dS) with a causal mask (shipped for full only).
+    # The 64 x 128 kernel at hd 128 with a full mask (shipped, as t128_wg2, for causal only),
+    # and the 80 x 128 one (dQ transposed, 32-byte swizzled dS) with a causal mask (shipped, as
+    # t80_wg, for full only).
     ("t128_fq2", (128, torch.bfloat16, False, True)),
     ("t80_fq", (128, torch.bfloat16, True, True)),
     ("t80_fq", (128, torch.float16, True, False)),
+    # Session 10's shipped kernels (one 288-thread dQ hand-off per step, not per warpgroup).
+    ("t128_fq", (64, torch.bfloat16, True, True)),
+    ("t80_fq", (128, torch.bfloat16, False, True)),
 ]
 
 
@@ -175,9 +179,11 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant, head_dim)
     if bwd_launch.dq_fragment_order(variant, head_dim):
-        # One flat fp32 bulk reduce of the whole tile per step, no tensor (TMA) reduce.
+        # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with
+        # dq_wg), no tensor (TMA) reduce.
         assert "cp.reduce.async.bulk.tensor" not in ptx
-        assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
+        reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+        assert reduces == (2 if options.get("dq_wg") else 1)
     else:
         # One bulk reduce-add per 32-column box of the swizzled dQ tile.
         assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
@@ -210,11 +216,20 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
     # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
     assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256
-    if options.get("dq_double"):
-        # Buffer b's "free" and "written" barriers are 2 + 2b and 3 + 2b: the dQ writer frees
-        # both buffers at its start with immediate ids, later ones come from a register.
-        assert "BAR.ARV 0x2, 0x120" in sass and "BAR.ARV 0x4, 0x120" in sass
-        assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x120", mma_code)
+    # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
+    # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
+    dq_threads = "0xa0" if options.get("dq_wg") else "0x120"
+    if options.get("dq_wg"):
+        assert ", 0x120" not in sass
+    if options.get("dq_double") or options.get("dq_wg"):
+        # Barrier "free" of buffer b and half w is 2 + 2 (b + bufs w) ("written" the next id):
+        # the dQ writer frees every one at its start with immediate ids, later ones come from
+        # a register.
+        halves = 2 if options.get("dq_wg") else 1
+        bufs = 2 if options.get("dq_double") else 1
+        for index in range(halves * bufs):
+            assert f"BAR.ARV {hex(2 + 2 * index)}, {dq_threads}" in sass
+        assert re.search(rf"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, {dq_threads}", mma_code)
 
 
 def test_ffi_call_matches_the_kernel_signature() -> None:
@@ -256,7 +271,8 @@ def test_variants_resolve() -> None:
 
     for name in bwd_launch.VARIANTS:
         assert bwd_launch.variant_tiles(name, 64) == (128, 128)
-        assert bwd_launch.variant_tiles(name, 128) == ((80, 128) if name == "t80_fq" else (64, 128))
+        expected = (80, 128) if name.startswith("t80_") else (64, 128)
+        assert bwd_launch.variant_tiles(name, 128) == expected
     for (head_dim, kind), name in hopper.BWD_VARIANT.items():
         assert bwd_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
     kinds = ("full", "causal")

@@ -128,13 +128,14 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # The forward sweep's summary and the end-to-end blocks (session 10), from their own files.
-    session = results / "session10-e3bf495"
-    forward = report.read_csv(session / "fwd" / "bench.csv")
+    # The forward sweep's summary (session 10; the forward kernels have not changed since) and
+    # the end-to-end blocks (session 11), from their own files.
+    forward = report.read_csv(results / "session10-e3bf495" / "fwd" / "bench.csv")
     assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
+    session = results / "session11-f0daec0"
     e2e = report.e2e_table(report.read_csv(session / "e2e" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
-    # Session 10's hopper-and-FA4 backward run: its table and its summary.
+    # Session 11's hopper-and-FA4 backward run: its table and its summary.
     hopper = report.read_csv(session / "sweep-hopper-fa4" / "bench.csv")
     assert len(hopper) == 24 * 4
     assert report.readme_table(hopper) in readme.read_text()

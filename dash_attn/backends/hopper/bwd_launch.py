@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import cutlass
@@ -72,7 +73,7 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
 def dq_fragment_order(variant: str, head_dim: int) -> bool:
     """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) at
     ``head_dim`` rather than as (batch, seqlen_q, heads, head_dim)."""
-    return bool(_variant_options(variant, head_dim).get("dq_frag"))
+    return bool(VARIANTS[variant].get("dq_frag"))
 
 
 def dq_acc_shape(
@@ -306,7 +307,6 @@ def hopper_bwd_main(
     dynamic: bool,
     timeout_ns: int,
     variant: str | None = None,
-    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
@@ -316,21 +316,90 @@ def hopper_bwd_main(
     ``num_workers`` CTAs co-resident (one per SM); ``status[1] == 1`` after the kernel means a
     dQ wait timed out and the gradients were poisoned with NaN.
 
-    ``validate=False`` skips the checks of the tensors' shapes, dtypes and alignment (~30 us of
-    host time): for callers whose arguments come from a plan made for these tensors
-    (``launch.run_backward``); the table sizes and counts are checked always.
+    Every argument is checked here, on every call; a caller that runs one shape many times can
+    check once and keep ``prepare_bwd``'s launch instead (``launch.run_backward`` does, per plan).
     """
-    if validate:
-        _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
+    _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
         variant = bwd_variant(q.shape[-1], causal)
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     expected_chains = q.shape[0] * k.shape[2] * kv_tiles
     if num_chains != expected_chains:
         raise ValueError(
             f"num_chains={num_chains} but batch * kv_heads * kv_tiles = {expected_chains}"
         )
+    launch = prepare_bwd(
+        q.shape, q.dtype, tables, block_m=block_m, block_n=block_n, num_workers=num_workers,
+        q_tiles=q_tiles, kv_tiles=kv_tiles, num_chains=num_chains, causal=causal,
+        deterministic=deterministic, dynamic=dynamic, timeout_ns=timeout_ns, variant=variant,
+    )  # fmt: skip
+    return launch(q, k, v, dout, lse2, delta, softmax_scale)
+
+
+@dataclass(frozen=True)
+class BwdLaunch:
+    """The main kernel with everything but the tensors and the softmax scale fixed: what
+    ``hopper_bwd_main`` does per call once its arguments are checked. Made by ``prepare_bwd``;
+    a caller that runs one shape many times keeps it (``launch.run_backward``: one per plan),
+    since for a small backward the host time per call is as long as the GPU work."""
+
+    compiled: Any
+    tables: tuple[torch.Tensor, ...]  # TABLE_FIELDS order
+    counts: tuple[int, int, int, int, int]  # q_tiles, kv_tiles, num_chains, num_workers, dynamic
+    timeout_ns: int
+    dq_shape: tuple[int, ...]
+    dq_size: int
+    flag_count: int
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dout: torch.Tensor,
+        lse2: torch.Tensor,
+        delta: torch.Tensor,
+        softmax_scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq_acc fp32 unscaled, dk, dv, status) as ``hopper_bwd_main`` returns them; q, k,
+        v, dout must have the shapes and dtype the launch was prepared for."""
+        # One zeroed allocation (one fill launch) for the fp32 dQ accumulator and, after it,
+        # the int32 flags: ticket counter, error flag, then one semaphore per dQ tile.
+        zeroed = torch.zeros(self.dq_size + self.flag_count, device=q.device, dtype=torch.float32)
+        dq_acc = zeroed[: self.dq_size].view(self.dq_shape)
+        flags = zeroed[self.dq_size :].view(torch.int32)
+        dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
+        dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
+        # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
+        # divisibility against the compiled signature); the stream is the current one.
+        self.compiled(
+            tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
+            dq_acc, dk, dv, flags, *self.tables, *self.counts, float(softmax_scale),
+            self.timeout_ns,
+        )  # fmt: skip
+        return dq_acc, dk, dv, flags[:2]
+
+
+def prepare_bwd(
+    q_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    tables: dict[str, torch.Tensor],
+    *,
+    block_m: int,
+    block_n: int,
+    num_workers: int,
+    q_tiles: int,
+    kv_tiles: int,
+    num_chains: int,
+    causal: bool,
+    deterministic: bool,
+    dynamic: bool,
+    timeout_ns: int,
+    variant: str,
+) -> BwdLaunch:
+    """The ``BwdLaunch`` of q's shape (b, s, h, d) and dtype: the table sizes and counts
+    checked, the kernel compiled (or fetched)."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     # Table sizes are metadata (no device sync); wrong sizes would make the kernel read past them.
     if tables["chain_start"].numel() != num_chains + 1 or tables["order"].numel() != num_chains:
         raise ValueError(
@@ -344,28 +413,20 @@ def hopper_bwd_main(
         )
     if timeout_ns < 1:
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
-    batch, seqlen_q, heads, head_dim = q.shape
-    dq_shape = dq_acc_shape(q.shape, q_tiles, block_m, variant)
-    dq_size = math.prod(dq_shape)
-    # One zeroed allocation (one fill launch) for the fp32 dQ accumulator and, after it, the
-    # int32 flags: ticket counter, error flag, then one semaphore per dQ tile.
-    flag_count = 2 + batch * heads * q_tiles
-    zeroed = torch.zeros(dq_size + flag_count, device=q.device, dtype=torch.float32)
-    dq_acc = zeroed[:dq_size].view(dq_shape)
-    flags = zeroed[dq_size:].view(torch.int32)
-    status = flags[:2]
-    dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
-    dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
+    batch, _, heads, head_dim = q_shape
+    dq_shape = dq_acc_shape(tuple(q_shape), q_tiles, block_m, variant)
     compiled = compile_bwd(
-        q.dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
+        dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
         block_n=block_n, variant=variant,
     )  # fmt: skip
-    # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
-    # divisibility against the compiled signature); the stream is the current one.
-    compiled(
-        tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
-        dq_acc, dk, dv, flags, *(tables[name] for name in TABLE_FIELDS),
-        *_scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale,
-                      timeout_ns),
-    )  # fmt: skip
-    return dq_acc, dk, dv, status
+    # The kernel's trailing scalars in order; the softmax scale (scalars[5]) comes with each call.
+    scalars = _scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, 1.0, timeout_ns)
+    return BwdLaunch(
+        compiled=compiled,
+        tables=tuple(tables[name] for name in TABLE_FIELDS),
+        counts=scalars[:5],
+        timeout_ns=scalars[6],
+        dq_shape=dq_shape,
+        dq_size=math.prod(dq_shape),
+        flag_count=2 + batch * heads * q_tiles,
+    )

@@ -14,7 +14,7 @@ from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
 from . import FWD_3WG_MIN_SEQLEN, bwd_variant
-from .bwd_launch import cast_dq, hopper_bwd_main
+from .bwd_launch import BwdLaunch, cast_dq, prepare_bwd
 from .fwd import hopper_fwd
 
 
@@ -57,6 +57,14 @@ def run_backward(
     )  # fmt: skip
 
 
+# The main-kernel launch of each recent plan, per device: made on the plan's first backward and
+# reused (``bwd_launch.BwdLaunch``). Keyed by the plan's id, with the plan kept beside it so that
+# the id cannot be reused while the entry exists (and is checked on lookup). Plans come from
+# ``make_backward_plan``'s cache, so a training loop hits the same few entries.
+_MAX_LAUNCHES = 256
+_launches: dict[tuple[int, int | None], tuple[BackwardPlan, BwdLaunch]] = {}
+
+
 def _main(
     plan: BackwardPlan,
     q: torch.Tensor,
@@ -68,16 +76,26 @@ def _main(
     tables: dict[str, torch.Tensor],
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = (id(plan), q.device.index)
+    entry = _launches.get(key)
+    if entry is None or entry[0] is not plan:
+        entry = (plan, _prepare(plan, q, tables))
+        if len(_launches) >= _MAX_LAUNCHES:
+            _launches.pop(next(iter(_launches)))
+        _launches[key] = entry
+    return entry[1](q, k, v, dout, lse2, delta, softmax_scale)
+
+
+def _prepare(plan: BackwardPlan, q: torch.Tensor, tables: dict[str, torch.Tensor]) -> BwdLaunch:
+    """The plan's launch. The tensors' shapes, dtype and alignment are not checked again: the
+    plan was made for them (dispatch checked them, the preprocess made lse2/delta for its
+    tiles, the tables are its own)."""
     spec, tiles = plan.spec, plan.tiles
-    return hopper_bwd_main(
-        q, k, v, dout, lse2, delta, tables,
+    return prepare_bwd(
+        tuple(q.shape), q.dtype, tables,
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
-        causal=spec.mask.causal, softmax_scale=softmax_scale,
-        deterministic=plan.deterministic, dynamic=plan.dispatch is Dispatch.DYNAMIC,
-        timeout_ns=int(plan.timeout_s * 1e9),
+        causal=spec.mask.causal, deterministic=plan.deterministic,
+        dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
         variant=bwd_variant(plan.problem.headdim, spec.mask.causal),
-        # The plan was made for these tensors (dispatch checked them, the preprocess made
-        # lse2/delta for its tiles, the tables are its own).
-        validate=False,
     )  # fmt: skip

@@ -367,3 +367,81 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
     for (headdim, kind), variant in hopper.BWD_VARIANT.items():
         tiles = hopper.bwd_tiles(headdim, kind == "causal")
         assert bwd_launch.variant_tiles(variant, headdim) == (tiles.block_m, tiles.block_n)
+
+
+def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
+    """``BwdLaunch`` (one per plan) calls the compiled kernel with the tensors, the tables and
+    the scalars in ``HopperAttnBwd.__call__``'s order, and zeroes the dQ accumulator and the
+    flags. The compiled kernel is a stand-in that records its arguments (the call needs a GPU)."""
+    import inspect
+
+    q, k, v, dout, lse2, delta, _, _, _, _, tables = _fake_inputs(128, torch.bfloat16)
+    calls: list[tuple] = []
+    launch = bwd_launch.BwdLaunch(
+        compiled=lambda *args: calls.append(args),
+        tables=tuple(tables[name] for name in TABLE_FIELDS),
+        counts=(2, 1, 4, 4, 0),
+        timeout_ns=10**9,
+        dq_shape=bwd_launch.dq_acc_shape(tuple(q.shape), 2, 64, "t128_wg2"),
+        dq_size=2 * 4 * 2 * 64 * 128,
+        flag_count=2 + 2 * 4 * 2,
+    )
+    dq_acc, dk, dv, status = launch(q, k, v, dout, lse2, delta, 0.125)
+    (args,) = calls
+    params = list(inspect.signature(HopperAttnBwd.__call__).parameters)[1:-1]  # no self, stream
+    assert len(args) == len(params)
+    named = dict(zip(params, args, strict=True))
+    assert named["mdQacc"] is dq_acc and named["mdK"] is dk and named["mdV"] is dv
+    assert named["softmax_scale"] == 0.125 and named["timeout_ns"] == 10**9
+    assert (named["q_tiles"], named["num_workers"], named["dynamic"]) == (2, 4, 0)
+    assert dq_acc.shape == (2, 4, 2, 64 * 128) and not dq_acc.any()
+    flags = named["mFlags"]
+    assert flags.dtype == torch.int32 and flags.numel() == 18 and not flags.any()
+    assert status.data_ptr() == flags.data_ptr() and status.numel() == 2
+    assert dk.shape == k.shape and dk.dtype == q.dtype
+
+
+def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:
+    """``launch._main`` keeps each plan's ``BwdLaunch``: the checks and the compile-cache
+    lookup run on the plan's first backward only; another plan gets its own."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+
+    prepared: list[int] = []
+
+    def fake_prepare(plan, q, tables):
+        prepared.append(id(plan))
+        return lambda *args: ("launched", id(plan))
+
+    monkeypatch.setattr(launch, "_prepare", fake_prepare)
+    monkeypatch.setattr(launch, "_launches", {})
+    plans = [
+        make_backward_plan(Problem(2, s, s, 4, 2, 128, CAUSAL, "bfloat16"), device=H200)
+        for s in (300, 400)
+    ]
+    q = torch.zeros(1)
+    for plan in (plans[0], plans[0], plans[1], plans[0]):
+        assert launch._main(plan, q, q, q, q, q, q, {}, 0.1) == ("launched", id(plan))
+    assert prepared == [id(plans[0]), id(plans[1])]
+
+
+def test_plan_launch_matches_the_plan() -> None:
+    """The launch a plan gets: its tables, counts, timeout and accumulator sizes (the kernel
+    is compiled for sm_90a on the CPU)."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.backends.tables import device_tables
+    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+
+    plan = make_backward_plan(Problem(2, 300, 300, 4, 2, 128, CAUSAL, "bfloat16"), device=H200)
+    q = torch.zeros(2, 300, 4, 128, dtype=torch.bfloat16)
+    tables = device_tables(plan.schedule, q.device)
+    prepared = launch._prepare(plan, q, tables)
+    spec = plan.spec
+    assert prepared.tables == tuple(tables[name] for name in TABLE_FIELDS)
+    assert prepared.counts == (spec.q_tiles, spec.kv_tiles, spec.num_chains, plan.grid, 0)
+    assert prepared.timeout_ns == int(plan.timeout_s * 1e9)
+    assert prepared.dq_size == 2 * 4 * spec.q_tiles * plan.tiles.block_m * 128
+    assert prepared.flag_count == 2 + 2 * 4 * spec.q_tiles
+    assert prepared.compiled is bwd_launch.compile_bwd(
+        torch.bfloat16, 128, causal=True, deterministic=True
+    )

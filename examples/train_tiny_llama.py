@@ -247,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"loss curves: {args.out / name}")
         for line in problems[:10]:
             print(f"rank {env.rank}: {line}")
+        if dist.is_initialized():
+            # Every rank leaves together: a rank that tore its process group down while rank 0
+            # was still plotting aborted now and then (gloo: "terminate called without an
+            # active exception").
+            dist.barrier()
         return 0 if identical else 1
     finally:
         if dist.is_initialized():

@@ -274,3 +274,12 @@ def test_tma_aligned_needs_unit_last_stride_16_byte_strides_and_no_broadcast() -
     assert not tma_aligned(torch.zeros(2, 100, 4, 66, dtype=torch.bfloat16)[..., :64])  # 132 B rows
     broadcast = torch.zeros(2, 100, 1, 64, dtype=torch.bfloat16).expand(2, 100, 4, 64)
     assert not tma_aligned(broadcast)  # a zero stride
+
+
+def test_backward_without_an_output_gradient_returns_no_gradients() -> None:
+    # With materialize_grads off (no zero tensor for lse), autograd passes None for an output
+    # that did not reach the loss; the backward then returns no gradient instead of failing.
+    from dash_attn.interface import DashAttnFunction, DashAttnVarlenFunction
+
+    assert DashAttnFunction.backward(None, None, None) == (None,) * 11
+    assert DashAttnVarlenFunction.backward(None, None, None) == (None,) * 15

@@ -44,6 +44,10 @@ def host_us(fn: Callable[[], object], calls: int = 100) -> float:
 
 def layers(backend: str, x: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
     q, k, v, dout = x
+    # "hopper+cute": the hopper backend with its CuTe-DSL preprocess and cast
+    # (hopper.launch.CUTE_PRE_POST, session 12).
+    hopper_launch.CUTE_PRE_POST = backend == "hopper+cute"
+    backend = backend.removesuffix("+cute")
     scale = HEADDIM**-0.5
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     out = dash_attn_func(qg, kg, vg, backend=backend)
@@ -71,7 +75,7 @@ def layers(backend: str, x: list[torch.Tensor]) -> dict[str, Callable[[], object
         "torch_cast": lambda: (acc * scale).to(torch.bfloat16),
         "record_status": lambda: record_status(flag, "never raised", False),
     }
-    if backend == "hopper":
+    if backend == "hopper" and not hopper_launch.CUTE_PRE_POST:
         found["main"] = lambda: hopper_launch._main(plan, q, k, v, dout, lse2, delta, tables, scale)
     return found
 
@@ -81,7 +85,7 @@ def main() -> None:
     shape = (BATCH, SEQLEN, HEADS, HEADDIM)
     x = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)]
     rows = []
-    for backend in ("hopper", "triton"):
+    for backend in ("hopper", "hopper+cute", "triton"):
         for name, fn in layers(backend, x).items():
             try:
                 result: float | str = host_us(fn)
@@ -89,6 +93,7 @@ def main() -> None:
                 result = repr(exc)[:200]
             rows.append({"backend": backend, "layer": name, "host_us": result})
             print(json.dumps(rows[-1]), flush=True)
+    hopper_launch.CUTE_PRE_POST = False
     with open(os.path.join(os.environ["OUT"], "dev3.json"), "w") as f:
         json.dump(rows, f, indent=1)
 

@@ -430,3 +430,75 @@ def prepare_bwd(
         dq_size=math.prod(dq_shape),
         flag_count=2 + batch * heads * q_tiles,
     )
+
+
+@dataclass(frozen=True)
+class FullBackward:
+    """A whole hopper backward as three TVM-FFI launches (``bwd_pre_post``'s preprocess, the
+    main kernel, the dQ cast) on one fp32 allocation for LSE2, delta, the dQ accumulator and the
+    flags: what ``launch.run_backward`` runs per call for the fragment-order variants (all the
+    shipped ones). Made by ``prepare_full``."""
+
+    main: BwdLaunch
+    preprocess: Any
+    cast: Any
+    rows_pad: int  # LSE2 / delta rows per (batch x head)
+    row_count: int  # batch * heads * rows_pad
+    zero_count: int  # the dQ accumulator and the flags, rounded up to whole 16-byte rows
+
+    def __call__(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        softmax_scale: float,
+        error_addr: int,
+        launch_id: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv, status); a timed-out dQ wait writes ``launch_id`` to the host-mapped
+        word at ``error_addr`` (0: no word; ``status[1]`` is the launch's flag either way)."""
+        main = self.main
+        rows = self.row_count
+        buf = torch.empty(2 * rows + self.zero_count, device=q.device, dtype=torch.float32)
+        lse2 = buf[:rows].view(-1, self.rows_pad)
+        delta = buf[rows : 2 * rows].view(-1, self.rows_pad)
+        zeroed = buf[2 * rows :]
+        dout = tma_view(dout)
+        self.preprocess(tma_view(out), dout, lse, lse2, delta, zeroed.view(-1, 4))
+        dq_acc = zeroed[: main.dq_size].view(main.dq_shape)
+        flags = zeroed[main.dq_size : main.dq_size + main.flag_count].view(torch.int32)
+        dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
+        dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
+        main.compiled(
+            tma_view(q), tma_view(k), tma_view(v), dout, lse2, delta,
+            dq_acc, dk, dv, flags, *main.tables, *main.counts, float(softmax_scale),
+            main.timeout_ns,
+        )  # fmt: skip
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
+        return dq, dk, dv, flags[:2]
+
+
+def prepare_full(
+    main: BwdLaunch, q_shape: tuple[int, ...], dtype: torch.dtype, block_m: int, variant: str
+) -> FullBackward:
+    """The ``FullBackward`` around ``main`` (a fragment-order variant) for q's shape and dtype."""
+    from .bwd_pre_post import compile_dq_cast, compile_preprocess
+
+    batch, _, heads, head_dim = q_shape
+    if not dq_fragment_order(variant, head_dim):
+        raise ValueError(f"variant {variant!r} does not keep dQ in fragment order")
+    q_tiles = main.counts[0]
+    rows_pad = q_tiles * block_m
+    cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
+    return FullBackward(
+        main=main,
+        preprocess=compile_preprocess(cutlass_dtype, head_dim),
+        cast=compile_dq_cast(cutlass_dtype, head_dim, block_m),
+        rows_pad=rows_pad,
+        row_count=batch * heads * rows_pad,
+        zero_count=-(-(main.dq_size + main.flag_count) // 4) * 4,
+    )

@@ -807,7 +807,8 @@ class HopperFwd:
 # True, through TVM-FFI (``call_tensors`` compiled with --enable-tvm-ffi from symbolic fake
 # tensors, called with the torch tensors and torch's current stream taken from the
 # environment; needs apache-tvm-ffi). True since the GPU run that compared the two (same bits,
-# host time per call 220 -> 41 us: benchmarks/results/h200/session7-2e5d3d2/ffi/).
+# host time per call 220 -> 41 us: benchmarks/results/h200/session7-2e5d3d2/ffi/, in git
+# history at e17a55e).
 TVM_FFI_LAUNCH = True
 
 _CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}

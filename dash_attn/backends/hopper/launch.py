@@ -1,20 +1,32 @@
 """Execute a ``BackwardPlan`` (and the forward) with the CuTe-DSL Hopper kernels.
 
-The host side of the backward (the Triton preprocess, the error flag, the dQ cast) is the
-shared ``backends.backward.run_backward``: only the main kernels differ.
+The shipped backward variants run the whole backward as three CuTe-DSL launches through TVM-FFI
+(``bwd_launch.FullBackward``); the experimental ones take the shared host side of
+``backends.backward.run_backward`` (Triton preprocess and cast), where only the main kernel
+differs.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
+from ...errors import check_errors, mapped_launch, record_status
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
+from ..tables import device_tables
 from . import FWD_3WG_MIN_SEQLEN, bwd_variant
-from .bwd_launch import BwdLaunch, cast_dq, prepare_bwd
+from .bwd_launch import (
+    BwdLaunch,
+    FullBackward,
+    cast_dq,
+    dq_fragment_order,
+    prepare_bwd,
+    prepare_full,
+)
 from .fwd import hopper_fwd
 
 
@@ -33,6 +45,16 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
     return 3 if head_dim == 64 and seqlen_q >= FWD_3WG_MIN_SEQLEN else 2
 
 
+# Whether the shipped (fragment-order) variants run the whole backward as three CuTe-DSL launches
+# (``bwd_launch.FullBackward``: CuTe preprocess that also zeroes the accumulator, the main
+# kernel, CuTe dQ cast that reports a timed-out wait through a host-mapped word) instead of the
+# Triton preprocess and cast with a zero fill and a flag copy per launch. Off until a GPU run has
+# checked it: session 12 wrote and compiled it (CPU) with no device time left. Its delta sums in
+# another order than the Triton preprocess, so gradients differ from the default path in the
+# last bits (each path is bitwise repeatable). Read when a plan's launch is made.
+CUTE_PRE_POST = os.environ.get("DASH_ATTN_CUTE_PRE_POST", "0") not in ("", "0")
+
+
 def run_backward(
     plan: BackwardPlan,
     dout: torch.Tensor,
@@ -46,15 +68,38 @@ def run_backward(
     sync_check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv by the plan's schedule on the warp-specialised kernel (same contract as the
-    Triton backend's ``run_backward``)."""
-    cast = functools.partial(
-        cast_dq, seqlen_q=q.shape[1], head_dim=q.shape[3], block_m=plan.tiles.block_m,
-        variant=bwd_variant(plan.problem.headdim, plan.problem.mask.causal),
-    )  # fmt: skip
-    return backward.run_backward(
-        plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
-        cast_dq=cast,
-    )  # fmt: skip
+    Triton backend's ``run_backward``).
+
+    With ``CUTE_PRE_POST`` the shipped variants (dQ in fragment order) run as three TVM-FFI
+    launches (``bwd_launch.FullBackward``) and report a timed-out dQ wait through a host-mapped
+    word (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
+    preprocess and cast, the flag copied per launch)."""
+    if plan.spec.mask.kind == "local":
+        raise NotImplementedError(
+            f"the {plan.backend} backward runs padded batches with full or causal masks only; "
+            "packed sequences and sliding windows run on the triton backend"
+        )
+    launch = _launch(plan, q)
+    if not isinstance(launch, FullBackward):
+        cast = functools.partial(
+            cast_dq, seqlen_q=q.shape[1], head_dim=q.shape[3], block_m=plan.tiles.block_m,
+            variant=bwd_variant(plan.problem.headdim, plan.problem.mask.causal),
+        )  # fmt: skip
+        return backward.run_backward(
+            plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
+            cast_dq=cast,
+        )  # fmt: skip
+    error_addr, launch_id = 0, 0
+    if plan.deterministic:
+        error_text = functools.partial(backward.timeout_error, plan)
+        error_addr, launch_id = mapped_launch(error_text, q.device.index)
+    dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
+    if plan.deterministic:
+        if launch_id == 0:  # no mapped word: the flag is copied and queued
+            record_status(status[1], error_text, sync_check)
+        elif sync_check:
+            check_errors(synchronize=True)
+    return dq, dk, dv
 
 
 # The main-kernel launch of each recent plan, per device: made on the plan's first backward and
@@ -62,7 +107,19 @@ def run_backward(
 # the id cannot be reused while the entry exists (and is checked on lookup). Plans come from
 # ``make_backward_plan``'s cache, so a training loop hits the same few entries.
 _MAX_LAUNCHES = 256
-_launches: dict[tuple[int, int | None], tuple[BackwardPlan, BwdLaunch]] = {}
+_launches: dict[tuple[int, int | None, bool], tuple[BackwardPlan, BwdLaunch | FullBackward]] = {}
+
+
+def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
+    """The plan's launch on q's device, made on its first backward."""
+    key = (id(plan), q.device.index, CUTE_PRE_POST)
+    entry = _launches.get(key)
+    if entry is None or entry[0] is not plan:
+        entry = (plan, _prepare(plan, q))
+        if len(_launches) >= _MAX_LAUNCHES:
+            _launches.pop(next(iter(_launches)))
+        _launches[key] = entry
+    return entry[1]
 
 
 def _main(
@@ -76,26 +133,25 @@ def _main(
     tables: dict[str, torch.Tensor],
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    key = (id(plan), q.device.index)
-    entry = _launches.get(key)
-    if entry is None or entry[0] is not plan:
-        entry = (plan, _prepare(plan, q, tables))
-        if len(_launches) >= _MAX_LAUNCHES:
-            _launches.pop(next(iter(_launches)))
-        _launches[key] = entry
-    return entry[1](q, k, v, dout, lse2, delta, softmax_scale)
+    launch = _launch(plan, q)
+    main = launch.main if isinstance(launch, FullBackward) else launch
+    return main(q, k, v, dout, lse2, delta, softmax_scale)
 
 
-def _prepare(plan: BackwardPlan, q: torch.Tensor, tables: dict[str, torch.Tensor]) -> BwdLaunch:
+def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     """The plan's launch. The tensors' shapes, dtype and alignment are not checked again: the
-    plan was made for them (dispatch checked them, the preprocess made lse2/delta for its
+    plan was made for them (dispatch checked them, the preprocess makes lse2/delta for its
     tiles, the tables are its own)."""
     spec, tiles = plan.spec, plan.tiles
-    return prepare_bwd(
-        tuple(q.shape), q.dtype, tables,
+    variant = bwd_variant(plan.problem.headdim, spec.mask.causal)
+    main = prepare_bwd(
+        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
         causal=spec.mask.causal, deterministic=plan.deterministic,
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
-        variant=bwd_variant(plan.problem.headdim, spec.mask.causal),
+        variant=variant,
     )  # fmt: skip
+    if not (CUTE_PRE_POST and dq_fragment_order(variant, plan.problem.headdim)):
+        return main
+    return prepare_full(main, tuple(q.shape), q.dtype, tiles.block_m, variant)

@@ -409,7 +409,7 @@ def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:
 
     prepared: list[int] = []
 
-    def fake_prepare(plan, q, tables):
+    def fake_prepare(plan, q):
         prepared.append(id(plan))
         return lambda *args: ("launched", id(plan))
 
@@ -435,7 +435,7 @@ def test_plan_launch_matches_the_plan() -> None:
     plan = make_backward_plan(Problem(2, 300, 300, 4, 2, 128, CAUSAL, "bfloat16"), device=H200)
     q = torch.zeros(2, 300, 4, 128, dtype=torch.bfloat16)
     tables = device_tables(plan.schedule, q.device)
-    prepared = launch._prepare(plan, q, tables)
+    prepared = launch._prepare(plan, q)
     spec = plan.spec
     assert prepared.tables == tuple(tables[name] for name in TABLE_FIELDS)
     assert prepared.counts == (spec.q_tiles, spec.kv_tiles, spec.num_chains, plan.grid, 0)

@@ -1,0 +1,294 @@
+"""The two small kernels around the Hopper backward's main kernel, in CuTe DSL and launched
+through TVM-FFI like it: the per-row preprocess (which also zeroes the dQ accumulator and the
+semaphores) and the dQ cast out of fragment order (which also reports a timed-out dQ wait to
+the host).
+
+Why not Triton (the backend's first version used the Triton kernels of ``backends.triton``): a
+Triton launch costs ~20-30 us of host time on the H200 machine and a TVM-FFI launch ~10, and a
+small backward's GPU work (b32 x 512 tokens: ~0.45 ms) is no longer than its host time
+(benchmarks/NOTES.md, items 42-47). With these two kernels a backward is three launches and one
+fill fewer.
+
+Both are plain memory-bound loops (no shared memory, no TMA):
+
+* ``BwdPreprocess``: per (64-row block, batch x head) CTA of 128 threads, ``delta = rowsum(dO *
+  O)`` in fp32 (each thread sums its 16-byte vectors of one row in order, then a butterfly over
+  the row's lanes: a fixed order, so delta is bitwise repeatable) and the LSE in log2 units,
+  ``rows_pad`` rows per (batch x head): rows past seqlen_q (and rows that saw no key) get
+  LSE2 = +inf and delta = 0, as the Triton preprocess writes them. Every CTA also zeroes its
+  share of the fp32 buffer that holds the dQ accumulator and the flags (16-byte stores).
+* ``DqFragmentCast``: per (Q tile, batch x head) CTA of 256 threads, thread ``t`` reads the
+  accumulator registers the main kernel's MMA thread ``t`` wrote (``dq_fragment``: 16-byte
+  loads, a warp reads 512 contiguous bytes), scales them, rounds to q's dtype (round to nearest
+  even, as the Triton cast: the same bits) and stores each pair of adjacent dQ columns as one
+  32-bit word, rows past seqlen_q dropped. CTA (0, 0) also copies the launch's device error
+  flag, if set, into the host-mapped error word (``errors.mapped_launch``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+
+from .dq_fragment import WG_THREADS, half_size, wg_split
+
+LOG2_E = 1.4426950408889634
+PRE_ROWS = 64  # rows per preprocess CTA
+PRE_THREADS = 128
+VEC = 8  # 16-bit elements per 16-byte load
+CAST_THREADS = 256  # the main kernel's two MMA warpgroups
+
+
+def _row_lanes(head_dim: int) -> int:
+    """Threads per row in the preprocess: 8 where the row has a multiple of 8 vectors (a warp
+    then reads 4 rows of 128 contiguous bytes per load), else 4."""
+    vectors = head_dim // VEC
+    return 8 if vectors % 8 == 0 else 4
+
+
+class BwdPreprocess:
+    """LSE2 and delta of every row, and the zeroed dQ accumulator and flags (see the module)."""
+
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int) -> None:
+        if head_dim % (4 * VEC):
+            raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.lanes = _row_lanes(head_dim)
+        self.per_lane = head_dim // VEC // self.lanes  # vectors per thread and row
+        self.rows_per_pass = PRE_THREADS // self.lanes
+
+    @cute.jit
+    def __call__(
+        self,
+        mO: cute.Tensor,  # (b, seqlen_q, heads, hd)
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,  # (b, heads, seqlen_q) fp32, natural log
+        mLSE2: cute.Tensor,  # (b * heads, rows_pad) fp32
+        mDelta: cute.Tensor,
+        mZero: cute.Tensor,  # (n, 4) fp32: the dQ accumulator and the flags, zeroed here
+        stream: cuda.CUstream,
+    ):
+        batch, heads = mO.shape[0], mO.shape[2]
+        blocks = (mLSE2.shape[1] + PRE_ROWS - 1) // PRE_ROWS
+        self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mZero).launch(
+            grid=[blocks, batch * heads, 1], block=[PRE_THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mO: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mLSE2: cute.Tensor,
+        mDelta: cute.Tensor,
+        mZero: cute.Tensor,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        block, bh, _ = cute.arch.block_idx()
+        blocks, bhs, _ = cute.arch.grid_dim()
+        heads = mO.shape[2]
+        seqlen_q = mO.shape[1]
+        rows_pad = mLSE2.shape[1]
+        b = bh // heads
+        h = bh % heads
+
+        # This CTA's share of the zeroing: 16-byte rows cta, cta + ctas, ... (coalesced).
+        zeros = cute.make_rmem_tensor((4,), Float32)
+        zeros.fill(0.0)
+        cta = bh * blocks + block
+        for i in cutlass.range(cta * PRE_THREADS + tid, mZero.shape[0], bhs * blocks * PRE_THREADS):
+            cute.autovec_copy(zeros, mZero[i, None])
+
+        lane = tid % self.lanes
+        o_vec = cute.make_rmem_tensor((VEC,), self.dtype)
+        do_vec = cute.make_rmem_tensor((VEC,), self.dtype)
+        for p in cutlass.range_constexpr(PRE_ROWS // self.rows_per_pass):
+            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
+            total = Float32(0.0)
+            if row < seqlen_q:
+                o_row = mO[b, row, h, None]
+                do_row = mdO[b, row, h, None]
+                for v in cutlass.range_constexpr(self.per_lane):
+                    chunk = lane + v * self.lanes
+                    cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vec)
+                    cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vec)
+                    prod = o_vec.load().to(Float32) * do_vec.load().to(Float32)
+                    for e in cutlass.range_constexpr(VEC):
+                        total = total + prod[e]
+            # The row's lanes are adjacent: a butterfly leaves the sum in each of them.
+            offset = self.lanes // 2
+            while const_expr(offset > 0):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset)
+                offset //= 2
+            if lane == 0 and row < rows_pad:
+                lse2 = Float32(float("inf"))
+                if row < seqlen_q:
+                    lse = mLSE[b, h, row]
+                    if lse != -Float32.inf:
+                        lse2 = lse * LOG2_E
+                mLSE2[bh, row] = lse2
+                mDelta[bh, row] = total
+
+
+class DqFragmentCast:
+    """dq = dq_acc * softmax_scale in q's dtype, from the fragment-order accumulator (see the
+    module); reports the launch's error flag to the host-mapped word."""
+
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.block_m = block_m
+        self.split = wg_split(block_m)
+        self.half = half_size(block_m, head_dim)
+        if self.half % (WG_THREADS * 4):
+            raise ValueError(f"block_m={block_m}, head_dim={head_dim}: no whole 16-byte chunks")
+        self.chunks = self.half // (WG_THREADS * 4)  # 16-byte loads per thread
+
+    @cute.jit
+    def __call__(
+        self,
+        mAcc: cute.Tensor,  # (b, heads, q_tiles, block_m * hd) fp32
+        mdQ: cute.Tensor,  # (b, seqlen_q, heads, hd)
+        mFlags: cute.Tensor,  # int32: ticket, error flag, semaphores
+        softmax_scale: Float32,
+        error_addr: Int64,  # device address of the host-mapped error word, 0 for none
+        launch_id: Int32,
+        stream: cuda.CUstream,
+    ):
+        batch, heads, q_tiles = mAcc.shape[0], mAcc.shape[1], mAcc.shape[2]
+        self.kernel(mAcc, mdQ, mFlags, softmax_scale, error_addr, launch_id).launch(
+            grid=[q_tiles, batch * heads, 1], block=[CAST_THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mAcc: cute.Tensor,
+        mdQ: cute.Tensor,
+        mFlags: cute.Tensor,
+        softmax_scale: Float32,
+        error_addr: Int64,
+        launch_id: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        tile, bh, _ = cute.arch.block_idx()
+        heads = mAcc.shape[1]
+        seqlen_q = mdQ.shape[1]
+        b = bh // heads
+        h = bh % heads
+        wg = tid // WG_THREADS
+        t = tid % WG_THREADS
+        warp = t // 32
+        lane = t % 32
+        acc_tile = mAcc[b, h, tile, None]
+        raw = cute.make_rmem_tensor((4,), Float32)
+        out = cute.make_rmem_tensor((4,), self.dtype)
+        for n8 in cutlass.range_constexpr(self.chunks):
+            # Registers 4 n8 .. 4 n8 + 3 of MMA thread (wg, t): (k, j) = (0, 0), (1, 0), (0, 1),
+            # (1, 1), i.e. rows r and r + 8, columns c and c + 1 of the accumulator.
+            start = wg * (self.half // 4) + n8 * WG_THREADS + t
+            cute.autovec_copy(cute.local_tile(acc_tile, (4,), (start,)), raw)
+            out.store((raw.load() * softmax_scale).to(self.dtype))
+            for j in cutlass.range_constexpr(2):
+                r = 16 * warp + lane // 4 + 8 * j
+                c = 8 * n8 + 2 * (lane % 4)
+                if const_expr(self.split == "swap"):
+                    # dQ^T: accumulator row r is head-dim column 64 wg + r, columns c, c + 1
+                    # are Q rows.
+                    for k in cutlass.range_constexpr(2):
+                        row = tile * self.block_m + c + k
+                        if row < seqlen_q:
+                            mdQ[b, row, h, 64 * wg + r] = out[2 * j + k]
+                else:
+                    if const_expr(self.split == "cols"):
+                        row = r
+                        col = wg * (self.head_dim // 2) + c
+                    else:
+                        row = 64 * wg + r
+                        col = c
+                    row = tile * self.block_m + row
+                    if row < seqlen_q:
+                        cute.autovec_copy(
+                            cute.local_tile(out, (2,), (j,)),
+                            cute.local_tile(mdQ[b, row, h, None], (2,), (col // 2,)),
+                        )
+        # One thread of the grid reads the flag (nested: the DSL evaluates every operand of an
+        # `and` of runtime values).
+        if tile == 0 and bh == 0 and tid == 0 and error_addr != 0:  # noqa: SIM102
+            if mFlags[1] != 0:
+                word = cute.make_tensor(
+                    cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4),
+                    cute.make_layout(1),
+                )
+                word[0] = launch_id
+
+
+_cache: dict[tuple, Any] = {}
+_cache_lock = threading.Lock()
+
+
+def _compile(key: tuple, build: Any) -> Any:
+    from . import kernel_cache
+
+    with _cache_lock:
+        compiled = _cache.get(key)
+    if compiled is None:
+        compiled = kernel_cache.cached_compile(key, build)
+        with _cache_lock:
+            compiled = _cache.setdefault(key, compiled)
+    return compiled
+
+
+def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = "sm_90a") -> Any:
+    """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape)."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    from ._tensor_args import fake_tensor
+
+    kernel = BwdPreprocess(dtype, head_dim)
+
+    def build() -> Any:
+        return cute.compile(
+            kernel,
+            fake_tensor(dtype, 4, head_dim, 16),
+            fake_tensor(dtype, 4, head_dim, 16),
+            fake_tensor(Float32, 3, cute.sym_int(), 4),
+            fake_tensor(Float32, 2, cute.sym_int(), 16),
+            fake_tensor(Float32, 2, cute.sym_int(), 16),
+            fake_tensor(Float32, 2, 4, 16),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+            options=f"--gpu-arch {arch} --enable-tvm-ffi",
+        )
+
+    return _compile(("bwd_pre", dtype.__name__, head_dim, arch), build)
+
+
+def compile_dq_cast(
+    dtype: type[cutlass.Numeric], head_dim: int, block_m: int, arch: str = "sm_90a"
+) -> Any:
+    """The compiled ``DqFragmentCast`` for q's dtype, the head dim and the Q tile rows."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    from ._tensor_args import fake_tensor
+
+    kernel = DqFragmentCast(dtype, head_dim, block_m)
+
+    def build() -> Any:
+        return cute.compile(
+            kernel,
+            fake_tensor(Float32, 4, block_m * head_dim, 16),
+            fake_tensor(dtype, 4, head_dim, 16),
+            fake_tensor(Int32, 1, cute.sym_int(), 4),
+            Float32(1.0), Int64(0), Int32(0),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+            options=f"--gpu-arch {arch} --enable-tvm-ffi",
+        )  # fmt: skip
+
+    return _compile(("dq_cast", dtype.__name__, head_dim, block_m, arch), build)

@@ -1,0 +1,402 @@
+"""The CuTe-DSL preprocess and dQ cast around the hopper backward (``hopper/bwd_pre_post.py``).
+
+CPU (CI): both compile for sm_90a for every dtype, head dim and Q tile the backend ships.
+GPU: the preprocess against the Triton one (LSE2 bitwise, delta to fp32 rounding, the zeroed
+buffer), the cast against the Triton fragment cast (bitwise) on lengths that are not tile
+multiples, and a set error flag reaching ``check_errors`` through the host-mapped word.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None or importlib.util.find_spec("tvm_ffi") is None,
+    reason="needs nvidia-cutlass-dsl and apache-tvm-ffi",
+)
+
+DTYPES = [torch.float16, torch.bfloat16]
+# (head dim, block_m) of every shipped backward variant.
+SHIPPED = [(64, 128), (128, 80), (128, 64)]
+
+
+def _cutlass_dtype(dtype: torch.dtype):
+    import cutlass
+
+    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+
+
+def test_shipped_tiles_are_covered() -> None:
+    from dash_attn.backends import hopper
+
+    shipped = {(hd, hopper.bwd_tiles(hd, causal).block_m)
+               for hd in hopper.BWD_HEADDIMS for causal in (False, True)}  # fmt: skip
+    assert shipped == set(SHIPPED)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> None:
+    from dash_attn.backends.hopper import bwd_pre_post
+
+    monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
+    monkeypatch.setattr(bwd_pre_post, "_cache", {})
+    compiled = bwd_pre_post.compile_preprocess(_cutlass_dtype(dtype), head_dim)
+    assert callable(compiled)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim,block_m", SHIPPED)
+def test_dq_cast_compiles(dtype: torch.dtype, head_dim: int, block_m: int, monkeypatch) -> None:
+    from dash_attn.backends.hopper import bwd_pre_post
+
+    monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
+    monkeypatch.setattr(bwd_pre_post, "_cache", {})
+    compiled = bwd_pre_post.compile_dq_cast(_cutlass_dtype(dtype), head_dim, block_m)
+    assert callable(compiled)
+
+
+def test_preprocess_refuses_odd_head_dim() -> None:
+    import cutlass
+
+    from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess
+
+    with pytest.raises(ValueError, match="head_dim"):
+        BwdPreprocess(cutlass.BFloat16, 72)
+
+
+def _hopper_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+gpu = pytest.mark.skipif(not _hopper_gpu(), reason="needs an sm_90 GPU")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 333, 3, 64), (1, 200, 2, 128), (3, 64, 1, 128)])
+def test_preprocess_matches_triton(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    from dash_attn.backends.hopper.bwd_pre_post import compile_preprocess
+    from dash_attn.backends.triton.bwd import attn_bwd_preprocess
+
+    torch.manual_seed(0)
+    batch, seqlen, heads, head_dim = shape
+    out = torch.randn(shape, device="cuda", dtype=dtype)
+    dout = torch.randn(shape, device="cuda", dtype=dtype)
+    lse = torch.randn(batch, heads, seqlen, device="cuda") * 3
+    lse[:, :, ::7] = float("-inf")  # rows that saw no key
+    rows_pad = -(-seqlen // 128) * 128
+    ref_lse2, ref_delta = attn_bwd_preprocess(out, dout, lse, rows_pad)
+    lse2 = torch.full((batch * heads, rows_pad), float("nan"), device="cuda")
+    delta = torch.full_like(lse2, float("nan"))
+    zeroed = torch.full((1234, 4), float("nan"), device="cuda")
+    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, delta, zeroed)
+    torch.cuda.synchronize()
+    assert torch.equal(lse2, ref_lse2)
+    torch.testing.assert_close(delta, ref_delta, rtol=1e-5, atol=1e-5)
+    assert torch.equal(delta[:, seqlen:], torch.zeros_like(delta[:, seqlen:]))
+    assert torch.equal(zeroed, torch.zeros_like(zeroed))
+    # A fixed summation order: the same bits again.
+    again = torch.empty_like(delta)
+    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, again, zeroed)
+    assert torch.equal(again, delta)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim,block_m", SHIPPED)
+@pytest.mark.parametrize("seqlen", [100, 257])
+def test_dq_cast_matches_triton(dtype: torch.dtype, head_dim: int, block_m: int, seqlen: int):
+    from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast
+    from dash_attn.backends.hopper.dq_cast import scale_cast_fragments
+
+    torch.manual_seed(1)
+    batch, heads = 2, 3
+    q_tiles = -(-seqlen // block_m)
+    acc = torch.randn(batch, heads, q_tiles, block_m * head_dim, device="cuda") * 10
+    ref = scale_cast_fragments(acc, 0.125, dtype, seqlen, block_m)
+    dq = torch.full((batch, seqlen, heads, head_dim), float("nan"), device="cuda", dtype=dtype)
+    flags = torch.zeros(8, device="cuda", dtype=torch.int32)
+    compile_dq_cast(_cutlass_dtype(dtype), head_dim, block_m)(acc, dq, flags, 0.125, 0, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(dq, ref)
+
+
+@gpu
+@pytest.mark.gpu
+def test_dq_cast_reports_a_set_flag_through_the_mapped_word() -> None:
+    from dash_attn import errors
+    from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast
+
+    errors.check_errors()
+    cast = compile_dq_cast(_cutlass_dtype(torch.bfloat16), 64, 128)
+    acc = torch.zeros(1, 1, 1, 128 * 64, device="cuda")
+    dq = torch.empty(1, 100, 1, 64, device="cuda", dtype=torch.bfloat16)
+    flags = torch.zeros(3, device="cuda", dtype=torch.int32)
+    address, launch = errors.mapped_launch("launch A timed out", torch.cuda.current_device())
+    assert address != 0 and launch > 0
+    cast(acc, dq, flags, 1.0, address, launch)  # flag clear: nothing reported
+    errors.check_errors()
+    flags[1] = 1
+    address, launch = errors.mapped_launch(lambda: "launch B timed out", dq.device.index)
+    cast(acc, dq, flags, 1.0, address, launch)
+    with pytest.raises(RuntimeError, match="launch B timed out"):
+        errors.check_errors()
+    errors.check_errors()  # reported once
+
+
+def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch) -> None:
+    """``FullBackward`` (CPU, kernels replaced by stand-ins that record their arguments): LSE2,
+    delta, the dQ accumulator and the flags are views of one allocation, in the order and the
+    shapes each kernel's signature takes; the preprocess gets the zeroed region as 16-byte rows
+    and runs first; the cast gets the scale, the error word and the launch number."""
+    import inspect
+
+    from dash_attn.backends.hopper import bwd_launch
+    from dash_attn.backends.hopper.bwd import HopperAttnBwd
+    from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, DqFragmentCast
+    from dash_attn.backends.tables import device_tables
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
+    from dash_attn.schedule import TABLE_FIELDS
+
+    batch, seqlen, heads, kv_heads, head_dim = 2, 300, 4, 2, 128
+    plan = make_backward_plan(
+        Problem(batch, seqlen, seqlen, heads, kv_heads, head_dim, FULL, "bfloat16"), device=H200
+    )
+    q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
+    k = torch.zeros(batch, seqlen, kv_heads, head_dim, dtype=torch.bfloat16)
+    lse = torch.zeros(batch, heads, seqlen)
+    calls: list[tuple[str, tuple]] = []
+    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
+                for name in ("pre", "main", "cast")}  # fmt: skip
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
+    monkeypatch.setattr(
+        "dash_attn.backends.hopper.bwd_pre_post.compile_preprocess", lambda *a: recorder["pre"]
+    )
+    monkeypatch.setattr(
+        "dash_attn.backends.hopper.bwd_pre_post.compile_dq_cast", lambda *a: recorder["cast"]
+    )
+    spec, tiles = plan.spec, plan.tiles
+    variant = "t80_wg"
+    main = bwd_launch.prepare_bwd(
+        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
+        block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
+        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
+        deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
+    )  # fmt: skip
+    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, tiles.block_m, variant)
+    dq, dk, dv, status = full(q, q, k, k, q, lse, 0.125, 4096, 7)
+    assert [name for name, _ in calls] == ["pre", "main", "cast"]
+
+    def named(kernel_call, args):
+        params = list(inspect.signature(kernel_call).parameters)[1:-1]  # no self, stream
+        assert len(args) == len(params)
+        return dict(zip(params, args, strict=True))
+
+    pre = named(BwdPreprocess.__call__, calls[0][1])
+    mainargs = named(HopperAttnBwd.__call__, calls[1][1])
+    cast = named(DqFragmentCast.__call__, calls[2][1])
+    rows_pad = spec.q_tiles * tiles.block_m
+    assert pre["mLSE2"].shape == pre["mDelta"].shape == (batch * heads, rows_pad)
+    assert mainargs["mLSE"] is pre["mLSE2"] and mainargs["mDelta"] is pre["mDelta"]
+    zero = pre["mZero"]
+    assert zero.shape[1] == 4 and zero.is_contiguous()
+    acc, flags = mainargs["mdQacc"], mainargs["mFlags"]
+    assert acc.shape == (batch, heads, spec.q_tiles, tiles.block_m * head_dim)
+    assert flags.dtype == torch.int32 and flags.numel() == 2 + batch * heads * spec.q_tiles
+    # The accumulator and the flags lie inside the zeroed rows; LSE2 and delta outside them.
+    start, end = zero.data_ptr(), zero.data_ptr() + zero.numel() * 4
+    assert start == acc.data_ptr() and flags.data_ptr() + flags.numel() * 4 <= end
+    assert pre["mDelta"].data_ptr() + pre["mDelta"].numel() * 4 <= start
+    assert all(t.data_ptr() % 16 == 0 for t in (pre["mLSE2"], pre["mDelta"], acc))
+    assert mainargs["softmax_scale"] == 0.125
+    assert tuple(mainargs[name] for name in ("mChainStart", "mStepHead")) == main.tables[:2]
+    assert len(TABLE_FIELDS) == len(main.tables)
+    assert cast["mAcc"] is acc and cast["mdQ"] is dq and cast["mFlags"] is flags
+    assert (cast["softmax_scale"], cast["error_addr"], cast["launch_id"]) == (0.125, 4096, 7)
+    assert dq.shape == q.shape and dq.dtype == q.dtype
+    assert dk.shape == dv.shape == k.shape and mainargs["mdK"] is dk and mainargs["mdV"] is dv
+    assert status.data_ptr() == flags.data_ptr() and status.numel() == 2
+
+
+def test_mapped_error_words_raise_the_launchs_text_once(monkeypatch) -> None:
+    """``errors.mapped_launch`` numbers launches and keeps their texts; a kernel writing the
+    number into its device's word (simulated here on a host array) makes the next check raise
+    that launch's text, once."""
+    import numpy as np
+
+    from dash_attn import errors
+
+    words = np.zeros(errors._MAX_DEVICES, dtype=np.int32)
+    monkeypatch.setattr(errors, "_mapped_words", words)
+    monkeypatch.setattr(errors, "_mapped_base", 1 << 20)
+    monkeypatch.setattr(errors, "_mapped_texts", {})
+    monkeypatch.setattr(errors, "_mapped_devices", set())
+    first = errors.mapped_launch("first launch failed", 0)
+    second = errors.mapped_launch(lambda: "second launch failed", 1)
+    assert first[0] == 1 << 20 and second[0] == (1 << 20) + 4
+    assert second[1] == first[1] + 1 > 0
+    errors.check_errors(synchronize=False)  # nothing set
+    words[1] = second[1]
+    with pytest.raises(RuntimeError, match="second launch failed"):
+        errors.check_errors(synchronize=False)
+    assert not words.any()
+    errors.check_errors(synchronize=False)
+    # A launch whose text was dropped (more than _MAPPED_KEEP since) still raises.
+    words[0] = 123456
+    with pytest.raises(RuntimeError, match="launch 123456 on cuda:0"):
+        errors.check_errors(synchronize=False)
+    assert errors.mapped_launch("x", errors._MAX_DEVICES) == (0, 0)
+
+
+@pytest.mark.parametrize("enabled", [False, True], ids=["default", "cute-pre-post"])
+def test_plan_launch_follows_the_switch(enabled: bool, monkeypatch) -> None:
+    """``launch.CUTE_PRE_POST`` picks the host path per plan launch (kept per switch value):
+    off, the main kernel alone (Triton preprocess and cast around it); on, ``FullBackward``
+    with the CuTe kernels compiled for the plan's dtype, head dim and Q tile."""
+    from dash_attn.backends.hopper import bwd_launch, launch
+    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+
+    monkeypatch.setattr(launch, "CUTE_PRE_POST", enabled)
+    monkeypatch.setattr(launch, "_launches", {})
+    plan = make_backward_plan(Problem(2, 300, 300, 4, 2, 128, CAUSAL, "bfloat16"), device=H200)
+    q = torch.zeros(2, 300, 4, 128, dtype=torch.bfloat16)
+    prepared = launch._launch(plan, q)
+    assert launch._launch(plan, q) is prepared
+    if not enabled:
+        assert isinstance(prepared, bwd_launch.BwdLaunch)
+        return
+    assert isinstance(prepared, bwd_launch.FullBackward)
+    assert prepared.rows_pad == plan.spec.q_tiles * plan.tiles.block_m
+    assert prepared.zero_count % 4 == 0
+    assert prepared.zero_count >= prepared.main.dq_size + prepared.main.flag_count
+
+
+# ---- the whole backward on the CuTe host path (GPU): what the default path's tests check ----
+
+
+@pytest.fixture
+def cute_pre_post(monkeypatch):
+    from dash_attn.backends.hopper import launch
+
+    monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
+    monkeypatch.setattr(launch, "_launches", {})
+
+
+def _grads(q, k, v, dout, **kwargs):
+    from dash_attn import dash_attn_func
+
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = dash_attn_func(q, k, v, backend="hopper", **kwargs)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "shape", [(2, 333, 333, 4, 4, 64), (1, 1000, 1000, 4, 2, 128), (2, 257, 513, 6, 2, 128)]
+)
+def test_cute_pre_post_backward_matches_reference(cute_pre_post, shape, causal, dtype) -> None:
+    from dash_attn import last_launch_info
+    from dash_attn.backends.hopper import bwd_launch, launch
+    from dash_attn.reference.attention import attention_ref
+    from dash_attn.testing import assert_close_to_ref, make_qkv
+
+    batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, "cuda", 5)
+    dout = torch.randn_like(q)
+
+    def reference(upcast: bool):
+        def run(a, b, c):
+            return attention_ref(a, b, c, causal=causal, upcast=upcast)[0]
+
+        q_, k_, v_ = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        out = run(q_, k_, v_)
+        out.backward(dout)
+        return out.detach(), q_.grad, k_.grad, v_.grad
+
+    ref, same = reference(True), reference(False)
+    for deterministic in (True, False):
+        got = _grads(q, k, v, dout, causal=causal, deterministic=deterministic)
+        plan = last_launch_info()
+        assert plan.backend == "hopper"
+        assert isinstance(launch._launch(plan, q), bwd_launch.FullBackward)
+        for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same, strict=True):
+            assert_close_to_ref(f"{name} [det={deterministic}]", g, r, s, atol=1e-3)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cute_pre_post_backward_is_bitwise_repeatable(cute_pre_post, head_dim, causal) -> None:
+    """10 runs per schedule, the last five with matmuls queued on another stream."""
+    from dash_attn.schedule import CAUSAL, FULL, applicable_schedules
+    from dash_attn.testing import make_qkv
+
+    q, k, v = make_qkv(2, 2000, 2000, 8, 4, head_dim, torch.bfloat16, "cuda", 7)
+    dout = torch.randn_like(q)
+    other = torch.cuda.Stream()
+    for schedule in applicable_schedules(CAUSAL if causal else FULL):
+        first = _grads(q, k, v, dout, causal=causal, schedule=schedule)
+        for i in range(9):
+            if i >= 4:
+                with torch.cuda.stream(other):
+                    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(10):
+                        a = (a @ a).clamp_(-1, 1)
+            again = _grads(q, k, v, dout, causal=causal, schedule=schedule)
+            for name, x, y in zip(("out", "dq", "dk", "dv"), first, again, strict=True):
+                assert torch.equal(x, y), f"{name} differs between runs [{schedule}]"
+        torch.cuda.synchronize()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("sync_check", [True, False], ids=["sync-check", "next-check"])
+def test_cute_pre_post_broken_table_raises_instead_of_hanging(cute_pre_post, sync_check) -> None:
+    """A table whose every rank is one too high: each first contributor waits for a turn that
+    never comes; the launch gives up after the plan's timeout, poisons dQ with NaN, and the
+    host-mapped word makes the check raise (at once, or at the next check)."""
+    import dataclasses
+
+    from dash_attn import check_errors, dash_attn_func
+    from dash_attn.backends.hopper import launch
+    from dash_attn.device import device_info
+    from dash_attn.dispatch import problem_of
+    from dash_attn.plan import make_backward_plan
+    from dash_attn.schedule import FULL
+    from dash_attn.testing import make_qkv
+
+    q, k, v = make_qkv(1, 1024, 1024, 2, 2, 64, torch.bfloat16, "cuda", 1)
+    out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
+    good = make_backward_plan(
+        problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
+        backend="hopper", timeout_s=0.2,
+    )  # fmt: skip
+    broken = dataclasses.replace(
+        good,
+        schedule=dataclasses.replace(
+            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
+        ),
+    )
+    dout = torch.randn_like(q)
+    if sync_check:
+        with pytest.raises(RuntimeError, match="timed out.*'broken'"):
+            launch.run_backward(broken, dout, q, k, v, out, lse, 64**-0.5, sync_check=True)
+    else:
+        dq, _, _ = launch.run_backward(broken, dout, q, k, v, out, lse, 64**-0.5)
+        with pytest.raises(RuntimeError, match="timed out.*'broken'"):
+            check_errors()
+        assert torch.isnan(dq.float()).any()
+    check_errors()  # reported once
+    again = dash_attn_func(q, k, v, backend="hopper")
+    assert torch.isfinite(again.float()).all()

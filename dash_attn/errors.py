@@ -93,16 +93,19 @@ def _mapped_failure() -> Description | None:
     if words is None or not words.any():
         return None
     with _lock:
-        device = int(np.flatnonzero(words)[0])
+        set_words = np.flatnonzero(words)
+        if not set_words.size:  # another thread took it
+            return None
+        device = int(set_words[0])
         launch = int(words[device])
         words[device] = 0
         text = _mapped_texts.pop(launch, None)
     if text is None:
         return (
-            f"dash-attn backward: a dQ wait timed out (launch {launch} on cuda:{device}, one of "
-            f"more than the last {_MAPPED_KEEP} backward launches); its gradients were poisoned "
-            "with NaN. Likely causes: SMs held by a concurrent kernel (raise sm_margin) or a "
-            "broken schedule."
+            f"dash-attn backward: a dQ wait timed out (launch {launch} on cuda:{device}, older "
+            f"than the last {_MAPPED_KEEP} backward launches); its gradients were poisoned with "
+            "NaN. Likely causes: SMs held by a concurrent kernel (raise sm_margin) or a broken "
+            "schedule."
         )
     return text
 

@@ -1,9 +1,8 @@
 """Execute a ``BackwardPlan`` (and the forward) with the CuTe-DSL Hopper kernels.
 
-The shipped backward variants run the whole backward as three CuTe-DSL launches through TVM-FFI
-(``bwd_launch.FullBackward``); the experimental ones take the shared host side of
-``backends.backward.run_backward`` (Triton preprocess and cast), where only the main kernel
-differs.
+The backward's host side is the shared ``backends.backward.run_backward`` (Triton preprocess
+and cast around the main kernel), or, with ``CUTE_PRE_POST``, three CuTe-DSL launches through
+TVM-FFI (``bwd_launch.FullBackward``).
 """
 
 from __future__ import annotations

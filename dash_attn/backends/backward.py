@@ -74,13 +74,8 @@ def run_backward(
         varlen = varlen_rows(
             plan.spec.seqlens, plan.tiles.block_m, cu_seqlens_q, cu_seqlens_k, q.shape[0]
         )
-    if plan.backend != "triton" and (
-        varlen is not None or mask_window(plan.spec.mask)[0] == "local"
-    ):
-        raise NotImplementedError(
-            f"the {plan.backend} backward runs padded batches with full or causal masks only; "
-            "packed sequences and sliding windows run on the triton backend"
-        )
+    if plan.backend != "triton":
+        check_padded_full_or_causal(plan, packed=varlen is not None)
     lse2, delta = attn_bwd_preprocess(
         out, dout, lse, plan.spec.q_tiles * plan.tiles.block_m, varlen=varlen
     )
@@ -98,6 +93,15 @@ def run_backward(
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
     return cast_dq(dq_acc, softmax_scale, q.dtype), dk, dv
+
+
+def check_padded_full_or_causal(plan: BackwardPlan, *, packed: bool) -> None:
+    """Raise for what only the Triton backward runs: packed sequences and sliding windows."""
+    if packed or mask_window(plan.spec.mask)[0] == "local":
+        raise NotImplementedError(
+            f"the {plan.backend} backward runs padded batches with full or causal masks only; "
+            "packed sequences and sliding windows run on the triton backend"
+        )
 
 
 def timeout_error(plan: BackwardPlan) -> str:

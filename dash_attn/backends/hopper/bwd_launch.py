@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,9 +109,6 @@ def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
 
 
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
-
-_cache: dict[tuple, Any] = {}
-_cache_lock = threading.Lock()
 
 
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
@@ -232,28 +228,24 @@ def compile_bwd(
     block_m, block_n = block_m or tiles[0], block_n or tiles[1]
     options = _variant_options(variant, head_dim)
     key = (
-        head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
+        "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
         extra_options, tuple(sorted(options.items())),
     )  # fmt: skip
-    with _cache_lock:
-        compiled = _cache.get(key)
-    if compiled is not None:
-        return compiled
-    if importlib.util.find_spec("tvm_ffi") is None:
-        raise ImportError(
-            "the hopper backward launches through TVM-FFI, which is not installed "
-            "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
-        )
-    kernel = HopperAttnBwd(
-        _TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m, block_n,
-        **options,
-    )  # fmt: skip
-    dq_last = block_m * head_dim if kernel.dq_frag else head_dim
 
     # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and the
     # stream the caller's current one, read by TVM-FFI at every call (torch's current stream of
     # the tensors' device): nothing is specialised on a value.
     def build() -> Any:
+        if importlib.util.find_spec("tvm_ffi") is None:
+            raise ImportError(
+                "the hopper backward launches through TVM-FFI, which is not installed "
+                "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
+            )
+        kernel = HopperAttnBwd(
+            _TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m,
+            block_n, **options,
+        )  # fmt: skip
+        dq_last = block_m * head_dim if kernel.dq_frag else head_dim
         return cute.compile(
             kernel,
             *_fake_kernel_args(kernel.dtype, head_dim, dq_last),
@@ -263,10 +255,7 @@ def compile_bwd(
         )  # fmt: skip
 
     # Through the disk cache, except for compiles that keep PTX/SASS for inspection.
-    compiled = build() if extra_options else kernel_cache.cached_compile(("bwd", *key), build)
-    with _cache_lock:
-        _cache.setdefault(key, compiled)
-        return _cache[key]
+    return kernel_cache.compile_once(key, build, disk=not extra_options)
 
 
 def _scalar_args(
@@ -365,8 +354,30 @@ class BwdLaunch:
         # One zeroed allocation (one fill launch) for the fp32 dQ accumulator and, after it,
         # the int32 flags: ticket counter, error flag, then one semaphore per dQ tile.
         zeroed = torch.zeros(self.dq_size + self.flag_count, device=q.device, dtype=torch.float32)
+        dq_acc, flags = self.split_zeroed(zeroed)
+        dk, dv = self.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
+        return dq_acc, dk, dv, flags[:2]
+
+    def split_zeroed(self, zeroed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dq_acc, flags): views of the zeroed fp32 buffer, the accumulator first, then the
+        int32 flags (ticket counter, error flag, one semaphore per dQ tile)."""
         dq_acc = zeroed[: self.dq_size].view(self.dq_shape)
-        flags = zeroed[self.dq_size :].view(torch.int32)
+        flags = zeroed[self.dq_size : self.dq_size + self.flag_count].view(torch.int32)
+        return dq_acc, flags
+
+    def launch(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dout: torch.Tensor,
+        lse2: torch.Tensor,
+        delta: torch.Tensor,
+        dq_acc: torch.Tensor,
+        flags: torch.Tensor,
+        softmax_scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Launch the main kernel on zeroed ``dq_acc`` and ``flags``; returns (dk, dv)."""
         dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
         dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
         # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
@@ -376,7 +387,7 @@ class BwdLaunch:
             dq_acc, dk, dv, flags, *self.tables, *self.counts, float(softmax_scale),
             self.timeout_ns,
         )  # fmt: skip
-        return dq_acc, dk, dv, flags[:2]
+        return dk, dv
 
 
 def prepare_bwd(
@@ -460,30 +471,21 @@ class FullBackward:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv, status); a timed-out dQ wait writes ``launch_id`` to the host-mapped
         word at ``error_addr`` (0: no word; ``status[1]`` is the launch's flag either way)."""
-        main = self.main
         rows = self.row_count
         buf = torch.empty(2 * rows + self.zero_count, device=q.device, dtype=torch.float32)
         lse2 = buf[:rows].view(-1, self.rows_pad)
         delta = buf[rows : 2 * rows].view(-1, self.rows_pad)
         zeroed = buf[2 * rows :]
-        dout = tma_view(dout)
-        self.preprocess(tma_view(out), dout, lse, lse2, delta, zeroed.view(-1, 4))
-        dq_acc = zeroed[: main.dq_size].view(main.dq_shape)
-        flags = zeroed[main.dq_size : main.dq_size + main.flag_count].view(torch.int32)
-        dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
-        dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
-        main.compiled(
-            tma_view(q), tma_view(k), tma_view(v), dout, lse2, delta,
-            dq_acc, dk, dv, flags, *main.tables, *main.counts, float(softmax_scale),
-            main.timeout_ns,
-        )  # fmt: skip
+        self.preprocess(tma_view(out), tma_view(dout), lse, lse2, delta, zeroed.view(-1, 4))
+        dq_acc, flags = self.main.split_zeroed(zeroed)
+        dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
         return dq, dk, dv, flags[:2]
 
 
 def prepare_full(
-    main: BwdLaunch, q_shape: tuple[int, ...], dtype: torch.dtype, block_m: int, variant: str
+    main: BwdLaunch, q_shape: tuple[int, ...], dtype: torch.dtype, variant: str
 ) -> FullBackward:
     """The ``FullBackward`` around ``main`` (a fragment-order variant) for q's shape and dtype."""
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
@@ -491,7 +493,9 @@ def prepare_full(
     batch, _, heads, head_dim = q_shape
     if not dq_fragment_order(variant, head_dim):
         raise ValueError(f"variant {variant!r} does not keep dQ in fragment order")
-    q_tiles = main.counts[0]
+    # The accumulator is (batch, heads, q_tiles, block_m * head_dim): its tiles are main's.
+    q_tiles, tile_size = main.dq_shape[2:]
+    block_m = tile_size // head_dim
     rows_pad = q_tiles * block_m
     cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
     return FullBackward(

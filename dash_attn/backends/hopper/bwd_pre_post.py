@@ -27,7 +27,6 @@ Both are plain memory-bound loops (no shared memory, no TMA):
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -35,6 +34,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
+from . import kernel_cache
 from .dq_fragment import WG_THREADS, half_size, wg_split
 
 LOG2_E = 1.4426950408889634
@@ -230,22 +230,6 @@ class DqFragmentCast:
                 word[0] = launch_id
 
 
-_cache: dict[tuple, Any] = {}
-_cache_lock = threading.Lock()
-
-
-def _compile(key: tuple, build: Any) -> Any:
-    from . import kernel_cache
-
-    with _cache_lock:
-        compiled = _cache.get(key)
-    if compiled is None:
-        compiled = kernel_cache.cached_compile(key, build)
-        with _cache_lock:
-            compiled = _cache.setdefault(key, compiled)
-    return compiled
-
-
 def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = "sm_90a") -> Any:
     """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape)."""
     from cutlass.cute.runtime import make_fake_stream
@@ -267,7 +251,7 @@ def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = 
             options=f"--gpu-arch {arch} --enable-tvm-ffi",
         )
 
-    return _compile(("bwd_pre", dtype.__name__, head_dim, arch), build)
+    return kernel_cache.compile_once(("bwd_pre", dtype.__name__, head_dim, arch), build)
 
 
 def compile_dq_cast(
@@ -291,4 +275,4 @@ def compile_dq_cast(
             options=f"--gpu-arch {arch} --enable-tvm-ffi",
         )  # fmt: skip
 
-    return _compile(("dq_cast", dtype.__name__, head_dim, block_m, arch), build)
+    return kernel_cache.compile_once(("dq_cast", dtype.__name__, head_dim, block_m, arch), build)

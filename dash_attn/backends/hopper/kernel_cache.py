@@ -28,6 +28,7 @@ import functools
 import hashlib
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -185,3 +186,21 @@ def cached_compile(key: tuple, compile_fn: Callable[[], Any]) -> Any:
                 stacklevel=3,
             )
         return compiled
+
+
+# Compiled kernels of this process by key (what ``compile_once`` returns again).
+_memo: dict[tuple, Any] = {}
+_memo_lock = threading.Lock()
+
+
+def compile_once(key: tuple, compile_fn: Callable[[], Any], *, disk: bool = True) -> Any:
+    """``compile_fn()`` once per process and ``key``: from memory, else through the disk cache
+    (``cached_compile``; ``disk=False`` for compiles that keep PTX/SASS for inspection). Two
+    threads that miss together both compile; both get the first result stored."""
+    with _memo_lock:
+        compiled = _memo.get(key)
+    if compiled is None:
+        compiled = cached_compile(key, compile_fn) if disk else compile_fn()
+        with _memo_lock:
+            compiled = _memo.setdefault(key, compiled)
+    return compiled

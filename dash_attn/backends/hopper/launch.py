@@ -73,11 +73,7 @@ def run_backward(
     launches (``bwd_launch.FullBackward``) and report a timed-out dQ wait through a host-mapped
     word (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
     preprocess and cast, the flag copied per launch)."""
-    if plan.spec.mask.kind == "local":
-        raise NotImplementedError(
-            f"the {plan.backend} backward runs padded batches with full or causal masks only; "
-            "packed sequences and sliding windows run on the triton backend"
-        )
+    backward.check_padded_full_or_causal(plan, packed=False)
     launch = _launch(plan, q)
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
@@ -153,4 +149,4 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant, plan.problem.headdim)):
         return main
-    return prepare_full(main, tuple(q.shape), q.dtype, tiles.block_m, variant)
+    return prepare_full(main, tuple(q.shape), q.dtype, variant)

@@ -40,10 +40,10 @@ def test_shipped_tiles_are_covered() -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> None:
-    from dash_attn.backends.hopper import bwd_pre_post
+    from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 
     monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
-    monkeypatch.setattr(bwd_pre_post, "_cache", {})
+    monkeypatch.setattr(kernel_cache, "_memo", {})
     compiled = bwd_pre_post.compile_preprocess(_cutlass_dtype(dtype), head_dim)
     assert callable(compiled)
 
@@ -51,10 +51,10 @@ def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim,block_m", SHIPPED)
 def test_dq_cast_compiles(dtype: torch.dtype, head_dim: int, block_m: int, monkeypatch) -> None:
-    from dash_attn.backends.hopper import bwd_pre_post
+    from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 
     monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
-    monkeypatch.setattr(bwd_pre_post, "_cache", {})
+    monkeypatch.setattr(kernel_cache, "_memo", {})
     compiled = bwd_pre_post.compile_dq_cast(_cutlass_dtype(dtype), head_dim, block_m)
     assert callable(compiled)
 
@@ -189,7 +189,7 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
         deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
     )  # fmt: skip
-    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, tiles.block_m, variant)
+    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant)
     dq, dk, dv, status = full(q, q, k, k, q, lse, 0.125, 4096, 7)
     assert [name for name, _ in calls] == ["pre", "main", "cast"]
 

@@ -25,7 +25,7 @@ def _compile_bwd():
 
 def _forget_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh process's view: nothing compiled in memory."""
-    monkeypatch.setattr(bwd_launch, "_cache", {})
+    monkeypatch.setattr(kernel_cache, "_memo", {})
     monkeypatch.setattr(fwd, "_CACHE", {})
 
 

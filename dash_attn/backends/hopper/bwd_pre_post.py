@@ -99,27 +99,40 @@ class BwdPreprocess:
         b = bh // heads
         h = bh % heads
 
-        # This CTA's share of the zeroing: 16-byte rows cta, cta + ctas, ... (coalesced).
-        zeros = cute.make_rmem_tensor((4,), Float32)
-        zeros.fill(0.0)
-        cta = bh * blocks + block
-        for i in cutlass.range(cta * PRE_THREADS + tid, mZero.shape[0], bhs * blocks * PRE_THREADS):
-            cute.autovec_copy(zeros, mZero[i, None])
-
+        # Three phases, so that every load of the CTA's rows is in flight at once: the loads,
+        # the sums, the stores. Interleaved (load a row, store its delta, load the next), each
+        # row would wait a whole memory latency: the compiler cannot move a load above a store
+        # it cannot prove is to another address (the first version ran at about half the
+        # Triton preprocess's bandwidth on the H200, session 13).
         lane = tid % self.lanes
-        o_vec = cute.make_rmem_tensor((VEC,), self.dtype)
-        do_vec = cute.make_rmem_tensor((VEC,), self.dtype)
-        for p in cutlass.range_constexpr(PRE_ROWS // self.rows_per_pass):
+        passes = PRE_ROWS // self.rows_per_pass
+        o_vecs = [
+            [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(self.per_lane)]
+            for _ in range(passes)
+        ]
+        do_vecs = [
+            [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(self.per_lane)]
+            for _ in range(passes)
+        ]
+        lses = cute.make_rmem_tensor((passes,), Float32)
+        for p in cutlass.range_constexpr(passes):
             row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
-            total = Float32(0.0)
+            lses[p] = -Float32.inf
             if row < seqlen_q:
                 o_row = mO[b, row, h, None]
                 do_row = mdO[b, row, h, None]
                 for v in cutlass.range_constexpr(self.per_lane):
                     chunk = lane + v * self.lanes
-                    cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vec)
-                    cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vec)
-                    prod = o_vec.load().to(Float32) * do_vec.load().to(Float32)
+                    cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vecs[p][v])
+                    cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vecs[p][v])
+                lses[p] = mLSE[b, h, row]
+        totals = cute.make_rmem_tensor((passes,), Float32)
+        for p in cutlass.range_constexpr(passes):
+            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
+            total = Float32(0.0)
+            if row < seqlen_q:
+                for v in cutlass.range_constexpr(self.per_lane):
+                    prod = o_vecs[p][v].load().to(Float32) * do_vecs[p][v].load().to(Float32)
                     for e in cutlass.range_constexpr(VEC):
                         total = total + prod[e]
             # The row's lanes are adjacent: a butterfly leaves the sum in each of them.
@@ -127,14 +140,23 @@ class BwdPreprocess:
             while const_expr(offset > 0):
                 total = total + cute.arch.shuffle_sync_bfly(total, offset)
                 offset //= 2
+            totals[p] = total
+        for p in cutlass.range_constexpr(passes):
+            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
             if lane == 0 and row < rows_pad:
                 lse2 = Float32(float("inf"))
-                if row < seqlen_q:
-                    lse = mLSE[b, h, row]
-                    if lse != -Float32.inf:
-                        lse2 = lse * LOG2_E
+                if lses[p] != -Float32.inf:  # rows past seqlen_q were left at -inf
+                    lse2 = lses[p] * LOG2_E
                 mLSE2[bh, row] = lse2
-                mDelta[bh, row] = total
+                mDelta[bh, row] = totals[p]
+
+        # This CTA's share of the zeroing: 16-byte rows cta, cta + ctas, ... (coalesced), after
+        # the row work so that its stores do not hold the loads back.
+        zeros = cute.make_rmem_tensor((4,), Float32)
+        zeros.fill(0.0)
+        cta = bh * blocks + block
+        for i in cutlass.range(cta * PRE_THREADS + tid, mZero.shape[0], bhs * blocks * PRE_THREADS):
+            cute.autovec_copy(zeros, mZero[i, None])
 
 
 class DqFragmentCast:
@@ -188,14 +210,18 @@ class DqFragmentCast:
         warp = t // 32
         lane = t % 32
         acc_tile = mAcc[b, h, tile, None]
-        raw = cute.make_rmem_tensor((4,), Float32)
+        # Every load first, then the stores (as in the preprocess: a load after a store waits
+        # for nothing, but the store's data waits for its load, so interleaving them costs one
+        # memory latency per chunk).
+        raws = [cute.make_rmem_tensor((4,), Float32) for _ in range(self.chunks)]
+        for n8 in cutlass.range_constexpr(self.chunks):
+            start = wg * (self.half // 4) + n8 * WG_THREADS + t
+            cute.autovec_copy(cute.local_tile(acc_tile, (4,), (start,)), raws[n8])
         out = cute.make_rmem_tensor((4,), self.dtype)
         for n8 in cutlass.range_constexpr(self.chunks):
             # Registers 4 n8 .. 4 n8 + 3 of MMA thread (wg, t): (k, j) = (0, 0), (1, 0), (0, 1),
             # (1, 1), i.e. rows r and r + 8, columns c and c + 1 of the accumulator.
-            start = wg * (self.half // 4) + n8 * WG_THREADS + t
-            cute.autovec_copy(cute.local_tile(acc_tile, (4,), (start,)), raw)
-            out.store((raw.load() * softmax_scale).to(self.dtype))
+            out.store((raws[n8].load() * softmax_scale).to(self.dtype))
             for j in cutlass.range_constexpr(2):
                 r = 16 * warp + lane // 4 + 8 * j
                 c = 8 * n8 + 2 * (lane % 4)

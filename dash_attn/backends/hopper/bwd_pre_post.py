@@ -9,7 +9,8 @@ small backward's GPU work (b32 x 512 tokens: ~0.45 ms) is no longer than its hos
 (benchmarks/NOTES.md, items 42-47). With these two kernels a backward is three launches and one
 fill fewer.
 
-Both are plain memory-bound loops (no shared memory, no TMA):
+Both are plain memory-bound kernels (no TMA); the loads of each thread are all issued before
+its first store:
 
 * ``BwdPreprocess``: per (64-row block, batch x head) CTA of 128 threads, ``delta = rowsum(dO *
   O)`` in fp32 (each thread sums its 16-byte vectors of one row in order, then a butterfly over
@@ -20,9 +21,10 @@ Both are plain memory-bound loops (no shared memory, no TMA):
 * ``DqFragmentCast``: per (Q tile, batch x head) CTA of 256 threads, thread ``t`` reads the
   accumulator registers the main kernel's MMA thread ``t`` wrote (``dq_fragment``: 16-byte
   loads, a warp reads 512 contiguous bytes), scales them, rounds to q's dtype (round to nearest
-  even, as the Triton cast: the same bits) and stores each pair of adjacent dQ columns as one
-  32-bit word, rows past seqlen_q dropped. CTA (0, 0) also copies the launch's device error
-  flag, if set, into the host-mapped error word (``errors.mapped_launch``).
+  even, as the Triton cast: the same bits) and writes them row-major into shared memory; after
+  one barrier the CTA stores the tile in 16-byte vectors, whole rows per warp, rows past
+  seqlen_q dropped. CTA (0, 0) also copies the launch's device error flag, if set, into the
+  host-mapped error word (``errors.mapped_launch``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ PRE_ROWS = 64  # rows per preprocess CTA
 PRE_THREADS = 128
 VEC = 8  # 16-bit elements per 16-byte load
 CAST_THREADS = 256  # the main kernel's two MMA warpgroups
+SMEM_PAD = 8  # 16-bit elements of padding per shared-memory row in the cast
 
 
 def _row_lanes(head_dim: int) -> int:
@@ -210,13 +213,22 @@ class DqFragmentCast:
         warp = t // 32
         lane = t % 32
         acc_tile = mAcc[b, h, tile, None]
-        # Every load first, then the stores (as in the preprocess: a load after a store waits
-        # for nothing, but the store's data waits for its load, so interleaving them costs one
-        # memory latency per chunk).
+        # Every load first (a load after a store waits for nothing, but a store's data waits
+        # for its load: interleaved, each chunk costs one memory latency).
         raws = [cute.make_rmem_tensor((4,), Float32) for _ in range(self.chunks)]
         for n8 in cutlass.range_constexpr(self.chunks):
             start = wg * (self.half // 4) + n8 * WG_THREADS + t
             cute.autovec_copy(cute.local_tile(acc_tile, (4,), (start,)), raws[n8])
+
+        # Through shared memory, row-major: stored from the fragments directly, a warp's 32-bit
+        # stores would touch 8 rows 16 bytes each, and the cast ran at ~40% of the Triton one's
+        # bandwidth on the H200 (session 13). Rows are padded by 16 bytes so that the pair
+        # writes of a warp (8 rows x 4 lanes) fall in 32 distinct banks.
+        smem = cutlass.memory.SmemAllocator()
+        pitch = self.head_dim + SMEM_PAD
+        sTile = smem.allocate_tensor(
+            self.dtype, cute.make_layout((self.block_m, pitch), stride=(pitch, 1)), 16
+        )
         out = cute.make_rmem_tensor((4,), self.dtype)
         for n8 in cutlass.range_constexpr(self.chunks):
             # Registers 4 n8 .. 4 n8 + 3 of MMA thread (wg, t): (k, j) = (0, 0), (1, 0), (0, 1),
@@ -229,9 +241,7 @@ class DqFragmentCast:
                     # dQ^T: accumulator row r is head-dim column 64 wg + r, columns c, c + 1
                     # are Q rows.
                     for k in cutlass.range_constexpr(2):
-                        row = tile * self.block_m + c + k
-                        if row < seqlen_q:
-                            mdQ[b, row, h, 64 * wg + r] = out[2 * j + k]
+                        sTile[c + k, 64 * wg + r] = out[2 * j + k]
                 else:
                     if const_expr(self.split == "cols"):
                         row = r
@@ -239,12 +249,29 @@ class DqFragmentCast:
                     else:
                         row = 64 * wg + r
                         col = c
-                    row = tile * self.block_m + row
-                    if row < seqlen_q:
-                        cute.autovec_copy(
-                            cute.local_tile(out, (2,), (j,)),
-                            cute.local_tile(mdQ[b, row, h, None], (2,), (col // 2,)),
-                        )
+                    cute.autovec_copy(
+                        cute.local_tile(out, (2,), (j,)),
+                        cute.local_tile(sTile[row, None], (2,), (col // 2,)),
+                    )
+        cute.arch.sync_threads()
+
+        # Out in 16-byte vectors: a warp stores whole rows (two of 256 bytes at head dim 128).
+        row_vecs = self.head_dim // VEC
+        tile_vecs = self.block_m * row_vecs
+        rounds = -(-tile_vecs // CAST_THREADS)
+        vecs = [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(rounds)]
+        for i in cutlass.range_constexpr(rounds):
+            v = tid + i * CAST_THREADS
+            if v < tile_vecs:
+                src = cute.local_tile(sTile[v // row_vecs, None], (VEC,), (v % row_vecs,))
+                cute.autovec_copy(src, vecs[i])
+        for i in cutlass.range_constexpr(rounds):
+            v = tid + i * CAST_THREADS
+            row = tile * self.block_m + v // row_vecs
+            if v < tile_vecs and row < seqlen_q:
+                cute.autovec_copy(
+                    vecs[i], cute.local_tile(mdQ[b, row, h, None], (VEC,), (v % row_vecs,))
+                )
         # One thread of the grid reads the flag (nested: the DSL evaluates every operand of an
         # `and` of runtime values).
         if tile == 0 and bh == 0 and tid == 0 and error_addr != 0:  # noqa: SIM102

@@ -43,6 +43,11 @@ def backward_fn(provider: str, q, k, v, dout, causal: bool):
     return run
 
 
+def short(name: str) -> str:
+    """A kernel's name without the CuTe-DSL decorations (its class name, or the Triton name)."""
+    return name.split("_object_at")[0].split("_pre_post")[-1].split("flash_attncute")[-1][-34:]
+
+
 def kernel_us(fn) -> dict[str, float]:
     """Mean GPU microseconds per call of each kernel ``fn`` launches (CUPTI records)."""
     for _ in range(3):
@@ -87,7 +92,7 @@ def main() -> None:
                     total = sum(times.values())
                     mask = "causal" if causal else "full"
                     print(f"d{head_dim} {mask} {seqlen} {provider}: total {total:.1f} us; "
-                          + "; ".join(f"{name[:40]} {us:.1f}"
+                          + "; ".join(f"{short(name)} {us:.1f}"
                                       for name, us in sorted(times.items(),
                                                              key=lambda kv: -kv[1])))  # fmt: skip
                     for name, us in times.items():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -114,6 +117,15 @@ def test_determinism_and_e2e_tables() -> None:
     assert "hopper vs fa4_det" in report.e2e_table(hopper) and last[-2:] == ["1.25x", "0.91x"]
 
 
+def _load_tool(path: Path) -> ModuleType:
+    """A script of tools/ as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_readme_results_are_generated_from_the_committed_files(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -128,20 +140,20 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # The forward sweep's summary (session 10; the forward kernels have not changed since) and
-    # the end-to-end blocks (session 11), from their own files.
+    # The forward sweep's summary (session 10; the forward kernels have not changed since), the
+    # end-to-end blocks and the interleaved host-path table (session 13), from their own files.
     forward = report.read_csv(results / "session10-e3bf495" / "fwd" / "bench.csv")
     assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
-    session = results / "session11-f0daec0"
-    e2e = report.e2e_table(report.read_csv(session / "e2e" / "e2e.csv"), markdown=True)
+    session = results / "session13-82f62f0"
+    e2e = report.e2e_table(
+        report.read_csv(session / "call4-98b17fa" / "e2e" / "e2e.csv"), markdown=True
+    )
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
-    # Session 11's hopper-and-FA4 backward run: its table and its summary.
-    hopper = report.read_csv(session / "sweep-hopper-fa4" / "bench.csv")
-    assert len(hopper) == 24 * 4
-    assert report.readme_table(hopper) in readme.read_text()
-    summary = report.summary_table(hopper, markdown=True, only_measured=True).strip()
-    assert "hopper auto / fa4_det" in summary and "dash auto" not in summary
-    assert summary in readme.read_text()
+    compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
+    with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 24
+    assert compare.markdown_table(rows) in readme.read_text()
 
 
 def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:

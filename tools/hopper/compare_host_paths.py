@@ -11,6 +11,9 @@ in the last bits: delta is summed in another order). Run from the repository roo
 GPU with the CuTe-DSL/FA4 kit::
 
     OUT=out PYTHONPATH=$PWD python3 tools/hopper/compare_host_paths.py [--seqlens 512,1024]
+
+``--table CSV`` prints the markdown table of a written CSV instead (any machine; the README's
+session-13 table is this output).
 """
 
 from __future__ import annotations
@@ -96,7 +99,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--table", default=None, help="print the markdown table of this CSV")
     args = parser.parse_args()
+    if args.table:
+        from host_paths_table import markdown_table  # beside this script
+
+        with open(args.table, newline="") as f:
+            print(markdown_table(list(csv.DictReader(f))))
+        return
     rows = []
     for head_dim in (64, 128):
         for causal in (False, True):

@@ -48,11 +48,11 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
 # (``bwd_launch.FullBackward``: CuTe preprocess that also zeroes the accumulator, the main
 # kernel, CuTe dQ cast that reports a timed-out wait through a host-mapped word) instead of the
 # Triton preprocess and cast with a zero fill and a flag copy per launch. On by default since
-# session 13: on the H200 the two paths' kernels take the same GPU time and the CuTe path's host
-# time is about half, so it is 1.0-2.0x as fast on the 24 sweep configs (benchmarks/NOTES.md,
-# item 48). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the Triton path. Its delta sums in another order
-# than the Triton preprocess, so gradients differ between the paths in the last bits (each path
-# is bitwise repeatable). Read when a plan's launch is made.
+# session 13: on the H200 both paths' kernels take the same GPU time and the CuTe path's host
+# time is about half, so it is 0.95-2.0x as fast on the 24 sweep configs (benchmarks/NOTES.md,
+# items 49-50). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the Triton path. Delta is summed in another
+# order than by the Triton preprocess, so gradients differ between the paths in the last bits
+# (each path is bitwise repeatable). Read when a plan's launch is made.
 CUTE_PRE_POST = os.environ.get("DASH_ATTN_CUTE_PRE_POST", "1").strip() not in ("", "0")
 
 

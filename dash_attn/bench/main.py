@@ -79,6 +79,10 @@ DEFAULT_WARMUP_MS = 25.0
 # Seconds of matmuls before the run's first timing (see timing.warm_up_gpu).
 GPU_WARMUP_S = 2.0
 DEFAULT_REP_MS = 100.0
+# Providers of one config timed in interleaved rounds, not one after the other: in a single
+# sequence, host-bound configs read up to 25% apart on the same launch depending on the
+# provider's place (H200, session 13; ``timing.ProviderTiming``).
+DEFAULT_ROUNDS = 3
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0
 DETERMINISM_SEQLEN = 4096
@@ -189,6 +193,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument("--rep", type=float, default=None, help=f"ms (default {DEFAULT_REP_MS:g})")
     timing.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help=(
+            "interleaved rounds per config: every provider is timed once per round with "
+            f"rep / N ms, and bench.csv has the median (default {DEFAULT_ROUNDS})"
+        ),
+    )
+    timing.add_argument(
         "--repeat-check",
         type=int,
         default=3,
@@ -264,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
     deadline = Deadline(args.deadline_s)
     _apply_defaults(args)
     try:
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
         cases = resolve_cases(args)
     except ValueError as exc:
         print(f"dash-attn bench: error: {exc}", file=sys.stderr)
@@ -303,7 +319,8 @@ def _run_gpu(
     argv = sys.argv[1:]
     print(
         f"out dir {out_dir}; mode {args.mode}, {args.dtype}, warmup {args.warmup:g} ms, rep "
-        f"{args.rep:g} ms, {len(cases)} configs; python {info['python']}, pid {os.getpid()}"
+        f"{args.rep:g} ms in {args.rounds} interleaved rounds, {len(cases)} configs; python "
+        f"{info['python']}, pid {os.getpid()}"
     )
     if any(family_of(p.name) == "fa4" for p in select(_peer_probe(), patterns)):
         reason = fa4_status()
@@ -340,6 +357,7 @@ def _run_gpu(
                     "dtype": args.dtype,
                     "warmup_ms": args.warmup,
                     "rep_ms": args.rep,
+                    "rounds": args.rounds,
                     "gpu_warmup_s": GPU_WARMUP_S,
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
@@ -361,6 +379,7 @@ def _run_gpu(
             todo, make_providers, meta=meta, mode=args.mode, warmup=args.warmup, rep=args.rep,
             repeats=args.repeat_check, seed=args.seed, device=device, timer=timer,
             deadline=deadline, skips=skips, on_config=lambda new: save(previous + new),
+            rounds=args.rounds,
         )  # fmt: skip
         save(rows)
     else:

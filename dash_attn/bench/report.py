@@ -44,6 +44,7 @@ CSV_FIELDS = (
     "tflops",
     "bitwise_repeatable",
     "kernel",  # dash only: tiles, dQ reduction, Q/dO loads (absent in files before 2026-11-29)
+    "ms_rounds",  # each interleaved round's ms, space-separated (absent before 2026-12-01)
 )
 DETERMINISM_FIELDS = (
     "gpu",

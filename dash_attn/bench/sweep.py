@@ -16,12 +16,13 @@ from .providers import Case, Provider, ProviderUnavailable
 from .runinfo import Deadline, Progress
 from .timing import (
     Inputs,
+    Measurement,
+    ProviderTiming,
     Timer,
     attention_flops,
     cleanup,
     gpu_alive,
     launched_schedule,
-    measure,
     repeat_diffs,
     short_reason,
     tflops,
@@ -68,6 +69,60 @@ def _config_line(case: Case, rows: Sequence[dict[str, Any]], seconds: float) -> 
     return "  ".join(parts) if rows else parts[0] + "  (no provider ran)"
 
 
+def _time_case(
+    case: Case,
+    providers: Sequence[Provider],
+    inputs: Inputs,
+    *,
+    mode: str,
+    warmup: float,
+    rep: float,
+    rounds: int,
+    repeats: int,
+    timer: Timer,
+    device: Any,
+    skips: Skips,
+    note: Callable[[str], None],
+) -> tuple[list[tuple[Provider, Measurement]], bool]:
+    """The providers of one case in ``rounds`` interleaved rounds, then each one's repeat check.
+    Returns the measurements (in provider order) and False if the CUDA context broke (the
+    caller stops); a provider that fails is skipped with its reason."""
+    timings: dict[str, ProviderTiming] = {}
+    failed: set[str] = set()
+
+    def skip(provider: Provider, exc: Exception) -> bool:
+        failed.add(provider.name)
+        timings.pop(provider.name, None)
+        skips.add("sweep", provider.name, case.label, short_reason(exc), note)
+        cleanup(device)
+        return isinstance(exc, ProviderUnavailable) or gpu_alive(device)
+
+    for _ in range(rounds):
+        for provider in providers:
+            if provider.name in failed:
+                continue
+            try:
+                timing = timings.get(provider.name)
+                if timing is None:
+                    timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
+                    timings[provider.name] = timing
+                timing.time(timer, warmup, rep / rounds)
+            except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
+                if not skip(provider, exc):
+                    return [], False
+    measured: list[tuple[Provider, Measurement]] = []
+    for provider in providers:
+        timing = timings.pop(provider.name, None)
+        if timing is None:
+            continue
+        try:
+            measured.append((provider, timing.finish(repeats)))
+        except Exception as exc:  # noqa: BLE001
+            if not skip(provider, exc):
+                return measured, False
+    return measured, True
+
+
 def run_sweep(
     cases: Sequence[Case],
     make_providers: ProviderFactory,
@@ -83,11 +138,18 @@ def run_sweep(
     deadline: Deadline,
     skips: Skips,
     on_config: Callable[[list[dict[str, Any]]], None] | None = None,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
     """Time every provider on every case; returns the rows of bench.csv.
 
-    ``on_config`` is called with all rows so far after each case (the caller rewrites its files).
+    With ``rounds`` > 1 the providers of a case are timed in interleaved rounds (all once, then
+    all again, ...), each round with ``rep / rounds`` ms, and a row's ``ms`` is the median of
+    its rounds (``ms_rounds`` lists them): the same total timing as one round, and no provider
+    favoured by its place in the sequence. ``on_config`` is called with all rows so far after
+    each case (the caller rewrites its files).
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     rows: list[dict[str, Any]] = []
     progress = Progress(len(cases), f"bench {mode}")
     try:
@@ -100,34 +162,30 @@ def run_sweep(
             flops = attention_flops(
                 case.batch, case.seqlen, case.seqlen, case.heads, case.headdim, case.causal, mode
             )
-            done: list[dict[str, Any]] = []
-            for provider in make_providers(case):
-                try:
-                    m = measure(
-                        provider, case, inputs, mode=mode, warmup=warmup, rep=rep,
-                        repeats=repeats, timer=timer, device=device,
-                    )  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
-                    skips.add("sweep", provider.name, case.label, short_reason(exc), progress.note)
-                    cleanup(device)
-                    if not isinstance(exc, ProviderUnavailable) and not gpu_alive(device):
-                        progress.note("the CUDA context is broken: stopping the sweep")
-                        return rows
-                    continue
-                done.append(
-                    {
-                        **meta,
-                        "mode": mode,
-                        **_case_fields(case),
-                        "provider": provider.name,
-                        "deterministic": provider.deterministic,
-                        "schedule": m.schedule,
-                        "ms": m.ms,
-                        "tflops": tflops(flops, m.ms),
-                        "bitwise_repeatable": m.bitwise_repeatable,
-                        "kernel": m.kernel,
-                    }
-                )
+            measured, alive = _time_case(
+                case, make_providers(case), inputs, mode=mode, warmup=warmup, rep=rep,
+                rounds=rounds, repeats=repeats, timer=timer, device=device, skips=skips,
+                note=progress.note,
+            )  # fmt: skip
+            done = [
+                {
+                    **meta,
+                    "mode": mode,
+                    **_case_fields(case),
+                    "provider": provider.name,
+                    "deterministic": provider.deterministic,
+                    "schedule": m.schedule,
+                    "ms": m.ms,
+                    "tflops": tflops(flops, m.ms),
+                    "bitwise_repeatable": m.bitwise_repeatable,
+                    "kernel": m.kernel,
+                    "ms_rounds": " ".join(f"{t:.4f}" for t in m.rounds_ms),
+                }
+                for provider, m in measured
+            ]
+            if not alive:
+                progress.note("the CUDA context is broken: stopping the sweep")
+                return rows
             del inputs
             cleanup(device)
             rows.extend(done)

@@ -210,13 +210,14 @@ def repeat_diffs(
 
 @dataclass(frozen=True)
 class Measurement:
-    """One timing: median ms, the schedule and kernel configuration that ran, and the repeat
-    check (None if not run)."""
+    """One provider on one case: the median of its rounds' median ms, each round's ms, the
+    schedule and kernel configuration that ran, and the repeat check (None if not run)."""
 
     ms: float
     schedule: str | None
     bitwise_repeatable: bool | None
     kernel: str | None = None
+    rounds_ms: tuple[float, ...] = ()
 
 
 def launched_schedule(provider: Provider, mode: str) -> str | None:
@@ -244,6 +245,59 @@ def launched_kernel(provider: Provider, mode: str) -> str | None:
     return f"{info.backend} {info.tiles.label} dq:{info.dq_reduce}"
 
 
+class ProviderTiming:
+    """One provider's timed step on one case, kept alive across the rounds of the case so that
+    the sweep can interleave providers: round 1 times every provider once, round 2 again, ...
+
+    Why interleave: timed one after the other, providers whose call is host-bound (~0.5 ms of
+    GPU work) read up to 25% apart on the same kernel and tables depending on their place in
+    the sequence (H200, session 13: ``dash_hopper_auto`` 0.544 ms, ``dash_hopper_symmetric_shift``
+    0.446 ms, the same launch, at d64 causal 512); the median over interleaved rounds is what
+    a side-by-side comparison needs.
+    """
+
+    def __init__(self, provider: Provider, case: Case, inputs: Inputs, *, mode: str, device: Any):
+        self.provider = provider
+        self.mode = mode
+        with provider.context():
+            self.fn = provider.make(case, device)
+            q, k, v, self.dout = inputs.get(provider.layout)
+            grad = mode != "fwd"
+            self.leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
+            self.step: Callable | None = bench_step(self.fn, self.leaves, self.dout, mode)
+        self.times: list[float] = []
+        self.schedule: str | None = None
+        self.kernel: str | None = None
+
+    def time(self, timer: Timer, warmup: float, rep: float) -> float:
+        """One round: ``timer``'s ms for the step; the first round also records what ran."""
+        if self.step is None:
+            raise RuntimeError(f"{self.provider.name}: timed after finish()")
+        with self.provider.context():
+            grad_to_none = self.leaves if self.mode != "fwd" else None
+            ms = timer(self.step, warmup, rep, grad_to_none)
+            if not self.times:
+                self.schedule = launched_schedule(self.provider, self.mode)
+                self.kernel = launched_kernel(self.provider, self.mode)
+        self.times.append(ms)
+        return ms
+
+    def finish(self, repeats: int) -> Measurement:
+        """Frees the timed graph, runs the repeat check (``repeats`` calls compared bitwise;
+        skipped below 2) and returns the measurement: the median over the rounds."""
+        if not self.times:
+            raise RuntimeError(f"{self.provider.name}: finish() before any round")
+        self.step = None  # frees the timed graph before the check builds its own
+        repeatable = None
+        if repeats >= 2:
+            with self.provider.context():
+                _, repeatable = repeat_diffs(self.fn, self.leaves, self.dout, repeats, self.mode)
+        return Measurement(
+            ms=statistics.median(self.times), schedule=self.schedule,
+            bitwise_repeatable=repeatable, kernel=self.kernel, rounds_ms=tuple(self.times),
+        )  # fmt: skip
+
+
 def measure(
     provider: Provider,
     case: Case,
@@ -256,21 +310,11 @@ def measure(
     timer: Timer,
     device: Any,
 ) -> Measurement:
-    """Time one provider on one case (and check its repeatability with ``repeats`` calls)."""
-    with provider.context():
-        fn = provider.make(case, device)
-        q, k, v, dout = inputs.get(provider.layout)
-        grad = mode != "fwd"
-        leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
-        step = bench_step(fn, leaves, dout, mode)
-        ms = timer(step, warmup, rep, leaves if grad else None)
-        schedule = launched_schedule(provider, mode)
-        kernel = launched_kernel(provider, mode)
-        del step  # frees the timed graph before the check builds its own
-        repeatable = None
-        if repeats >= 2:
-            _, repeatable = repeat_diffs(fn, leaves, dout, repeats, mode)
-    return Measurement(ms=ms, schedule=schedule, bitwise_repeatable=repeatable, kernel=kernel)
+    """Time one provider on one case in one round (and check its repeatability with
+    ``repeats`` calls)."""
+    timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
+    timing.time(timer, warmup, rep)
+    return timing.finish(repeats)
 
 
 def warm_up_gpu(device: Any, seconds: float) -> float:

@@ -20,7 +20,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
             "--providers", "dash,fa4_det,sdpa_*",
             "--mode", "fwd_bwd", "--out-dir", str(tmp_path), "--warmup", "5", "--rep", "20",
             "--no-determinism", "--e2e", "--no-model", "--deadline-s", "500",
-            "--commit", "abc", "--repeat-check", "0",
+            "--commit", "abc", "--repeat-check", "0", "--rounds", "5",
         ]
     )  # fmt: skip
     assert args.configs == [(128, True, 16384), (64, False, 2048)]
@@ -28,6 +28,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
     assert (args.mode, args.out_dir, args.warmup, args.rep) == ("fwd_bwd", tmp_path, 5.0, 20.0)
     assert not args.determinism and args.e2e and not args.model
     assert (args.deadline_s, args.commit, args.repeat_check) == (500.0, "abc", 0)
+    assert args.rounds == 5 and parse_bench_args([]).rounds == main.DEFAULT_ROUNDS
     cases = configs.resolve_cases(args)
     assert [(c.headdim, c.causal, c.seqlen, c.batch, c.heads) for c in cases] == [
         (128, True, 16384, 1, 16),
@@ -52,6 +53,11 @@ def test_bad_options_exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         parse_bench_args(argv)
     assert "error" in capsys.readouterr().err
+
+
+def test_zero_rounds_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(parse_bench_args(["--rounds", "0"])) == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_no_gpu_runs_the_model_sweep_on_the_requested_configs(
@@ -120,7 +126,10 @@ def test_whole_run_on_cpu_writes_every_file(
     }  # fmt: skip
     rows = report.read_csv(tmp_path / "bench.csv")
     assert len(rows) == 2 * 6 and {r["commit"] for r in rows} == {"c0ffee"}
-    assert json.loads((tmp_path / "bench.json").read_text())["header"]["gpu"] == "Test GPU"
+    assert all(len(r["ms_rounds"].split()) == main.DEFAULT_ROUNDS for r in rows)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["header"]["gpu"] == "Test GPU"
+    assert written["settings"]["rounds"] == main.DEFAULT_ROUNDS
     assert len(report.read_csv(tmp_path / "determinism.csv")) == 6
     model_rows = report.read_csv(tmp_path / "model_vs_measured.csv")
     assert {r["schedule"] for r in model_rows} == {"fa3", "descending", "shift"}

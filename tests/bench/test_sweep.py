@@ -63,3 +63,83 @@ def test_deadline_stops_the_sweep(capsys: pytest.CaptureFixture[str]) -> None:
         skips=sweep.Skips([], set()),
     )  # fmt: skip
     assert rows == [] and "deadline reached" in capsys.readouterr().out
+
+
+def test_rounds_interleave_providers_and_take_the_median() -> None:
+    """With rounds=3 every provider is timed once per round (round-robin, rep split over the
+    rounds), and ``ms`` is the median of its three rounds. (Forward mode: its step calls the
+    provider, so the timer sees which one it times.)"""
+    calls: list[tuple[str, float]] = []
+    times = {"eager_det": iter([3.0, 1.0, 2.0]), "eager_bhsd": iter([5.0, 9.0, 4.0]),
+             "eager_noisy": iter([1.0, 1.0, 7.0])}  # fmt: skip
+    current: list[str] = []
+
+    def make(name: str):
+        provider = next(p for p in fakes(Case(2, 32, 2, 2, 16, True)) if p.name == name)
+
+        def build(case: Case, device: object):
+            fn = provider.make(case, device)
+
+            def tagged(*args):
+                current[:] = [name]
+                return fn(*args)
+
+            return tagged
+
+        return sweep.Provider(name, provider.family, provider.deterministic, build,
+                              layout=provider.layout)  # fmt: skip
+
+    def timer(step, warmup: float, rep: float, grad_to_none) -> float:
+        step()
+        calls.append((current[0], rep))
+        return next(times[current[0]])
+
+    names = ["eager_det", "eager_bhsd", "eager_noisy"]
+    rows = sweep.run_sweep(
+        [Case(2, 32, 2, 2, 16, True)], lambda case: [make(n) for n in names], meta=META,
+        mode="fwd", warmup=0.0, rep=6.0, repeats=2, seed=0, device="cpu", timer=timer,
+        deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=3,
+    )  # fmt: skip
+    assert [name for name, _ in calls] == names * 3
+    assert all(rep == pytest.approx(2.0) for _, rep in calls)
+    by_name = {r["provider"]: r for r in rows}
+    assert [r["provider"] for r in rows] == names
+    assert by_name["eager_det"]["ms"] == 2.0 and by_name["eager_det"]["ms_rounds"] == (
+        "3.0000 1.0000 2.0000"
+    )
+    assert by_name["eager_bhsd"]["ms"] == 5.0 and by_name["eager_noisy"]["ms"] == 1.0
+    assert by_name["eager_det"]["bitwise_repeatable"] is True
+    assert by_name["eager_noisy"]["bitwise_repeatable"] is False
+
+
+def test_a_provider_failing_in_a_later_round_is_skipped_and_the_rest_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rounds_seen = {"n": 0}
+
+    def timer(step, warmup: float, rep: float, grad_to_none) -> float:
+        step()
+        rounds_seen["n"] += 1
+        if rounds_seen["n"] == 5:  # eager_bhsd's second round
+            raise RuntimeError("lost in round two")
+        return 1.0
+
+    skips = sweep.Skips([], set())
+    rows = sweep.run_sweep(
+        [Case(2, 32, 2, 2, 16, True)], lambda case: fakes(case)[:3], meta=META, mode="bwd",
+        warmup=0.0, rep=3.0, repeats=0, seed=0, device="cpu", timer=timer,
+        deadline=runinfo.Deadline(None), skips=skips, rounds=2,
+    )  # fmt: skip
+    assert [r["provider"] for r in rows] == ["eager_det", "eager_noisy"]
+    assert all(r["ms_rounds"] == "1.0000 1.0000" for r in rows)
+    assert [s["provider"] for s in skips.items] == ["eager_bhsd"]
+    assert "lost in round two" in capsys.readouterr().out
+
+
+def test_rounds_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        sweep.run_sweep(
+            [Case(2, 32, 2, 2, 16, True)], fakes, meta=META, mode="bwd", warmup=0.0, rep=1.0,
+            repeats=0, seed=0, device="cpu", timer=wall_clock_ms,
+            deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=0,
+        )  # fmt: skip

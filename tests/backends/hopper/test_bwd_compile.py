@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("cutlass")
+cutlass = pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import bwd_launch, bwd_variant  # noqa: E402
@@ -425,18 +425,32 @@ def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:
     assert prepared == [id(plans[0]), id(plans[1])]
 
 
-def test_plan_launch_matches_the_plan() -> None:
-    """The launch a plan gets: its tables, counts, timeout and accumulator sizes (the kernel
-    is compiled for sm_90a on the CPU)."""
+@pytest.mark.parametrize("cute_pre_post", [True, False], ids=["cute", "triton_pre_post"])
+def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
+    """The launch a plan gets: its tables, counts, timeout and accumulator sizes (the kernels
+    are compiled for sm_90a on the CPU). With the CuTe host path (the default) the main
+    kernel's launch is wrapped with the preprocess and the cast for the plan's tiles."""
     from dash_attn.backends.hopper import launch
+    from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast, compile_preprocess
     from dash_attn.backends.tables import device_tables
     from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
 
+    monkeypatch.setattr(launch, "CUTE_PRE_POST", cute_pre_post)
     plan = make_backward_plan(Problem(2, 300, 300, 4, 2, 128, CAUSAL, "bfloat16"), device=H200)
     q = torch.zeros(2, 300, 4, 128, dtype=torch.bfloat16)
     tables = device_tables(plan.schedule, q.device)
     prepared = launch._prepare(plan, q)
     spec = plan.spec
+    if cute_pre_post:
+        assert isinstance(prepared, bwd_launch.FullBackward)
+        block_m = plan.tiles.block_m
+        assert prepared.rows_pad == spec.q_tiles * block_m
+        assert prepared.row_count == 2 * 4 * spec.q_tiles * block_m
+        assert prepared.preprocess is compile_preprocess(cutlass.BFloat16, 128)
+        assert prepared.cast is compile_dq_cast(cutlass.BFloat16, 128, block_m)
+        prepared = prepared.main
+    else:
+        assert isinstance(prepared, bwd_launch.BwdLaunch)
     assert prepared.tables == tuple(tables[name] for name in TABLE_FIELDS)
     assert prepared.counts == (spec.q_tiles, spec.kv_tiles, spec.num_chains, plan.grid, 0)
     assert prepared.timeout_ns == int(plan.timeout_s * 1e9)

@@ -53,7 +53,13 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
 # items 49-50). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the Triton path. Delta is summed in another
 # order than by the Triton preprocess, so gradients differ between the paths in the last bits
 # (each path is bitwise repeatable). Read when a plan's launch is made.
-CUTE_PRE_POST = os.environ.get("DASH_ATTN_CUTE_PRE_POST", "1").strip() not in ("", "0")
+def cute_pre_post_from_env(value: str | None) -> bool:
+    """``DASH_ATTN_CUTE_PRE_POST``'s value as the switch: ``0``, ``off``, ``false`` or ``no``
+    (any case) turn the CuTe host path off; unset, empty or anything else leave it on."""
+    return (value or "").strip().lower() not in ("0", "off", "false", "no")
+
+
+CUTE_PRE_POST = cute_pre_post_from_env(os.environ.get("DASH_ATTN_CUTE_PRE_POST"))
 
 
 def run_backward(

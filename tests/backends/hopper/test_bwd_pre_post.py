@@ -254,6 +254,17 @@ def test_mapped_error_words_raise_the_launchs_text_once(monkeypatch) -> None:
     assert errors.mapped_launch("x", errors._MAX_DEVICES) == (0, 0)
 
 
+@pytest.mark.parametrize(
+    ("value", "enabled"),
+    [(None, True), ("", True), ("1", True), ("on", True), ("0", False), (" off ", False),
+     ("False", False), ("NO", False)],
+)  # fmt: skip
+def test_switch_reads_the_environment(value: str | None, enabled: bool) -> None:
+    from dash_attn.backends.hopper.launch import cute_pre_post_from_env
+
+    assert cute_pre_post_from_env(value) is enabled
+
+
 @pytest.mark.parametrize("enabled", [False, True], ids=["default", "cute-pre-post"])
 def test_plan_launch_follows_the_switch(enabled: bool, monkeypatch) -> None:
     """``launch.CUTE_PRE_POST`` picks the host path per plan launch (kept per switch value):

@@ -3,6 +3,8 @@
 # Usage on the GPU machine, from the repository root:
 #   [KIT=.peers/fa4] [TESTS="-k triton"] [BENCH="--providers dash"] bash tools/gpu_check.sh
 # KIT (optional) is the CuTe-DSL/FA4 kit to source first (needed by the hopper backend and FA4).
+# Everything written is packed into $OUT/gpu_check.tgz at the end: the device tool brings back
+# at most 8 files per call, and the benchmark alone writes 6.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -28,3 +30,7 @@ if [ -n "${BENCH:-}" ]; then
     --commit "${COMMIT:-unknown}" $BENCH 2>&1 | grep -v "UserWarning\|exe_args, func_types" \
     | tee "$OUT/bench.log" | tail -40
 fi
+# One archive of everything above; the benchmark's folder then goes, so that what is left
+# (env.txt, gpu_tests.log, bench.log and the archive) comes back whole.
+tar czf /tmp/gpu_check.tgz -C "$OUT" . && mv /tmp/gpu_check.tgz "$OUT/gpu_check.tgz" \
+  && rm -rf "$OUT/bench"

@@ -199,7 +199,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=(
             "interleaved rounds per config: every provider is timed once per round with "
-            f"rep / N ms, and bench.csv has the median (default {DEFAULT_ROUNDS})"
+            f"warmup / N and rep / N ms, and bench.csv has the median (default {DEFAULT_ROUNDS})"
         ),
     )
     timing.add_argument(

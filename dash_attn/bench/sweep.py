@@ -106,7 +106,7 @@ def _time_case(
                 if timing is None:
                     timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
                     timings[provider.name] = timing
-                timing.time(timer, warmup, rep / rounds)
+                timing.time(timer, warmup / rounds, rep / rounds)
             except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
                 if not skip(provider, exc):
                     return [], False
@@ -143,9 +143,10 @@ def run_sweep(
     """Time every provider on every case; returns the rows of bench.csv.
 
     With ``rounds`` > 1 the providers of a case are timed in interleaved rounds (all once, then
-    all again, ...), each round with ``rep / rounds`` ms, and a row's ``ms`` is the median of
-    its rounds (``ms_rounds`` lists them): the same total timing as one round, and no provider
-    favoured by its place in the sequence. ``on_config`` is called with all rows so far after
+    all again, ...), each round with ``warmup / rounds`` and ``rep / rounds`` ms, and a row's
+    ``ms`` is the median of its rounds (``ms_rounds`` lists them): about the same total timing
+    as one round (plus the timer's own estimate per round), and no provider favoured by its
+    place in the sequence. ``on_config`` is called with all rows so far after
     each case (the caller rewrites its files).
     """
     if rounds < 1:

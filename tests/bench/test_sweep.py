@@ -69,7 +69,7 @@ def test_rounds_interleave_providers_and_take_the_median() -> None:
     """With rounds=3 every provider is timed once per round (round-robin, rep split over the
     rounds), and ``ms`` is the median of its three rounds. (Forward mode: its step calls the
     provider, so the timer sees which one it times.)"""
-    calls: list[tuple[str, float]] = []
+    calls: list[tuple[str, float, float]] = []
     times = {"eager_det": iter([3.0, 1.0, 2.0]), "eager_bhsd": iter([5.0, 9.0, 4.0]),
              "eager_noisy": iter([1.0, 1.0, 7.0])}  # fmt: skip
     current: list[str] = []
@@ -91,17 +91,17 @@ def test_rounds_interleave_providers_and_take_the_median() -> None:
 
     def timer(step, warmup: float, rep: float, grad_to_none) -> float:
         step()
-        calls.append((current[0], rep))
+        calls.append((current[0], warmup, rep))
         return next(times[current[0]])
 
     names = ["eager_det", "eager_bhsd", "eager_noisy"]
     rows = sweep.run_sweep(
         [Case(2, 32, 2, 2, 16, True)], lambda case: [make(n) for n in names], meta=META,
-        mode="fwd", warmup=0.0, rep=6.0, repeats=2, seed=0, device="cpu", timer=timer,
+        mode="fwd", warmup=3.0, rep=6.0, repeats=2, seed=0, device="cpu", timer=timer,
         deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=3,
     )  # fmt: skip
-    assert [name for name, _ in calls] == names * 3
-    assert all(rep == pytest.approx(2.0) for _, rep in calls)
+    assert [name for name, _, _ in calls] == names * 3
+    assert all((warmup, rep) == pytest.approx((1.0, 2.0)) for _, warmup, rep in calls)
     by_name = {r["provider"]: r for r in rows}
     assert [r["provider"] for r in rows] == names
     assert by_name["eager_det"]["ms"] == 2.0 and by_name["eager_det"]["ms_rounds"] == (

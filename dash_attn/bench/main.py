@@ -80,7 +80,7 @@ DEFAULT_WARMUP_MS = 25.0
 GPU_WARMUP_S = 2.0
 DEFAULT_REP_MS = 100.0
 # Providers of one config timed in interleaved rounds, not one after the other: in a single
-# sequence, host-bound configs read up to 25% apart on the same launch depending on the
+# sequence, host-bound configs read up to 1.4x apart on the same launch depending on the
 # provider's place (H200, session 13; ``timing.ProviderTiming``).
 DEFAULT_ROUNDS = 3
 QUICK_WARMUP_MS = 10.0

@@ -180,7 +180,7 @@ def run_sweep(
                     "tflops": tflops(flops, m.ms),
                     "bitwise_repeatable": m.bitwise_repeatable,
                     "kernel": m.kernel,
-                    "ms_rounds": " ".join(f"{t:.4f}" for t in m.rounds_ms),
+                    "ms_rounds": " ".join(f"{t:.4f}" for t in m.ms_rounds),
                 }
                 for provider, m in measured
             ]

@@ -217,7 +217,7 @@ class Measurement:
     schedule: str | None
     bitwise_repeatable: bool | None
     kernel: str | None = None
-    rounds_ms: tuple[float, ...] = ()
+    ms_rounds: tuple[float, ...] = ()
 
 
 def launched_schedule(provider: Provider, mode: str) -> str | None:
@@ -250,10 +250,10 @@ class ProviderTiming:
     the sweep can interleave providers: round 1 times every provider once, round 2 again, ...
 
     Why interleave: timed one after the other, providers whose call is host-bound (~0.5 ms of
-    GPU work) read up to 25% apart on the same kernel and tables depending on their place in
-    the sequence (H200, session 13: ``dash_hopper_auto`` 0.544 ms, ``dash_hopper_symmetric_shift``
-    0.446 ms, the same launch, at d64 causal 512); the median over interleaved rounds is what
-    a side-by-side comparison needs.
+    GPU work) read up to 1.4x apart on the same kernel and tables depending on their place in
+    the sequence (H200, session 13, causal 512: ``dash_hopper_auto`` 0.544 ms and
+    ``dash_hopper_symmetric_shift`` 0.446 ms at d64, 0.616 and 0.435 ms at d128, the same
+    launch); the median over interleaved rounds is what a side-by-side comparison needs.
     """
 
     def __init__(self, provider: Provider, case: Case, inputs: Inputs, *, mode: str, device: Any):
@@ -294,27 +294,8 @@ class ProviderTiming:
                 _, repeatable = repeat_diffs(self.fn, self.leaves, self.dout, repeats, self.mode)
         return Measurement(
             ms=statistics.median(self.times), schedule=self.schedule,
-            bitwise_repeatable=repeatable, kernel=self.kernel, rounds_ms=tuple(self.times),
+            bitwise_repeatable=repeatable, kernel=self.kernel, ms_rounds=tuple(self.times),
         )  # fmt: skip
-
-
-def measure(
-    provider: Provider,
-    case: Case,
-    inputs: Inputs,
-    *,
-    mode: str,
-    warmup: float,
-    rep: float,
-    repeats: int,
-    timer: Timer,
-    device: Any,
-) -> Measurement:
-    """Time one provider on one case in one round (and check its repeatability with
-    ``repeats`` calls)."""
-    timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
-    timing.time(timer, warmup, rep)
-    return timing.finish(repeats)
 
 
 def warm_up_gpu(device: Any, seconds: float) -> float:

@@ -247,8 +247,8 @@ class Problem:
         if not self.timing:
             wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
         dq = bwd_launch.cast_dq(
-            dq_acc, self.scale, self.dtype, seqlen_q=self.shape.seqlen_q,
-            head_dim=self.shape.head_dim, block_m=block_m, variant=variant,
+            dq_acc, self.scale, self.dtype, seqlen_q=self.shape.seqlen_q, block_m=block_m,
+            variant=variant,
         )  # fmt: skip
         return dq, dk, dv, status
 

@@ -17,30 +17,19 @@ import csv
 import os
 
 import torch
+from compare_host_paths import fa4_fn, grads_fn  # beside this script
 
-from dash_attn import dash_attn_func
 from dash_attn.backends.hopper import launch
 
 CALLS = 20
 
 
 def backward_fn(provider: str, q, k, v, dout, causal: bool):
-    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    """One backward of ``provider`` ("default", "cute" or "fa4") as a closure (the same ones
+    ``compare_host_paths.py`` times)."""
     if provider == "fa4":
-        from flash_attn.cute import flash_attn_func
-
-        out = flash_attn_func(qg, kg, vg, causal=causal, deterministic=True)
-        out = out[0] if isinstance(out, tuple) else out
-    else:
-        launch.CUTE_PRE_POST = provider == "cute"
-        out = dash_attn_func(qg, kg, vg, causal=causal, backend="hopper")
-
-    def run():
-        if provider != "fa4":
-            launch.CUTE_PRE_POST = provider == "cute"
-        return torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
-
-    return run
+        return fa4_fn(q, k, v, dout, causal)
+    return grads_fn(provider, q, k, v, dout, causal)
 
 
 def short(name: str) -> str:

@@ -69,9 +69,9 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
     return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
 
 
-def dq_fragment_order(variant: str, head_dim: int) -> bool:
-    """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) at
-    ``head_dim`` rather than as (batch, seqlen_q, heads, head_dim)."""
+def dq_fragment_order(variant: str) -> bool:
+    """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) rather than as
+    (batch, seqlen_q, heads, head_dim) (the same at every head dim)."""
     return bool(VARIANTS[variant].get("dq_frag"))
 
 
@@ -80,7 +80,7 @@ def dq_acc_shape(
 ) -> tuple[int, ...]:
     """The fp32 dQ accumulator's shape for q of ``q_shape`` (b, s, h, d)."""
     batch, seqlen_q, heads, head_dim = q_shape
-    if dq_fragment_order(variant, head_dim):
+    if dq_fragment_order(variant):
         return (batch, heads, q_tiles, block_m * head_dim)
     return (batch, seqlen_q, heads, head_dim)
 
@@ -91,19 +91,18 @@ def cast_dq(
     dtype: torch.dtype,
     *,
     seqlen_q: int,
-    head_dim: int,
     block_m: int,
     variant: str,
 ) -> torch.Tensor:
     """dq (batch, seqlen_q, heads, head_dim) in ``dtype`` from ``hopper_bwd_main``'s
     accumulator: ``dq_acc * softmax_scale``, decoded first if ``variant`` keeps it in fragment
     order."""
-    if dq_fragment_order(variant, head_dim):
+    if dq_fragment_order(variant):
         return scale_cast_fragments(dq_acc, softmax_scale, dtype, seqlen_q, block_m)
     return scale_cast(dq_acc, softmax_scale, dtype)
 
 
-def _variant_options(variant: str, head_dim: int) -> dict[str, Any]:
+def _variant_options(variant: str) -> dict[str, Any]:
     """The kernel constructor options of ``variant`` (the same at every head dim)."""
     return {k: v for k, v in VARIANTS[variant].items() if k not in _LAUNCH_KEYS}
 
@@ -226,7 +225,7 @@ def compile_bwd(
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     tiles = variant_tiles(variant, head_dim)
     block_m, block_n = block_m or tiles[0], block_n or tiles[1]
-    options = _variant_options(variant, head_dim)
+    options = _variant_options(variant)
     key = (
         "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
         extra_options, tuple(sorted(options.items())),
@@ -491,7 +490,7 @@ def prepare_full(
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
     batch, _, heads, head_dim = q_shape
-    if not dq_fragment_order(variant, head_dim):
+    if not dq_fragment_order(variant):
         raise ValueError(f"variant {variant!r} does not keep dQ in fragment order")
     # The accumulator is (batch, heads, q_tiles, block_m * head_dim): its tiles are main's.
     q_tiles, tile_size = main.dq_shape[2:]

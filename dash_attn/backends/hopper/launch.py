@@ -1,8 +1,8 @@
 """Execute a ``BackwardPlan`` (and the forward) with the CuTe-DSL Hopper kernels.
 
-The backward's host side is the shared ``backends.backward.run_backward`` (Triton preprocess
-and cast around the main kernel), or, with ``CUTE_PRE_POST``, three CuTe-DSL launches through
-TVM-FFI (``bwd_launch.FullBackward``).
+The backward is three CuTe-DSL launches through TVM-FFI (``bwd_launch.FullBackward``: the
+default, ``CUTE_PRE_POST``), or, with that switch off, the main kernel inside the shared
+``backends.backward.run_backward`` (Triton preprocess and cast).
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
     return 3 if head_dim == 64 and seqlen_q >= FWD_3WG_MIN_SEQLEN else 2
 
 
+def cute_pre_post_from_env(value: str | None) -> bool:
+    """``DASH_ATTN_CUTE_PRE_POST``'s value as the switch: ``0``, ``off``, ``false`` or ``no``
+    (any case) turn the CuTe host path off; unset, empty or anything else leave it on."""
+    return (value or "").strip().lower() not in ("0", "off", "false", "no")
+
+
 # Whether the shipped (fragment-order) variants run the whole backward as three CuTe-DSL launches
 # (``bwd_launch.FullBackward``: CuTe preprocess that also zeroes the accumulator, the main
 # kernel, CuTe dQ cast that reports a timed-out wait through a host-mapped word) instead of the
@@ -53,12 +59,6 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
 # items 49-50). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the Triton path. Delta is summed in another
 # order than by the Triton preprocess, so gradients differ between the paths in the last bits
 # (each path is bitwise repeatable). Read when a plan's launch is made.
-def cute_pre_post_from_env(value: str | None) -> bool:
-    """``DASH_ATTN_CUTE_PRE_POST``'s value as the switch: ``0``, ``off``, ``false`` or ``no``
-    (any case) turn the CuTe host path off; unset, empty or anything else leave it on."""
-    return (value or "").strip().lower() not in ("0", "off", "false", "no")
-
-
 CUTE_PRE_POST = cute_pre_post_from_env(os.environ.get("DASH_ATTN_CUTE_PRE_POST"))
 
 
@@ -85,7 +85,7 @@ def run_backward(
     launch = _launch(plan, q)
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
-            cast_dq, seqlen_q=q.shape[1], head_dim=q.shape[3], block_m=plan.tiles.block_m,
+            cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m,
             variant=bwd_variant(plan.problem.headdim, plan.problem.mask.causal),
         )  # fmt: skip
         return backward.run_backward(
@@ -155,6 +155,6 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
         variant=variant,
     )  # fmt: skip
-    if not (CUTE_PRE_POST and dq_fragment_order(variant, plan.problem.headdim)):
+    if not (CUTE_PRE_POST and dq_fragment_order(variant)):
         return main
     return prepare_full(main, tuple(q.shape), q.dtype, variant)

@@ -177,8 +177,8 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     assert ("red.release.gpu" in ptx) == det
     assert ("%globaltimer" in ptx) == det
     assert ("fence.proxy.async.global" in ptx) == det
-    options = bwd_launch._variant_options(variant, head_dim)
-    if bwd_launch.dq_fragment_order(variant, head_dim):
+    options = bwd_launch._variant_options(variant)
+    if bwd_launch.dq_fragment_order(variant):
         # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with
         # dq_wg), no tensor (TMA) reduce.
         assert "cp.reduce.async.bulk.tensor" not in ptx
@@ -201,7 +201,7 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
     dq_regs = block_m * head_dim // 256
-    if bwd_launch.dq_fragment_order(variant, head_dim):
+    if bwd_launch.dq_fragment_order(variant):
         # Fragment order: each thread's dQ registers leave as 16-byte stores.
         assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
         assert "UBLKRED.G.S.ADD.F32" in sass
@@ -286,7 +286,7 @@ def test_variants_resolve() -> None:
         block_m, block_n = bwd_launch.variant_tiles(name, 64)
         HopperAttnBwd(
             cutlass.BFloat16, 64, causal=True, deterministic=True, block_m=block_m,
-            block_n=block_n, **bwd_launch._variant_options(name, 64),
+            block_n=block_n, **bwd_launch._variant_options(name),
         )  # fmt: skip
     with pytest.raises(ValueError, match="unknown variant"):
         bwd_launch.variant_tiles("nope", 64)

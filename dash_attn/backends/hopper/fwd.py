@@ -173,7 +173,13 @@ class HopperFwd:
     """Compile-time configuration + host launch + device kernel of the forward."""
 
     def __init__(
-        self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool, consumer_wgs: int = 2
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        causal: bool,
+        consumer_wgs: int = 2,
+        defer_rescale: bool = False,
+        late_wait: bool = False,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -191,6 +197,9 @@ class HopperFwd:
         self.num_threads = 128 * (self.num_consumer_wg + 1)
         self.num_consumer_threads = 128 * self.num_consumer_wg
         self.consumer_regs, self.producer_regs = _CONSUMER_REGS[consumer_wgs]
+        # See _step: the wait for PV after the softmax, and where O is rescaled.
+        self.defer_rescale = defer_rescale
+        self.late_wait = late_wait
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -548,22 +557,44 @@ class HopperFwd:
 
         row_max is kept in raw score units (one FFMA per element: s * scale_log2 - max_scaled);
         row_sum stays a per-thread partial sum and is reduced over the quad only at the end.
+        All rows' maxima are reduced (four independent FMNMX chains each, then the quad
+        shuffles of every row together) before any exponential, so the shuffle latencies
+        overlap; `TensorSSA.reduce` would give one NaN-propagating chain per row, and a
+        compare-and-select after the first shuffle.
         """
         s_mn = _mn_view(acc_s)
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            row = s_mn[r, None].load()
-            cur = row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
-            cur = cute.arch.warp_reduction_max(cur, threads_in_group=4)  # the 4 threads of a row
+        n_rows = cute.size(row_max)
+        n_cols = cute.size(s_mn, mode=[1])
+        maxima = []
+        for r in cutlass.range_constexpr(n_rows):
+            part = [s_mn[r, j] for j in range(4)]
+            for c in cutlass.range_constexpr(4, n_cols, 4):
+                for j in cutlass.range_constexpr(4):
+                    part[j] = cute.arch.fmax(part[j], s_mn[r, c + j])
+            maxima.append(
+                cute.arch.fmax(
+                    cute.arch.fmax(part[0], part[1]),
+                    cute.arch.fmax(cute.arch.fmax(part[2], part[3]), row_max[r]),
+                )
+            )
+        for r in cutlass.range_constexpr(n_rows):
+            other = cute.arch.shuffle_sync_bfly(maxima[r], offset=2, mask=-1, mask_and_clamp=31)
+            maxima[r] = cute.arch.fmax(maxima[r], other)
+        for r in cutlass.range_constexpr(n_rows):
+            other = cute.arch.shuffle_sync_bfly(maxima[r], offset=1, mask=-1, mask_and_clamp=31)
+            maxima[r] = cute.arch.fmax(maxima[r], other)
+        for r in cutlass.range_constexpr(n_rows):
+            cur = maxima[r]
             prev = row_max[r]
             row_max[r] = cur
             # A row that has seen only masked keys keeps max = -inf; use 0 to avoid inf - inf.
             safe = cur if cur != -Float32.inf else Float32(0.0)
             scaled = safe * scale_log2
+            row = s_mn[r, None].load()
             s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
             row_scale[r] = cute.math.exp2((prev - safe) * scale_log2, fastmath=True)
             # Four independent partial sums: a single running sum would be a 32-deep chain of
             # dependent FADDs per row.
-            n_cols = cute.size(s_mn, mode=[1])
             part = [s_mn[r, j] for j in range(4)]
             for c in cutlass.range_constexpr(4, n_cols, 4):
                 for j in cutlass.range_constexpr(4):
@@ -688,6 +719,8 @@ class HopperFwd:
                     row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
                 )  # fmt: skip
             # Last PV (block 0) on its own.
+            if const_expr(self.defer_rescale):
+                self._rescale(acc_o, row_scale)
             pipe_v.consumer_wait(kv_state)
             self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
             warpgroup.wait_group(0)
@@ -779,6 +812,15 @@ class HopperFwd:
 
 
         tOrP holds P of the previous (higher) block on entry and P of block j on exit.
+
+        ptxas places the wait for PV just before the first instruction that needs it, and
+        interleaves that instruction (the conversion of P into PV's operand registers) with the
+        exponentials, so the wait lands ahead of almost all of the softmax, which then no longer
+        overlaps PV. late_wait puts the wait behind a branch on seqlen_k > 0 (always taken:
+        hopper_fwd launches nothing without keys; the other side waits too): ptxas does not
+        schedule across the end of a basic block, so every exponential is issued before it.
+        defer_rescale moves the rescale of O by block j's factor to the next step, between
+        its QK^T and PV issues (or before the last PV).
         """
         v_state = kv_state.clone()
         kv_state.advance()
@@ -786,6 +828,8 @@ class HopperFwd:
         self._sched_sync(wg)
         acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
         self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+        if const_expr(self.defer_rescale):
+            self._rescale(acc_o, row_scale)  # the previous block's factor; QK^T is in flight
         pipe_v.consumer_wait(v_state)
         self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
         self._sched_arrive(wg)
@@ -794,10 +838,20 @@ class HopperFwd:
         if const_expr(masked):
             self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
         self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
-        warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
+        # PV done: tOrP and the V stage are free, acc_o is settled.
+        if const_expr(self.late_wait):
+            if seqlen_k > 0:
+                warpgroup.wait_group(0)
+            else:
+                # Never runs; differs from the other side so that LLVM keeps the branch.
+                cute.arch.sync_warp()
+                warpgroup.wait_group(0)
+        else:
+            warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
-        self._rescale(acc_o, row_scale)
+        if const_expr(not self.defer_rescale):
+            self._rescale(acc_o, row_scale)
         return kv_state
 
 
@@ -811,7 +865,7 @@ class HopperFwd:
 # history at e17a55e).
 TVM_FFI_LAUNCH = True
 
-_CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
+_CACHE: dict[tuple, Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -864,6 +918,8 @@ def compile_fwd(
     keep_ptx: bool = False,
     consumer_wgs: int = 2,
     tvm_ffi: bool | None = None,
+    defer_rescale: bool = False,
+    late_wait: bool = False,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -891,13 +947,23 @@ def compile_fwd(
             "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
         )
-    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi))
+    key = (
+        head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi), bool(defer_rescale),
+        bool(late_wait),
+    )  # fmt: skip
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
-        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs)
+        kernel = HopperFwd(
+            cutlass_dtype,
+            head_dim,
+            bool(causal),
+            consumer_wgs,
+            bool(defer_rescale),
+            bool(late_wait),
+        )
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one
@@ -945,6 +1011,8 @@ def hopper_fwd(
     causal: bool,
     softmax_scale: float,
     consumer_wgs: int = 2,
+    defer_rescale: bool = False,
+    late_wait: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -995,8 +1063,9 @@ def hopper_fwd(
         return out, lse
     tvm_ffi = TVM_FFI_LAUNCH
     compiled = compile_fwd(
-        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi
-    )
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi,
+        defer_rescale=defer_rescale, late_wait=late_wait,
+    )  # fmt: skip
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
         compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E)
@@ -1012,13 +1081,19 @@ def hopper_fwd(
 
 
 def compile_report(
-    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2, tvm_ffi: bool = False
+    head_dim: int,
+    dtype_name: str,
+    causal: bool,
+    consumer_wgs: int = 2,
+    tvm_ffi: bool = False,
+    defer_rescale: bool = False,
+    late_wait: bool = False,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
-        tvm_ffi=tvm_ffi,
+        tvm_ffi=tvm_ffi, defer_rescale=defer_rescale, late_wait=late_wait,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

@@ -214,14 +214,14 @@ def test_hopper_forward_other_head_dims_match_reference(headdim):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_192_row_tiles_match_reference(causal):
-    """At hd 64 from FWD_3WG_MIN_SEQLEN query tokens the hopper forward runs 192-row tiles
-    (three consumer warpgroups): right (out, lse) on a length that is no tile multiple, GQA,
-    and bitwise repeatable."""
+    """At hd 64 from FWD_3WG_MIN_SEQLEN query tokens (per mask) the hopper forward runs 192-row
+    tiles (three consumer warpgroups): right (out, lse) on a length that is no tile multiple,
+    GQA, and bitwise repeatable."""
     from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
     from dash_attn.backends.hopper.launch import forward_consumer_wgs
 
-    seqlen = FWD_3WG_MIN_SEQLEN + 1
-    assert forward_consumer_wgs(64, seqlen) == 3
+    seqlen = max(FWD_3WG_MIN_SEQLEN["causal" if causal else "full"], 1000) + 1
+    assert forward_consumer_wgs(64, seqlen, causal) == 3
     q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda", seed=3)
     _skip_if_uncovered_fwd(q, k)
     out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, 64**-0.5, "hopper")

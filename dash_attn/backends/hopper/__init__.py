@@ -44,10 +44,12 @@ BWD_VARIANT = {
     (128, "causal"): "t128_wg2",
 }
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
-# query tokens on, two (128 rows) below: measured side by side
-# (session9-0df7a3e/check_fwd-3wg.txt), the 192-row tile is 1.00-1.06x at 8k and 16k tokens
-# (causal and full) and 0.93-0.99x at 2k. A shape always runs the same kernel.
-FWD_3WG_MIN_SEQLEN = 8192
+# query tokens on, per mask kind, two (128 rows) below. Measured side by side with FA4 after
+# the softmax's maxima became FMNMX chains (session14-*/fwd_variants.txt): the 192-row tile
+# is 0.89-0.96x FA4 on full masks from 1k tokens (128 rows: 0.81-0.89x) and 0.92-0.96x on
+# causal ones from 2k (128 rows: 0.78-0.87x); at causal 512-1k the 128-row tile is ahead
+# (1.01-1.02x against 0.93-0.94x). A shape always runs the same kernel.
+FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 
 
 def _mask_kind(causal: bool) -> str:

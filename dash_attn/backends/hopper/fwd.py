@@ -173,13 +173,7 @@ class HopperFwd:
     """Compile-time configuration + host launch + device kernel of the forward."""
 
     def __init__(
-        self,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        causal: bool,
-        consumer_wgs: int = 2,
-        defer_rescale: bool = False,
-        late_wait: bool = False,
+        self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool, consumer_wgs: int = 2
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -197,9 +191,6 @@ class HopperFwd:
         self.num_threads = 128 * (self.num_consumer_wg + 1)
         self.num_consumer_threads = 128 * self.num_consumer_wg
         self.consumer_regs, self.producer_regs = _CONSUMER_REGS[consumer_wgs]
-        # See _step: the wait for PV after the softmax, and where O is rescaled.
-        self.defer_rescale = defer_rescale
-        self.late_wait = late_wait
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -719,8 +710,6 @@ class HopperFwd:
                     row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
                 )  # fmt: skip
             # Last PV (block 0) on its own.
-            if const_expr(self.defer_rescale):
-                self._rescale(acc_o, row_scale)
             pipe_v.consumer_wait(kv_state)
             self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
             warpgroup.wait_group(0)
@@ -813,14 +802,11 @@ class HopperFwd:
 
         tOrP holds P of the previous (higher) block on entry and P of block j on exit.
 
-        ptxas places the wait for PV just before the first instruction that needs it, and
-        interleaves that instruction (the conversion of P into PV's operand registers) with the
-        exponentials, so the wait lands ahead of almost all of the softmax, which then no longer
-        overlaps PV. late_wait puts the wait behind a branch on seqlen_k > 0 (always taken:
-        hopper_fwd launches nothing without keys; the other side waits too): ptxas does not
-        schedule across the end of a basic block, so every exponential is issued before it.
-        defer_rescale moves the rescale of O by block j's factor to the next step, between
-        its QK^T and PV issues (or before the last PV).
+        ptxas hoists the wait for PV to just before the first conversion of P (which writes
+        PV's operand registers) and interleaves the conversions with the exponentials, so
+        most of the softmax runs after PV is done. Keeping the wait behind all exponentials
+        (a basic-block edge before it) measured slower, 0.92-0.98x at hd 64 and 128
+        (benchmarks/NOTES.md, item 51), so the order is left to ptxas.
         """
         v_state = kv_state.clone()
         kv_state.advance()
@@ -828,8 +814,6 @@ class HopperFwd:
         self._sched_sync(wg)
         acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
         self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
-        if const_expr(self.defer_rescale):
-            self._rescale(acc_o, row_scale)  # the previous block's factor; QK^T is in flight
         pipe_v.consumer_wait(v_state)
         self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
         self._sched_arrive(wg)
@@ -838,20 +822,10 @@ class HopperFwd:
         if const_expr(masked):
             self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
         self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
-        # PV done: tOrP and the V stage are free, acc_o is settled.
-        if const_expr(self.late_wait):
-            if seqlen_k > 0:
-                warpgroup.wait_group(0)
-            else:
-                # Never runs; differs from the other side so that LLVM keeps the branch.
-                cute.arch.sync_warp()
-                warpgroup.wait_group(0)
-        else:
-            warpgroup.wait_group(0)
+        warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
         pipe_v.consumer_release(v_state)
         _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
-        if const_expr(not self.defer_rescale):
-            self._rescale(acc_o, row_scale)
+        self._rescale(acc_o, row_scale)
         return kv_state
 
 
@@ -865,7 +839,7 @@ class HopperFwd:
 # history at e17a55e).
 TVM_FFI_LAUNCH = True
 
-_CACHE: dict[tuple, Any] = {}
+_CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -918,8 +892,6 @@ def compile_fwd(
     keep_ptx: bool = False,
     consumer_wgs: int = 2,
     tvm_ffi: bool | None = None,
-    defer_rescale: bool = False,
-    late_wait: bool = False,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -947,23 +919,13 @@ def compile_fwd(
             "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
         )
-    key = (
-        head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi), bool(defer_rescale),
-        bool(late_wait),
-    )  # fmt: skip
+    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
-        kernel = HopperFwd(
-            cutlass_dtype,
-            head_dim,
-            bool(causal),
-            consumer_wgs,
-            bool(defer_rescale),
-            bool(late_wait),
-        )
+        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs)
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one
@@ -1011,8 +973,6 @@ def hopper_fwd(
     causal: bool,
     softmax_scale: float,
     consumer_wgs: int = 2,
-    defer_rescale: bool = False,
-    late_wait: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1063,9 +1023,8 @@ def hopper_fwd(
         return out, lse
     tvm_ffi = TVM_FFI_LAUNCH
     compiled = compile_fwd(
-        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi,
-        defer_rescale=defer_rescale, late_wait=late_wait,
-    )  # fmt: skip
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi
+    )
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
         compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E)
@@ -1081,19 +1040,13 @@ def hopper_fwd(
 
 
 def compile_report(
-    head_dim: int,
-    dtype_name: str,
-    causal: bool,
-    consumer_wgs: int = 2,
-    tvm_ffi: bool = False,
-    defer_rescale: bool = False,
-    late_wait: bool = False,
+    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2, tvm_ffi: bool = False
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
-        tvm_ffi=tvm_ffi, defer_rescale=defer_rescale, late_wait=late_wait,
+        tvm_ffi=tvm_ffi,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

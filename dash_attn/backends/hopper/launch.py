@@ -35,13 +35,14 @@ def run_forward(
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
     return hopper_fwd(
         q, k, v, causal=causal, softmax_scale=softmax_scale,
-        consumer_wgs=forward_consumer_wgs(q.shape[3], q.shape[1]),
+        consumer_wgs=forward_consumer_wgs(q.shape[3], q.shape[1], causal),
     )  # fmt: skip
 
 
-def forward_consumer_wgs(head_dim: int, seqlen_q: int) -> int:
+def forward_consumer_wgs(head_dim: int, seqlen_q: int, causal: bool) -> int:
     """Consumer warpgroups of the hopper forward for this shape (``FWD_3WG_MIN_SEQLEN``)."""
-    return 3 if head_dim == 64 and seqlen_q >= FWD_3WG_MIN_SEQLEN else 2
+    min_seqlen = FWD_3WG_MIN_SEQLEN["causal" if causal else "full"]
+    return 3 if head_dim == 64 and seqlen_q >= min_seqlen else 2
 
 
 def cute_pre_post_from_env(value: str | None) -> bool:

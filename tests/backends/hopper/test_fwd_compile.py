@@ -24,7 +24,7 @@ from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 # minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix.
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
 # (hd, dtype, causal, consumer warpgroups); the last four are the 3-warpgroup hd-64 kernels
-# (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on).
+# (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on, per mask kind).
 CONFIGS = [
     (hd, dtype, causal, 2)
     for hd in hfwd.SUPPORTED_HEAD_DIMS
@@ -167,6 +167,19 @@ def test_three_warpgroups_only_for_hd64() -> None:
         hfwd.compile_fwd(128, torch.bfloat16, False, consumer_wgs=3)
     with pytest.raises(ValueError, match="consumer_wgs"):
         hfwd.compile_fwd(64, torch.bfloat16, False, consumer_wgs=4)
+
+
+def test_forward_warpgroups_by_mask_and_length() -> None:
+    """hd 64 runs 192-row tiles on full masks at every length and on causal ones from
+    FWD_3WG_MIN_SEQLEN["causal"] query tokens; every other head dim runs 128-row tiles."""
+    from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
+    from dash_attn.backends.hopper.launch import forward_consumer_wgs
+
+    threshold = FWD_3WG_MIN_SEQLEN["causal"]
+    assert [forward_consumer_wgs(64, s, False) for s in (1, 512, threshold)] == [3, 3, 3]
+    assert forward_consumer_wgs(64, threshold - 1, True) == 2
+    assert forward_consumer_wgs(64, threshold, True) == 3
+    assert {forward_consumer_wgs(hd, 16384, c) for hd in (96, 128) for c in (False, True)} == {2}
 
 
 def test_unsupported_dtype_raises() -> None:

@@ -140,15 +140,19 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # The forward sweep's summary (session 10; the forward kernels have not changed since), the
-    # end-to-end blocks and the interleaved host-path table (session 13), from their own files.
-    forward = report.read_csv(results / "session10-e3bf495" / "fwd" / "bench.csv")
-    assert report.summary_table(forward, markdown=True).strip() in readme.read_text()
-    session = results / "session13-82f62f0"
+    # Session 14's forward sweep (per config and summary), end-to-end blocks and hopper
+    # backward rounds, and session 13's interleaved host-path table, from their own files.
+    text = readme.read_text()
+    session14 = results / "session14-034bb82"
+    for path in ("call3-034bb82/fwd/bench.csv", "call2-5b20d68/sweep/bench.csv"):
+        rows = report.read_csv(session14 / path)
+        assert report.readme_table(rows).strip() in text
+        assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     e2e = report.e2e_table(
-        report.read_csv(session / "call4-98b17fa" / "e2e" / "e2e.csv"), markdown=True
+        report.read_csv(session14 / "call3-034bb82" / "e2e" / "e2e.csv"), markdown=True
     )
-    assert "hopper vs fa4_det" in e2e and e2e.strip() in readme.read_text()
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in text
+    session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -1,10 +1,11 @@
-"""Summaries of an Nsight Compute profile of attention backward kernels, from its CSV exports.
+"""Summaries of an Nsight Compute profile of attention kernels, from its CSV exports.
 
     ncu --import prof.ncu-rep --page raw --csv > raw.csv
     ncu --import prof.ncu-rep --page source --csv --print-source sass > source.csv
     python tools/hopper/ncu_summary.py --raw raw.csv.gz [--source source.csv.gz]
 
-``--raw``: per kernel (attention kernels only: dash-attn's hopper backward, FA4's sm90 backward),
+``--raw``: per kernel (attention kernels only: dash-attn's hopper backward and forward, FA4's
+sm90 backward and forward),
 the time, clock (GHz), instructions, tensor-pipe activity (mean, min and max over the SMs),
 issue activity and the warps stalled per issued instruction by main reason.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode,
@@ -22,7 +23,15 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-KERNELS = re.compile(r"HopperAttnBwd|FlashAttentionBackwardSm90_")
+KERNELS = re.compile(
+    r"HopperAttnBwd|HopperFwd|FlashAttentionBackwardSm90_|FlashAttentionForwardSm90"
+)
+SHORT_NAMES = {
+    "HopperAttnBwd": "dash-attn hopper bwd",
+    "HopperFwd": "dash-attn hopper fwd",
+    "FlashAttentionBackwardSm90": "FA4 sm90 bwd",
+    "FlashAttentionForwardSm90": "FA4 sm90 fwd",
+}
 RAW_METRICS = {
     "time_ms": "gpu__time_duration.sum",
     "sm_ghz": "smsp__cycles_elapsed.avg.per_second",
@@ -50,6 +59,11 @@ def _number(text: str) -> float | None:
         return None
 
 
+def short_name(kernel: str) -> str:
+    """The kernel's short label (the first of SHORT_NAMES' keys in its mangled name)."""
+    return next((label for key, label in SHORT_NAMES.items() if key in kernel), kernel[:40])
+
+
 def raw_summary(path: Path) -> str:
     rows = list(_open(path))
     header, data = rows[0], rows[2:]  # row 1 holds the units
@@ -60,8 +74,8 @@ def raw_summary(path: Path) -> str:
         name = row[col["Kernel Name"]]
         if not KERNELS.search(name):
             continue
-        short = "dash-attn hopper bwd" if "HopperAttnBwd" in name else "FA4 sm90 bwd"
-        lines.append(f"kernel {row[0]}: {short}")
+        grid = row[col["Grid Size"]] if "Grid Size" in col else "?"
+        lines.append(f"kernel {row[0]}: {short_name(name)}, grid {grid}")
         for label, metric in metrics.items():
             value = _number(row[col[metric]]) if metric in col else None
             lines.append(f"  {label:<24} {'-' if value is None else f'{value:.4g}'}")
@@ -99,8 +113,7 @@ def source_summary(path: Path, top: int = 20) -> str:
             for reason in reasons:
                 by_reason[reason[6:]] += int(row[col[reason]] or 0)
         total = sum(s for s, _ in by_op.values()) or 1
-        short = "dash-attn hopper bwd" if "HopperAttnBwd" in block["name"] else "FA4 sm90 bwd"
-        out.append(f"== kernel {index}: {short}, {total} warp-stall samples")
+        out.append(f"== kernel {index}: {short_name(block['name'])}, {total} warp-stall samples")
         named = sum(by_reason.values()) or 1
         out.append(
             "stall reasons: "

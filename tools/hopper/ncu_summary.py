@@ -66,8 +66,10 @@ def short_name(kernel: str) -> str:
 
 def raw_summary(path: Path) -> str:
     rows = list(_open(path))
-    header, data = rows[0], rows[2:]  # row 1 holds the units
+    header, units, data = rows[0], rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
+    # ncu picks the time unit per export (usecond for short kernels): convert to ms.
+    to_ms = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
     metrics = {**RAW_METRICS, **{f"stall_{k}": STALL_METRIC.format(k) for k in STALLS}}
     lines = []
     for row in data:
@@ -78,6 +80,8 @@ def raw_summary(path: Path) -> str:
         lines.append(f"kernel {row[0]}: {short_name(name)}, grid {grid}")
         for label, metric in metrics.items():
             value = _number(row[col[metric]]) if metric in col else None
+            if label == "time_ms" and value is not None:
+                value *= to_ms.get(units[col[metric]], 1.0)
             lines.append(f"  {label:<24} {'-' if value is None else f'{value:.4g}'}")
     return "\n".join(lines)
 

@@ -549,9 +549,9 @@ class HopperFwd:
         row_max is kept in raw score units (one FFMA per element: s * scale_log2 - max_scaled);
         row_sum stays a per-thread partial sum and is reduced over the quad only at the end.
         All rows' maxima are reduced (four independent FMNMX chains each, then the quad
-        shuffles of every row together) before any exponential, so the shuffle latencies
-        overlap; `TensorSSA.reduce` would give one NaN-propagating chain per row, and a
-        compare-and-select after the first shuffle.
+        shuffles of every row together) before any exponential: `TensorSSA.reduce` gives one
+        NaN-propagating chain per row and `warp_reduction_max` a compare-and-select after the
+        first shuffle (same kernel time, fewer instructions, no spill in the 192-row kernel).
         """
         s_mn = _mn_view(acc_s)
         n_rows = cute.size(row_max)
@@ -806,7 +806,7 @@ class HopperFwd:
         PV's operand registers) and interleaves the conversions with the exponentials, so
         most of the softmax runs after PV is done. Keeping the wait behind all exponentials
         (a basic-block edge before it) measured slower, 0.92-0.98x at hd 64 and 128
-        (benchmarks/NOTES.md, item 51), so the order is left to ptxas.
+        (benchmarks/NOTES.md, item 53), so the order is left to ptxas.
         """
         v_state = kv_state.clone()
         kv_state.advance()

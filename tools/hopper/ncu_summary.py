@@ -23,15 +23,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-KERNELS = re.compile(
-    r"HopperAttnBwd|HopperFwd|FlashAttentionBackwardSm90_|FlashAttentionForwardSm90"
-)
+# The attention kernels summarised (a class name in the mangled kernel name) and their labels.
 SHORT_NAMES = {
     "HopperAttnBwd": "dash-attn hopper bwd",
     "HopperFwd": "dash-attn hopper fwd",
     "FlashAttentionBackwardSm90": "FA4 sm90 bwd",
     "FlashAttentionForwardSm90": "FA4 sm90 fwd",
 }
+KERNELS = re.compile("|".join(SHORT_NAMES))
 RAW_METRICS = {
     "time_ms": "gpu__time_duration.sum",
     "sm_ghz": "smsp__cycles_elapsed.avg.per_second",
@@ -60,8 +59,9 @@ def _number(text: str) -> float | None:
 
 
 def short_name(kernel: str) -> str:
-    """The kernel's short label (the first of SHORT_NAMES' keys in its mangled name)."""
-    return next((label for key, label in SHORT_NAMES.items() if key in kernel), kernel[:40])
+    """The kernel's short label (SHORT_NAMES of the class named in its mangled name)."""
+    found = KERNELS.search(kernel)
+    return SHORT_NAMES[found.group(0)] if found else kernel[:40]
 
 
 def raw_summary(path: Path) -> str:

@@ -44,11 +44,12 @@ BWD_VARIANT = {
     (128, "causal"): "t128_wg2",
 }
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
-# query tokens on, per mask kind, two (128 rows) below. Measured side by side with FA4 after
-# the softmax's maxima became FMNMX chains (session14-*/fwd_variants.txt): the 192-row tile
-# is 0.89-0.96x FA4 on full masks from 1k tokens (128 rows: 0.81-0.89x) and 0.92-0.96x on
-# causal ones from 2k (128 rows: 0.78-0.87x); at causal 512-1k the 128-row tile is ahead
-# (1.01-1.02x against 0.93-0.94x). A shape always runs the same kernel.
+# query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
+# run (session14-034bb82/call2-5b20d68/fwd_variants.txt): the 192-row tile is 0.89-0.96x FA4
+# on full masks from 1k tokens (128 rows: 0.81-0.89x) and 0.92-0.96x on causal ones from 2k
+# (128 rows: 0.78-0.87x); at causal 1k the 128-row tile is ahead (1.01x against 0.93x). At
+# 512 (call1-9ef11df/fwd_time.txt): full 0.87x against 0.86x, causal 0.94x against 1.02x.
+# A shape always runs the same kernel.
 FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 
 

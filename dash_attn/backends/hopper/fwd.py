@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import operator
 import shutil
 import tempfile
 import threading
@@ -113,6 +114,17 @@ def _mn_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(
         acc.iterator, cute.composition(acc.layout, cute.make_layout(shape, stride=stride))
     )
+
+
+def _row_reduce4(s_mn: cute.Tensor, r: int, op: Any) -> Any:
+    """``op`` over row ``r`` of an (rows, cols) view as four independent chains, combined as
+    (0 op 1) op (2 op 3): a single chain would be a cols-deep run of dependent instructions."""
+    # A plain function, traced from the kernel: its Python loops unroll at trace time.
+    part = [s_mn[r, j] for j in range(4)]
+    for c in range(4, cute.size(s_mn, mode=[1]), 4):
+        for j in range(4):
+            part[j] = op(part[j], s_mn[r, c + j])
+    return op(op(part[0], part[1]), op(part[2], part[3]))
 
 
 def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
@@ -555,25 +567,15 @@ class HopperFwd:
         """
         s_mn = _mn_view(acc_s)
         n_rows = cute.size(row_max)
-        n_cols = cute.size(s_mn, mode=[1])
-        maxima = []
-        for r in cutlass.range_constexpr(n_rows):
-            part = [s_mn[r, j] for j in range(4)]
-            for c in cutlass.range_constexpr(4, n_cols, 4):
-                for j in cutlass.range_constexpr(4):
-                    part[j] = cute.arch.fmax(part[j], s_mn[r, c + j])
-            maxima.append(
-                cute.arch.fmax(
-                    cute.arch.fmax(part[0], part[1]),
-                    cute.arch.fmax(cute.arch.fmax(part[2], part[3]), row_max[r]),
+        maxima = [
+            cute.arch.fmax(_row_reduce4(s_mn, r, cute.arch.fmax), row_max[r]) for r in range(n_rows)
+        ]
+        for offset in (2, 1):  # a row's four threads are a quad of lanes
+            for r in cutlass.range_constexpr(n_rows):
+                other = cute.arch.shuffle_sync_bfly(
+                    maxima[r], offset=offset, mask=-1, mask_and_clamp=31
                 )
-            )
-        for r in cutlass.range_constexpr(n_rows):
-            other = cute.arch.shuffle_sync_bfly(maxima[r], offset=2, mask=-1, mask_and_clamp=31)
-            maxima[r] = cute.arch.fmax(maxima[r], other)
-        for r in cutlass.range_constexpr(n_rows):
-            other = cute.arch.shuffle_sync_bfly(maxima[r], offset=1, mask=-1, mask_and_clamp=31)
-            maxima[r] = cute.arch.fmax(maxima[r], other)
+                maxima[r] = cute.arch.fmax(maxima[r], other)
         for r in cutlass.range_constexpr(n_rows):
             cur = maxima[r]
             prev = row_max[r]
@@ -584,13 +586,7 @@ class HopperFwd:
             row = s_mn[r, None].load()
             s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
             row_scale[r] = cute.math.exp2((prev - safe) * scale_log2, fastmath=True)
-            # Four independent partial sums: a single running sum would be a 32-deep chain of
-            # dependent FADDs per row.
-            part = [s_mn[r, j] for j in range(4)]
-            for c in cutlass.range_constexpr(4, n_cols, 4):
-                for j in cutlass.range_constexpr(4):
-                    part[j] = part[j] + s_mn[r, c + j]
-            row_sum[r] = row_sum[r] * row_scale[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+            row_sum[r] = row_sum[r] * row_scale[r] + _row_reduce4(s_mn, r, operator.add)
 
     @cute.jit
     def _rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:

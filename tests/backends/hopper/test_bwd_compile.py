@@ -142,6 +142,10 @@ VARIANT_CONFIGS = [
     # Session 10's shipped kernels (one 288-thread dQ hand-off per step, not per warpgroup).
     ("t128_fq", (64, torch.bfloat16, True, True)),
     ("t80_fq", (128, torch.bfloat16, False, True)),
+    # Session 14's kernel at hd 64 (the dQ turn taken after the partial is written), and the
+    # early turn with two dQ buffers (slower at hd 128 causal, session 15).
+    ("t128_wg", (64, torch.bfloat16, True, True)),
+    ("t128_et2", (128, torch.bfloat16, True, True)),
 ]
 
 

@@ -227,9 +227,7 @@ class Problem:
         variant: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One backward: (dq in dtype, dk, dv, status). ``preprocess`` re-runs the Triton
-        preprocess (timing of the whole backward; a variant that reads the statistics in
-        fragment order times their reordering too, which the product's preprocess writes
-        directly). ``sched`` must be built for ``variant``'s
+        preprocess (timing of the whole backward). ``sched`` must be built for ``variant``'s
         tiles (schedule_for(..., variant=variant))."""
         spec = sched.spec
         variant = variant or bwd_variant(self.shape.head_dim, self.causal)
@@ -238,12 +236,9 @@ class Problem:
             self.lse2, self.delta = attn_bwd_preprocess(
                 self.out, self.inputs["dout"], self.lse, self.rows_pad
             )
-        lse2, delta = self.lse2, self.delta
-        if bwd_launch.stat_fragment_order(variant):
-            lse2, delta = (bwd_launch.reorder_rows(t, block_m) for t in (lse2, delta))
         dq_acc, dk, dv, status = bwd_launch.hopper_bwd_main(
             self.inputs["q"], self.inputs["k"], self.inputs["v"], self.inputs["dout"],
-            lse2, delta, self.tables(sched),
+            self.lse2, self.delta, self.tables(sched),
             block_m=block_m, block_n=block_n, num_workers=grid_of(sched),
             q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
             causal=self.causal, softmax_scale=self.scale, deterministic=deterministic,

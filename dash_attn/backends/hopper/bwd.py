@@ -75,7 +75,7 @@ import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from . import dq_fragment, stat_order
+from . import dq_fragment
 from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -123,7 +123,6 @@ class HopperAttnBwd:
         dq_double: bool = False,
         dq_wg: bool = False,
         split_exp: bool = False,
-        stat_frag: bool = False,
         early_turn: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -198,23 +197,15 @@ class HopperAttnBwd:
         #   feeds it (the session-8 profile had the MUFU ops stalled on fixed-latency waits).
         #   Measured no faster in session 9: ptxas already interleaves them in the plain loop.
         self.split_exp = split_exp
-        # stat_frag: LSE2 and delta arrive in each Q tile's fragment order (``stat_order``: the
-        #   preprocess writes them so), so that the block_m / 4 values a thread's S^T columns
-        #   need are contiguous: block_m / 16 16-byte loads per statistic and step into
-        #   registers, instead of one 8-byte load per column pair (half the shared-memory load
-        #   instructions, which queue in the MIO pipe beside the exponentials).
-        self.stat_frag = stat_frag
         # early_turn: the dQ warp reads a step's metadata from its ring slot as soon as the
         #   slot is loaded (its "full" mbarrier) and, deterministic, waits for the dQ tile's
         #   turn then, while the MMA warpgroups still compute the step; only then does it wait
         #   for the partial (FA4's order). Without it the turn is taken after the partial is
         #   in shared memory, so the acquire's L2 round trip (and any wait for another CTA)
         #   delays the reduce and the buffer's release, which the next step's dQ store waits
-        #   for (the session-15 profile at hd 64: twice FA4's barrier stalls there).
+        #   for (session 15's profile at hd 64 causal 4k: twice FA4's barrier stalls there).
+        #   Measured faster at hd 64, slower with two dQ buffers (hd 128 causal).
         self.early_turn = early_turn
-        # Shared-memory floats per ring stage of LSE2 / delta: one stage per 128 bytes at least,
-        # since TMA writes to 128-byte aligned shared memory (80 rows are 320 bytes).
-        self.lse_stride = -(-block_m // 32) * 32
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -347,11 +338,11 @@ class HopperAttnBwd:
             # covers over all 32 banks.
             dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
-        lse_stride = self.lse_stride
+        # One stage of LSE2/delta rows per 128 bytes at least: TMA writes to 128-byte aligned
+        # shared memory (80 rows are 320 bytes).
+        lse_stride = -(-bm // 32) * 32
         sLSE_layout = cute.make_layout((bm, st), stride=(1, lse_stride))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
-        if const_expr(self.stat_frag):
-            self._check_stat_fragment(mma_sdp)
 
         # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
         qkv_modes = [1, 3, 2, 0]
@@ -945,22 +936,6 @@ class HopperAttnBwd:
                         f"dq_fragment says {expected}"
                     )
 
-    def _check_stat_fragment(self, mma_sdp: cute.TiledMma) -> None:
-        """Trace time (plain Python): with ``stat_frag`` the S^T accumulator's Q column of
-        every register must be ``stat_order.column``'s, for the lanes of warp 0 and the first
-        and last thread of the other seven warps (as ``_check_dq_fragment``)."""
-        ident = cute.make_identity_tensor((self.block_n, self.block_m))
-        threads = [*range(32), *(t for w in range(1, 8) for t in (32 * w, 32 * w + 31))]
-        for t in threads:
-            coords = mma_sdp.get_slice(t).partition_C(ident)
-            for i in range(cute.size(coords)):
-                got, expected = coords[i][1], stat_order.column(t % 32, i)
-                if got != expected:
-                    raise AssertionError(
-                        f"S^T fragment of thread {t}, register {i}: Q column {got}, "
-                        f"stat_order says {expected}"
-                    )
-
     @cute.jit
     def _store_dq_fragment(
         self, acc: cute.Tensor, flat: cute.Tensor, buf: Int32, tidx: Int32, mma_dq: cute.TiledMma
@@ -977,32 +952,6 @@ class HopperAttnBwd:
             dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
-
-    @cute.jit
-    def _load_stat(self, sStat: cute.Tensor, stage: Int32, tidx: Int32) -> cute.Tensor:
-        """With ``stat_frag``: this thread's block_m / 4 values of one statistic (LSE2 or
-        delta) of the stage, in registers, as block_m / 16 16-byte loads (``stat_order``:
-        load k of lane l at float 16 k + 4 (l % 4); the S^T columns of each register are
-        checked by ``_check_stat_fragment``)."""
-        quarter = self.block_m // 4
-        base = stage * self.lse_stride + stat_order.chunk_offset(tidx % 32, 0)
-        vals = cute.make_rmem_tensor((quarter,), Float32)
-        for k in cutlass.range_constexpr(quarter // 4):
-            offset = cute.assume(base + stat_order.chunk_offset(0, k), divby=4)
-            src = cute.make_tensor(sStat.iterator + offset, cute.make_layout(4))
-            for e in cutlass.range_constexpr(4):
-                vals[4 * k + e] = src[e]
-        return vals
-
-    @cute.jit
-    def _stat(self, stat: cute.Tensor, stage: Int32, tScS: cute.Tensor, i: cutlass.Constexpr):
-        """The statistic of accumulator element ``i``'s Q row: from the registers
-        ``_load_stat`` filled (``stat_frag``: ``stat_order.register``), else from shared
-        memory."""
-        if const_expr(self.stat_frag):
-            return stat[stat_order.register(i)]
-        _, m = tScS[i]
-        return stat[m, stage]
 
     @cute.jit
     def _probs(
@@ -1023,14 +972,14 @@ class HopperAttnBwd:
         diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask."""
         if const_expr(self.split_exp):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = acc_S[i] * scale_log2 - self._stat(sLSE, stage, tScS, i)
+                _, m = tScS[i]
+                acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             n, m = tScS[i]
             if const_expr(self.split_exp):
                 p = cute.math.exp2(acc_S[i], fastmath=True)
             else:
-                lse2 = self._stat(sLSE, stage, tScS, i)
-                p = cute.math.exp2(acc_S[i] * scale_log2 - lse2, fastmath=True)
+                p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
             if const_expr(masked):
                 if n0 + n >= seqlen_k:
                     p = Float32(0.0)
@@ -1155,20 +1104,15 @@ class HopperAttnBwd:
                 if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
                     if n0 + bn - 1 > m0 + shift:
                         edge = Int32(1)
-                lse2 = sLSE
-                if const_expr(self.stat_frag):
-                    lse2 = self._load_stat(sLSE, stage, tidx)
-                probs_args = (acc_S, tScS, lse2, stage, scale_log2, n0, m0, shift, seqlen_k)
+                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if edge != 0:
                     self._probs(*probs_args, True)
                 else:
                     self._probs(*probs_args, False)
-                delta = sDelta
-                if const_expr(self.stat_frag):
-                    delta = self._load_stat(sDelta, stage, tidx)
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dP)):
-                    acc_dP[i] = acc_S[i] * (acc_dP[i] - self._stat(delta, stage, tScS, i))
+                    _, m = tScS[i]
+                    acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

@@ -57,15 +57,11 @@ VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80,
 # each shipped variant.
 for _name in ("t128_fq", "t128_fq2", "t80_fq"):
     VARIANTS[_name.replace("_fq", "_wg")] = {**VARIANTS[_name], "dq_wg": True}
-# Session 15, on each of those: LSE2 and delta in fragment order (stat_order.py: 16-byte
-# loads into registers instead of 8-byte loads per column pair), the dQ turn taken before the
-# partial is written (early_turn), and both.
+# Session 15: the dQ turn taken while the step is computed (early_turn) on each of those.
+# (LSE2 and delta read into registers in a fragment-order layout, stat_frag, measured
+# 0.91-0.99x: git history, 0da812d.)
 for _name in ("t128_wg", "t128_wg2", "t80_wg"):
-    VARIANTS[_name.replace("_wg", "_sf")] = {**VARIANTS[_name], "stat_frag": True}
     VARIANTS[_name.replace("_wg", "_et")] = {**VARIANTS[_name], "early_turn": True}
-    VARIANTS[_name.replace("_wg", "_es")] = {
-        **VARIANTS[_name], "stat_frag": True, "early_turn": True
-    }
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -82,25 +78,6 @@ def dq_fragment_order(variant: str) -> bool:
     """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) rather than as
     (batch, seqlen_q, heads, head_dim) (the same at every head dim)."""
     return bool(VARIANTS[variant].get("dq_frag"))
-
-
-def stat_fragment_order(variant: str) -> bool:
-    """Whether ``variant`` reads LSE2 and delta in its Q tiles' fragment order
-    (``stat_order``) rather than in row order."""
-    return bool(VARIANTS[variant].get("stat_frag"))
-
-
-def reorder_rows(rows: torch.Tensor, block_m: int) -> torch.Tensor:
-    """``rows`` (batch * heads, rows_pad) in row order, as the Triton preprocess writes LSE2 or
-    delta, in the fragment order of ``block_m``-row Q tiles (``stat_order.position``; rows_pad
-    a multiple of block_m): a copy."""
-    bh, rows_pad = rows.shape
-    if rows_pad % block_m:
-        raise ValueError(f"rows_pad={rows_pad} is not a multiple of block_m={block_m}")
-    # Local row 8 j + 2 q + c (j = 2 j2 + j1) goes to 16 j2 + 4 q + 2 j1 + c:
-    # (j2, j1, q, c) -> (j2, q, j1, c).
-    tiles = rows.view(bh, rows_pad // block_m, block_m // 16, 2, 4, 2)
-    return tiles.transpose(3, 4).reshape(bh, rows_pad)
 
 
 def dq_acc_shape(
@@ -328,8 +305,7 @@ def hopper_bwd_main(
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
 
     Same contract as the Triton ``attn_bwd_main``: ``lse2``/``delta`` from the Triton
-    preprocess with ``rows_pad >= q_tiles * block_m`` rows (``reorder_rows`` for a variant
-    with ``stat_fragment_order``); static dispatch needs all
+    preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
     ``num_workers`` CTAs co-resident (one per SM); ``status[1] == 1`` after the kernel means a
     dQ wait timed out and the gradients were poisoned with NaN.
 
@@ -528,9 +504,7 @@ def prepare_full(
     cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
     return FullBackward(
         main=main,
-        preprocess=compile_preprocess(
-            cutlass_dtype, head_dim, block_m if stat_fragment_order(variant) else 0
-        ),
+        preprocess=compile_preprocess(cutlass_dtype, head_dim),
         cast=compile_dq_cast(cutlass_dtype, head_dim, block_m),
         rows_pad=rows_pad,
         row_count=batch * heads * rows_pad,

@@ -16,10 +16,8 @@ its first store:
   O)`` in fp32 (each thread sums its 16-byte vectors of one row in order, then a butterfly over
   the row's lanes: a fixed order, so delta is bitwise repeatable) and the LSE in log2 units,
   ``rows_pad`` rows per (batch x head): rows past seqlen_q (and rows that saw no key) get
-  LSE2 = +inf and delta = 0, as the Triton preprocess writes them; in row order, or in the
-  Q tiles' fragment order for the main kernels that read them so (``stat_order``). Every CTA
-  also zeroes its share of the fp32 buffer that holds the dQ accumulator and the flags
-  (16-byte stores).
+  LSE2 = +inf and delta = 0, as the Triton preprocess writes them. Every CTA also zeroes its
+  share of the fp32 buffer that holds the dQ accumulator and the flags (16-byte stores).
 * ``DqFragmentCast``: per (Q tile, batch x head) CTA of 256 threads, thread ``t`` reads the
   accumulator registers the main kernel's MMA thread ``t`` wrote (``dq_fragment``: 16-byte
   loads, a warp reads 512 contiguous bytes), scales them, rounds to q's dtype (round to nearest
@@ -38,7 +36,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from . import kernel_cache, stat_order
+from . import kernel_cache
 from .dq_fragment import WG_THREADS, half_size, wg_split
 
 LOG2_E = 1.4426950408889634
@@ -59,7 +57,7 @@ def _row_lanes(head_dim: int) -> int:
 class BwdPreprocess:
     """LSE2 and delta of every row, and the zeroed dQ accumulator and flags (see the module)."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, stat_block: int = 0) -> None:
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
         self.dtype = dtype
@@ -67,9 +65,6 @@ class BwdPreprocess:
         self.lanes = _row_lanes(head_dim)
         self.per_lane = head_dim // VEC // self.lanes  # vectors per thread and row
         self.rows_per_pass = PRE_THREADS // self.lanes
-        # 0: LSE2 and delta in row order; else in the fragment order of Q tiles of this many
-        # rows (stat_order.py), for the main kernels with ``stat_frag``.
-        self.stat_block = stat_block
 
     @cute.jit
     def __call__(
@@ -155,11 +150,8 @@ class BwdPreprocess:
                 lse2 = Float32(float("inf"))
                 if lses[p] != -Float32.inf:  # rows past seqlen_q were left at -inf
                     lse2 = lses[p] * LOG2_E
-                pos = row
-                if const_expr(self.stat_block):
-                    pos = stat_order.position(row, self.stat_block)
-                mLSE2[bh, pos] = lse2
-                mDelta[bh, pos] = totals[p]
+                mLSE2[bh, row] = lse2
+                mDelta[bh, row] = totals[p]
 
         # This CTA's share of the zeroing: 16-byte rows cta, cta + ctas, ... (coalesced), after
         # the row work so that its stores do not hold the loads back.
@@ -291,16 +283,13 @@ class DqFragmentCast:
                 word[0] = launch_id
 
 
-def compile_preprocess(
-    dtype: type[cutlass.Numeric], head_dim: int, stat_block: int = 0, arch: str = "sm_90a"
-) -> Any:
-    """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape), writing the
-    statistics in row order or (``stat_block``: the Q tile rows) in fragment order."""
+def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = "sm_90a") -> Any:
+    """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape)."""
     from cutlass.cute.runtime import make_fake_stream
 
     from ._tensor_args import fake_tensor
 
-    kernel = BwdPreprocess(dtype, head_dim, stat_block)
+    kernel = BwdPreprocess(dtype, head_dim)
 
     def build() -> Any:
         return cute.compile(
@@ -315,8 +304,7 @@ def compile_preprocess(
             options=f"--gpu-arch {arch} --enable-tvm-ffi",
         )
 
-    key = ("bwd_pre", dtype.__name__, head_dim, stat_block, arch)
-    return kernel_cache.compile_once(key, build)
+    return kernel_cache.compile_once(("bwd_pre", dtype.__name__, head_dim, arch), build)
 
 
 def compile_dq_cast(

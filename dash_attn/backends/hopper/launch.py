@@ -25,8 +25,6 @@ from .bwd_launch import (
     dq_fragment_order,
     prepare_bwd,
     prepare_full,
-    reorder_rows,
-    stat_fragment_order,
 )
 from .fwd import hopper_fwd
 
@@ -141,9 +139,6 @@ def _main(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     launch = _launch(plan, q)
     main = launch.main if isinstance(launch, FullBackward) else launch
-    if stat_fragment_order(bwd_variant(plan.problem.headdim, plan.problem.mask.causal)):
-        # The Triton preprocess writes row order.
-        lse2, delta = (reorder_rows(t, plan.tiles.block_m) for t in (lse2, delta))
     return main(q, k, v, dout, lse2, delta, softmax_scale)
 
 

@@ -48,21 +48,6 @@ def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> 
     assert callable(compiled)
 
 
-@pytest.mark.parametrize("head_dim,block_m", SHIPPED)
-def test_preprocess_compiles_in_fragment_order(head_dim: int, block_m: int, monkeypatch) -> None:
-    """The statistics in each shipped Q tile's fragment order (``stat_order``): a kernel of
-    its own per tile height (the GPU test checks what it writes)."""
-    import cutlass
-
-    from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
-
-    monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
-    monkeypatch.setattr(kernel_cache, "_memo", {})
-    row_order = bwd_pre_post.compile_preprocess(cutlass.BFloat16, head_dim)
-    compiled = bwd_pre_post.compile_preprocess(cutlass.BFloat16, head_dim, block_m)
-    assert callable(compiled) and compiled is not row_order
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim,block_m", SHIPPED)
 def test_dq_cast_compiles(dtype: torch.dtype, head_dim: int, block_m: int, monkeypatch) -> None:
@@ -94,13 +79,7 @@ gpu = pytest.mark.skipif(not _hopper_gpu(), reason="needs an sm_90 GPU")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", [(2, 333, 3, 64), (1, 200, 2, 128), (3, 64, 1, 128)])
-@pytest.mark.parametrize("stat_block", [0, 64, 80, 128], ids=lambda b: f"order{b}")
-def test_preprocess_matches_triton(
-    dtype: torch.dtype, shape: tuple[int, ...], stat_block: int
-) -> None:
-    """In row order (``stat_block`` 0) and in the fragment order of each shipped Q tile: the
-    Triton preprocess's rows, reordered by ``reorder_rows``."""
-    from dash_attn.backends.hopper.bwd_launch import reorder_rows
+def test_preprocess_matches_triton(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     from dash_attn.backends.hopper.bwd_pre_post import compile_preprocess
     from dash_attn.backends.triton.bwd import attn_bwd_preprocess
 
@@ -110,27 +89,20 @@ def test_preprocess_matches_triton(
     dout = torch.randn(shape, device="cuda", dtype=dtype)
     lse = torch.randn(batch, heads, seqlen, device="cuda") * 3
     lse[:, :, ::7] = float("-inf")  # rows that saw no key
-    rows_pad = -(-seqlen // 640) * 640  # a multiple of every tile height
+    rows_pad = -(-seqlen // 128) * 128
     ref_lse2, ref_delta = attn_bwd_preprocess(out, dout, lse, rows_pad)
-    padding = torch.zeros_like(ref_delta)
-    padding[:, seqlen:] = 1.0
-    if stat_block:
-        ref_lse2, ref_delta, padding = (
-            reorder_rows(t, stat_block) for t in (ref_lse2, ref_delta, padding)
-        )
-    preprocess = compile_preprocess(_cutlass_dtype(dtype), head_dim, stat_block)
     lse2 = torch.full((batch * heads, rows_pad), float("nan"), device="cuda")
     delta = torch.full_like(lse2, float("nan"))
     zeroed = torch.full((1234, 4), float("nan"), device="cuda")
-    preprocess(out, dout, lse, lse2, delta, zeroed)
+    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, delta, zeroed)
     torch.cuda.synchronize()
     assert torch.equal(lse2, ref_lse2)
     torch.testing.assert_close(delta, ref_delta, rtol=1e-5, atol=1e-5)
-    assert torch.equal(delta[padding == 1], torch.zeros_like(delta[padding == 1]))
+    assert torch.equal(delta[:, seqlen:], torch.zeros_like(delta[:, seqlen:]))
     assert torch.equal(zeroed, torch.zeros_like(zeroed))
     # A fixed summation order: the same bits again.
     again = torch.empty_like(delta)
-    preprocess(out, dout, lse, lse2, again, zeroed)
+    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, again, zeroed)
     assert torch.equal(again, delta)
 
 

@@ -62,6 +62,11 @@ for _name in ("t128_fq", "t128_fq2", "t80_fq"):
 # 0.91-0.99x: git history, 0da812d.)
 for _name in ("t128_wg", "t128_wg2", "t80_wg"):
     VARIANTS[_name.replace("_wg", "_et")] = {**VARIANTS[_name], "early_turn": True}
+# Session 15: S^T and dP^T awaited together, P^T and dS^T in one block (joint_wait), on
+# each shipped variant.
+VARIANTS["t128_ej"] = {**VARIANTS["t128_et"], "joint_wait": True}
+VARIANTS["t128_jw2"] = {**VARIANTS["t128_wg2"], "joint_wait": True}
+VARIANTS["t80_jw"] = {**VARIANTS["t80_wg"], "joint_wait": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

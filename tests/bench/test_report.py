@@ -140,12 +140,17 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 14's forward sweep (per config and summary), end-to-end blocks and hopper
-    # backward rounds, and session 13's interleaved host-path table, from their own files.
+    # Session 14's forward sweep (per config and summary) and end-to-end blocks, session 15's
+    # hopper backward rounds, and session 13's interleaved host-path table, from their own
+    # files.
     text = readme.read_text()
     session14 = results / "session14-034bb82"
-    for path in ("call3-034bb82/fwd/bench.csv", "call2-5b20d68/sweep/bench.csv"):
-        rows = report.read_csv(session14 / path)
+    sweeps = (
+        session14 / "call3-034bb82" / "fwd" / "bench.csv",
+        results / "session15-ca29f6e" / "call7-ca29f6e" / "sweep" / "bench.csv",
+    )
+    for path in sweeps:
+        rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     e2e = report.e2e_table(

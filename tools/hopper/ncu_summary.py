@@ -8,8 +8,10 @@
 sm90 backward and forward),
 the time, clock (GHz), instructions, tensor-pipe activity (mean, min and max over the SMs),
 issue activity and the warps stalled per issued instruction by main reason.
-``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode,
-and the instructions with the most samples with their two main stall reasons. Samples count
+``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
+(with each opcode's two main stall reasons and its shared-memory wavefronts against the
+conflict-free count), and the instructions with the most samples with their two main stall
+reasons. Samples count
 every warp (producer, dQ writer and idle warps too), so compare kernels of the same structure.
 """
 
@@ -107,25 +109,44 @@ def source_summary(path: Path, top: int = 20) -> str:
         reasons = [k for k in block["header"] if k.startswith("stall_") and "Not Issued" not in k]
         samples_col = col["Warp Stall Sampling (All Samples)"]
         executed_col = col["Instructions Executed"]
-        by_op: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        # Shared-memory wavefronts (actual, ideal): more than ideal means bank conflicts.
+        wave_cols = [col.get(n) for n in ("L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal")]
+        by_op: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+        op_reasons: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         by_reason: collections.Counter[str] = collections.Counter()
         for row in block["rows"]:
             source = row[col["Source"]].strip()
             op = re.sub(r"^@!?U?P\w+\s+", "", source).split(" ")[0].split(".")[0] or "?"
             by_op[op][0] += int(row[samples_col] or 0)
             by_op[op][1] += int(row[executed_col] or 0)
+            for k, wave_col in enumerate(wave_cols):
+                if wave_col is not None:
+                    by_op[op][2 + k] += int(row[wave_col] or 0)
             for reason in reasons:
-                by_reason[reason[6:]] += int(row[col[reason]] or 0)
-        total = sum(s for s, _ in by_op.values()) or 1
+                count = int(row[col[reason]] or 0)
+                by_reason[reason[6:]] += count
+                op_reasons[op][reason[6:]] += count
+        total = sum(v[0] for v in by_op.values()) or 1
         out.append(f"== kernel {index}: {short_name(block['name'])}, {total} warp-stall samples")
         named = sum(by_reason.values()) or 1
         out.append(
             "stall reasons: "
             + ", ".join(f"{k} {100 * v / named:.1f}%" for k, v in by_reason.most_common(8))
         )
-        out.append(f"{'opcode':<12} {'samples':>9} {'share':>6} {'executed':>12}")
-        for op, (samples, executed) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
-            out.append(f"{op:<12} {samples:>9} {100 * samples / total:>5.1f}% {executed:>12}")
+        out.append(
+            f"{'opcode':<12} {'samples':>9} {'share':>6} {'executed':>12}  "
+            "two main stall reasons; shared wavefronts (ideal)"
+        )
+        ranked_ops = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]
+        for op, (samples, executed, waves, ideal) in ranked_ops:
+            why = ", ".join(f"{k} {v}" for k, v in op_reasons[op].most_common(2) if v)
+            if waves:
+                why += f"; {waves} ({ideal})"
+            out.append(
+                f"{op:<12} {samples:>9} {100 * samples / total:>5.1f}% {executed:>12}  {why}"
+            )
         out.append("top instructions (samples, share, two main named stall reasons):")
         ranked = sorted(block["rows"], key=lambda r: -int(r[samples_col] or 0))[:top]
         for row in ranked:

@@ -57,13 +57,14 @@ VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80,
 # each shipped variant.
 for _name in ("t128_fq", "t128_fq2", "t80_fq"):
     VARIANTS[_name.replace("_fq", "_wg")] = {**VARIANTS[_name], "dq_wg": True}
-# Session 15: the dQ turn taken while the step is computed (early_turn) on each of those.
+# Session 15: the dQ turn taken while the step is computed (early_turn) on each of those
+# (shipped at hd 64; slower with two dQ buffers: NOTES item 59).
 # (LSE2 and delta read into registers in a fragment-order layout, stat_frag, measured
 # 0.91-0.99x: git history, 0da812d.)
 for _name in ("t128_wg", "t128_wg2", "t80_wg"):
     VARIANTS[_name.replace("_wg", "_et")] = {**VARIANTS[_name], "early_turn": True}
 # Session 15: S^T and dP^T awaited together, P^T and dS^T in one block (joint_wait), on
-# each shipped variant.
+# each shipped variant: 0.97-1.06x of them, no faster (benchmarks/NOTES.md, item 60).
 VARIANTS["t128_ej"] = {**VARIANTS["t128_et"], "joint_wait": True}
 VARIANTS["t128_jw2"] = {**VARIANTS["t128_wg2"], "joint_wait": True}
 VARIANTS["t80_jw"] = {**VARIANTS["t80_wg"], "joint_wait": True}

@@ -146,6 +146,9 @@ VARIANT_CONFIGS = [
     # early turn with two dQ buffers (slower at hd 128 causal, session 15).
     ("t128_wg", (64, torch.bfloat16, True, True)),
     ("t128_et2", (128, torch.bfloat16, True, True)),
+    # S^T and dP^T awaited together (no faster, session 15).
+    ("t128_ej", (64, torch.bfloat16, True, True)),
+    ("t80_jw", (128, torch.float16, False, False)),
 ]
 
 

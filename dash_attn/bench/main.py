@@ -198,8 +198,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUNDS,
         metavar="N",
         help=(
-            "interleaved rounds per config: every provider is timed once per round with "
-            f"warmup / N and rep / N ms, and bench.csv has the median (default {DEFAULT_ROUNDS})"
+            "interleaved rounds per config: every provider is timed once per round (every "
+            "other round in reverse order) with warmup / N and rep / N ms, and bench.csv has "
+            f"the median (default {DEFAULT_ROUNDS})"
         ),
     )
     timing.add_argument(

@@ -66,9 +66,9 @@ def test_deadline_stops_the_sweep(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_rounds_interleave_providers_and_take_the_median() -> None:
-    """With rounds=3 every provider is timed once per round (round-robin, rep split over the
-    rounds), and ``ms`` is the median of its three rounds. (Forward mode: its step calls the
-    provider, so the timer sees which one it times.)"""
+    """With rounds=3 every provider is timed once per round (the second round in reverse order,
+    rep split over the rounds), and ``ms`` is the median of its three rounds. (Forward mode: its
+    step calls the provider, so the timer sees which one it times.)"""
     calls: list[tuple[str, float, float]] = []
     times = {"eager_det": iter([3.0, 1.0, 2.0]), "eager_bhsd": iter([5.0, 9.0, 4.0]),
              "eager_noisy": iter([1.0, 1.0, 7.0])}  # fmt: skip
@@ -100,7 +100,7 @@ def test_rounds_interleave_providers_and_take_the_median() -> None:
         mode="fwd", warmup=3.0, rep=6.0, repeats=2, seed=0, device="cpu", timer=timer,
         deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=3,
     )  # fmt: skip
-    assert [name for name, _, _ in calls] == names * 3
+    assert [name for name, _, _ in calls] == names + names[::-1] + names
     assert all((warmup, rep) == pytest.approx((1.0, 2.0)) for _, warmup, rep in calls)
     by_name = {r["provider"]: r for r in rows}
     assert [r["provider"] for r in rows] == names
@@ -120,7 +120,7 @@ def test_a_provider_failing_in_a_later_round_is_skipped_and_the_rest_goes_on(
     def timer(step, warmup: float, rep: float, grad_to_none) -> float:
         step()
         rounds_seen["n"] += 1
-        if rounds_seen["n"] == 5:  # eager_bhsd's second round
+        if rounds_seen["n"] == 5:  # eager_bhsd's second round (the second in reverse order)
             raise RuntimeError("lost in round two")
         return 1.0
 

@@ -150,10 +150,9 @@ def run_sweep(
 
     With ``rounds`` > 1 the providers of a case are timed in interleaved rounds (all once, then
     all again in reverse order, ...), each round with ``warmup / rounds`` and ``rep / rounds``
-    ms, and a row's
-    ``ms`` is the median of its rounds (``ms_rounds`` lists them): about the same total timing
-    as one round (plus the timer's own estimate per round), and no provider favoured by its
-    place in the sequence. ``on_config`` is called with all rows so far after
+    ms, and a row's ``ms`` is the median of its rounds (``ms_rounds`` lists them): about the
+    same total timing as one round (plus the timer's own estimate per round), and no provider
+    favoured by its place in the sequence. ``on_config`` is called with all rows so far after
     each case (the caller rewrites its files).
     """
     if rounds < 1:

@@ -36,8 +36,8 @@ _BWD_TILES = {
 # variants). All of them: masks only in edge tiles, dS stored by stmatrix, FA4's dV/dS order,
 # vector dK/dV stores, the dQ partial in fragment order handed over per warpgroup (one flat
 # bulk reduce per warpgroup half and step), the TVM-FFI launch; at hd 64 the dQ turn taken
-# while the step is computed (early_turn: 1.00-1.06x at hd 64 causal and full to 4k, 0.98x at
-# full 8k-16k, 0.96-0.99x at hd 128 causal: session15 call2/call3 bwd_ab*.txt); at hd 128
+# while the step is computed (early_turn: 0.99-1.07x at hd 64 to 4k tokens, 0.98x at full
+# 8k-16k, 0.96-1.00x at hd 128 causal: session15 call2/call3 bwd_ab*.txt); at hd 128
 # causal two dQ staging buffers, at hd 128 full 80 x 128 tiles. Its tiles must equal
 # _BWD_TILES' (tests check).
 BWD_VARIANT = {

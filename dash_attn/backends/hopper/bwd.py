@@ -125,6 +125,7 @@ class HopperAttnBwd:
         split_exp: bool = False,
         early_turn: bool = False,
         joint_wait: bool = False,
+        exp_tail: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -215,6 +216,17 @@ class HopperAttnBwd:
         #   The exponentials then no longer overlap the dP^T GEMM: measured no faster
         #   (0.97-1.06x per config, session 15).
         self.joint_wait = joint_wait
+        # exp_tail: the last exp_tail of each thread's exponentials are computed after the
+        #   wait for dP^T, in the same basic block as dS^T, so that ptxas can issue them
+        #   between the dS arithmetic of the elements already done, while the others still
+        #   overlap the dP^T GEMM. Otherwise the exponential loop (one basic block per mask
+        #   path) ends in a run of ~40 back-to-back MUFUs (the FFMAs that feed them are done),
+        #   each waiting for the MUFU pipe, before the wait for dP^T.
+        if joint_wait and exp_tail:
+            raise ValueError("joint_wait and exp_tail both place the dP^T wait: pick one")
+        if exp_tail < 0:
+            raise ValueError(f"exp_tail must be >= 0, got {exp_tail}")
+        self.exp_tail = exp_tail
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -989,15 +1001,19 @@ class HopperAttnBwd:
         shift: Int32,
         seqlen_k: Int32,
         masked: cutlass.Constexpr,
+        first: cutlass.Constexpr[int] = 0,
+        end: cutlass.Constexpr[int | None] = None,
     ):
-        """P^T = exp2(S^T * scale_log2 - lse2) in place; with ``masked``, zero for keys past
-        seqlen_k (TMA gave zeros there, not -inf) and, causal, keys after the bottom-right
-        diagonal. Rows past seqlen_q have lse2 = +inf, so P = 0 there without a mask."""
+        """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
+        first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
+        -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
+        lse2 = +inf, so P = 0 there without a mask."""
+        end = cute.size(acc_S) if const_expr(end is None) else end
         if const_expr(self.split_exp):
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
+            for i in cutlass.range_constexpr(first, end):
                 _, m = tScS[i]
                 acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
-        for i in cutlass.range_constexpr(cute.size(acc_S)):
+        for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
             if const_expr(self.split_exp):
                 p = cute.math.exp2(acc_S[i], fastmath=True)
@@ -1136,6 +1152,22 @@ class HopperAttnBwd:
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
                         self._probs(*probs_args, False)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                elif const_expr(self.exp_tail > 0):
+                    # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
+                    # The wait sits in the block between the two branches: ptxas hoists a
+                    # wgmma wait above every exponential of its own block.
+                    split = cute.size(acc_S) - self.exp_tail
+                    if edge != 0:
+                        self._probs(*probs_args, True, 0, split)
+                    else:
+                        self._probs(*probs_args, False, 0, split)
+                    warpgroup.wait_group(0)
+                    if edge != 0:
+                        self._probs(*probs_args, True, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    else:
+                        self._probs(*probs_args, False, split)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 else:
                     if edge != 0:

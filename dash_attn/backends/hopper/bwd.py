@@ -216,7 +216,8 @@ class HopperAttnBwd:
         #   The exponentials then no longer overlap the dP^T GEMM: measured no faster
         #   (0.97-1.06x per config, session 15).
         self.joint_wait = joint_wait
-        # exp_tail: the last exp_tail of each thread's exponentials are computed after the
+        # exp_tail: the last exp_tail of each thread's exponentials (all, if it has fewer:
+        #   64 per step at hd 64, 32 or 40 at hd 128) are computed after the
         #   wait for dP^T, in the same basic block as dS^T, so that ptxas can issue them
         #   between the dS arithmetic of the elements already done, while the others still
         #   overlap the dP^T GEMM. Otherwise the exponential loop (one basic block per mask
@@ -1157,7 +1158,7 @@ class HopperAttnBwd:
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
                     # wgmma wait above every exponential of its own block.
-                    split = cute.size(acc_S) - self.exp_tail
+                    split = max(cute.size(acc_S) - self.exp_tail, 0)
                     if edge != 0:
                         self._probs(*probs_args, True, 0, split)
                     else:

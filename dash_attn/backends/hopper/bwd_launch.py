@@ -70,7 +70,7 @@ VARIANTS["t128_jw2"] = {**VARIANTS["t128_wg2"], "joint_wait": True}
 VARIANTS["t80_jw"] = {**VARIANTS["t80_wg"], "joint_wait": True}
 # Session 16: the last exponentials after the dP^T wait, beside the dS arithmetic (exp_tail).
 # (64 exponentials per thread and step at hd 64, 32 at hd 128 causal, 40 at hd 128 full.)
-for _tail in (16, 24, 32):
+for _tail in (16, 24, 32, 40, 48):
     VARIANTS[f"t128_xt{_tail}"] = {**VARIANTS["t128_et"], "exp_tail": _tail}
 for _tail in (8, 16):
     VARIANTS[f"t128_xw{_tail}"] = {**VARIANTS["t128_wg2"], "exp_tail": _tail}

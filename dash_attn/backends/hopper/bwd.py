@@ -126,6 +126,8 @@ class HopperAttnBwd:
         early_turn: bool = False,
         joint_wait: bool = False,
         exp_tail: int = 0,
+        early_meta: bool = False,
+        early_delta: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -228,6 +230,15 @@ class HopperAttnBwd:
         if exp_tail < 0:
             raise ValueError(f"exp_tail must be >= 0, got {exp_tail}")
         self.exp_tail = exp_tail
+        # early_meta: the step's tile indices (and the edge test) are read from the ring slot
+        #   before S^T and dP^T are issued, not after the wait for S^T: there the shared load
+        #   waited behind the MIO queue before the first exponential could start (the largest
+        #   stall over FA4's at hd 128 full 8k, session 16's profile).
+        self.early_meta = early_meta
+        # early_delta: each thread's delta values go into registers before the exponentials
+        #   (ptxas does not move shared loads above a wgmma wait, so after the wait for dP^T
+        #   the first dS subtraction waited for them).
+        self.early_delta = early_delta
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -983,11 +994,61 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
+        rDelta: cute.Tensor | None = None,
+        mma_sdp: cute.TiledMma | None = None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); delta from shared
+        memory, or from ``rDelta`` (``_load_delta``)."""
+        if const_expr(rDelta is not None):
+            columns = self._fragment_columns(mma_sdp)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            _, m = tScS[i]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+            if const_expr(rDelta is not None):
+                delta = rDelta[columns.index(columns[i])]
+            else:
+                _, m = tScS[i]
+                delta = sDelta[m, stage]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
+
+    def _fragment_columns(self, mma_sdp: cute.TiledMma) -> list[int]:
+        """Trace time: the Q-row column of each S^T accumulator element of thread 0. Every
+        thread's columns are these plus its own offset, so elements with equal entries here
+        share their column (and their LSE2/delta value) in every thread."""
+        ident = cute.make_identity_tensor((self.block_n, self.block_m))
+        coords = mma_sdp.get_slice(0).partition_C(ident)
+        return [coords[i][1] for i in range(cute.size(coords))]
+
+    @cute.jit
+    def _load_delta(
+        self, sDelta: cute.Tensor, stage: Int32, tScS: cute.Tensor, mma_sdp: cute.TiledMma
+    ) -> cute.Tensor:
+        """The delta value of each of this thread's distinct columns, in registers, in the
+        order of their first element (``_grad_scores`` indexes it the same way)."""
+        columns = self._fragment_columns(mma_sdp)
+        firsts = [i for i, c in enumerate(columns) if columns.index(c) == i]
+        rDelta = cute.make_rmem_tensor((len(firsts),), Float32)
+        for j in cutlass.range_constexpr(len(firsts)):
+            _, m = tScS[firsts[j]]
+            rDelta[j] = sDelta[m, stage]
+        return rDelta
+
+    @cute.jit
+    def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(n0, m0, shift, edge) of the step in ring slot ``stage``: its first key and query
+        rows, the causal diagonal's offset and whether any (key, query) pair of the tile needs
+        a mask. Warp-uniform: the largest key must be < seqlen_k and, causal, <= the smallest
+        query's limit. Interior tiles (all but the diagonal and the last KV tile) then skip
+        the per-element compares and selects, which otherwise outnumber the exponentials."""
+        bm, bn = self.block_m, self.block_n
+        n0 = sInfo[_I_KVT, stage] * bn
+        m0 = sInfo[_I_QT, stage] * bm
+        shift = seqlen_k - seqlen_q
+        edge = Int32(0)
+        if n0 + bn > seqlen_k:
+            edge = Int32(1)
+        if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+            if n0 + bn - 1 > m0 + shift:
+                edge = Int32(1)
+        return n0, m0, shift, edge
 
     @cute.jit
     def _probs(
@@ -1120,6 +1181,8 @@ class HopperAttnBwd:
                     acc_dK.fill(0.0)
                     acc_dV.fill(0.0)
 
+                if const_expr(self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
                 # S^T = K Q^T, dP^T = V dO^T (two commit groups).
                 acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
@@ -1127,23 +1190,14 @@ class HopperAttnBwd:
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
 
-                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the tile
-                # indices and LSE2 rows into registers before the wait (while S^T, dP^T run)
-                # measured no faster at hd 128 and spills at hd 64 (32 more live values).
-                n0 = sInfo[_I_KVT, stage] * bn
-                m0 = sInfo[_I_QT, stage] * bm
-                shift = seqlen_k - seqlen_q
-                # Masks only in edge tiles. Warp-uniform: does any (key, query) pair of this
-                # tile need one? The largest key must be < seqlen_k and, causal, <= the
-                # smallest query's limit. Interior tiles (all but the diagonal and the last KV
-                # tile) then skip the per-element compares and selects, which otherwise
-                # outnumber the exponentials.
-                edge = Int32(0)
-                if n0 + bn > seqlen_k:
-                    edge = Int32(1)
-                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
-                    if n0 + bn - 1 > m0 + shift:
-                        edge = Int32(1)
+                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the LSE2 rows
+                # into registers before the wait (while S^T, dP^T run) measured no faster at
+                # hd 128 and spills at hd 64 (32 more live values).
+                if const_expr(not self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                rDelta = None
+                if const_expr(self.early_delta):
+                    rDelta = self._load_delta(sDelta, stage, tScS, mma_sdp)
                 probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if const_expr(self.joint_wait):
                     warpgroup.wait_group(0)
@@ -1176,7 +1230,7 @@ class HopperAttnBwd:
                     else:
                         self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, rDelta, mma_sdp)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

@@ -1001,9 +1001,10 @@ class HopperAttnBwd:
         memory, or from ``rDelta`` (``_load_delta``)."""
         if const_expr(rDelta is not None):
             columns = self._fragment_columns(mma_sdp)
+            distinct = list(dict.fromkeys(columns))
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             if const_expr(rDelta is not None):
-                delta = rDelta[columns.index(columns[i])]
+                delta = rDelta[distinct.index(columns[i])]
             else:
                 _, m = tScS[i]
                 delta = sDelta[m, stage]
@@ -1024,7 +1025,7 @@ class HopperAttnBwd:
         """The delta value of each of this thread's distinct columns, in registers, in the
         order of their first element (``_grad_scores`` indexes it the same way)."""
         columns = self._fragment_columns(mma_sdp)
-        firsts = [i for i, c in enumerate(columns) if columns.index(c) == i]
+        firsts = [columns.index(c) for c in dict.fromkeys(columns)]
         rDelta = cute.make_rmem_tensor((len(firsts),), Float32)
         for j in cutlass.range_constexpr(len(firsts)):
             _, m = tScS[firsts[j]]

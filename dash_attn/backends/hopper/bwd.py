@@ -56,7 +56,10 @@ Constructor options (``bwd_launch.VARIANTS`` names combinations):
 ``dq_swizzle`` instead in a 128-byte swizzled row-major tile (one TMA reduce per 32 columns);
 ``dq_double`` gives the dQ writer two staging buffers; ``dq_wg`` lets each MMA warpgroup hand
 its half of the partial over on its own (FA4's hand-off); ``split_exp`` computes the exponentials'
-arguments in a pass of their own; ``stages`` is the depth of the Q/dO ring.
+arguments in a pass of their own; ``early_turn`` has the dQ writer take the turn while the step
+is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all or the last of the
+exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``stages`` is the
+depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -127,7 +130,6 @@ class HopperAttnBwd:
         joint_wait: bool = False,
         exp_tail: int = 0,
         early_meta: bool = False,
-        early_delta: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -219,12 +221,12 @@ class HopperAttnBwd:
         #   (0.97-1.06x per config, session 15).
         self.joint_wait = joint_wait
         # exp_tail: the last exp_tail of each thread's exponentials (all, if it has fewer:
-        #   64 per step at hd 64, 32 or 40 at hd 128) are computed after the
-        #   wait for dP^T, in the same basic block as dS^T, so that ptxas can issue them
-        #   between the dS arithmetic of the elements already done, while the others still
-        #   overlap the dP^T GEMM. Otherwise the exponential loop (one basic block per mask
-        #   path) ends in a run of ~40 back-to-back MUFUs (the FFMAs that feed them are done),
-        #   each waiting for the MUFU pipe, before the wait for dP^T.
+        #   64 per step at hd 64, 32 or 40 at hd 128) are computed after the wait for dP^T,
+        #   in one basic block with dS^T, so that ptxas issues them between the dS arithmetic
+        #   of the elements already done while the others still overlap the dP^T GEMM.
+        #   Without it the exponential loop (one basic block per mask path) ends in a run of
+        #   ~40 back-to-back MUFUs (their FFMAs are all done) before the wait for dP^T.
+        #   Measured 1.02-1.07x at hd 64 with 24 of 64, neutral at hd 128 (session 16).
         if joint_wait and exp_tail:
             raise ValueError("joint_wait and exp_tail both place the dP^T wait: pick one")
         if exp_tail < 0:
@@ -233,12 +235,9 @@ class HopperAttnBwd:
         # early_meta: the step's tile indices (and the edge test) are read from the ring slot
         #   before S^T and dP^T are issued, not after the wait for S^T: there the shared load
         #   waited behind the MIO queue before the first exponential could start (the largest
-        #   stall over FA4's at hd 128 full 8k, session 16's profile).
+        #   stall over FA4's at hd 128 full 8k, session 16's profile). Measured 1.00-1.03x
+        #   at hd 64 (with exp_tail), 0.98-1.02x at hd 128.
         self.early_meta = early_meta
-        # early_delta: each thread's delta values go into registers before the exponentials
-        #   (ptxas does not move shared loads above a wgmma wait, so after the wait for dP^T
-        #   the first dS subtraction waited for them).
-        self.early_delta = early_delta
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -994,43 +993,11 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
-        rDelta: cute.Tensor | None = None,
-        mma_sdp: cute.TiledMma | None = None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); delta from shared
-        memory, or from ``rDelta`` (``_load_delta``)."""
-        if const_expr(rDelta is not None):
-            columns = self._fragment_columns(mma_sdp)
-            distinct = list(dict.fromkeys(columns))
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            if const_expr(rDelta is not None):
-                delta = rDelta[distinct.index(columns[i])]
-            else:
-                _, m = tScS[i]
-                delta = sDelta[m, stage]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
-
-    def _fragment_columns(self, mma_sdp: cute.TiledMma) -> list[int]:
-        """Trace time: the Q-row column of each S^T accumulator element of thread 0. Every
-        thread's columns are these plus its own offset, so elements with equal entries here
-        share their column (and their LSE2/delta value) in every thread."""
-        ident = cute.make_identity_tensor((self.block_n, self.block_m))
-        coords = mma_sdp.get_slice(0).partition_C(ident)
-        return [coords[i][1] for i in range(cute.size(coords))]
-
-    @cute.jit
-    def _load_delta(
-        self, sDelta: cute.Tensor, stage: Int32, tScS: cute.Tensor, mma_sdp: cute.TiledMma
-    ) -> cute.Tensor:
-        """The delta value of each of this thread's distinct columns, in registers, in the
-        order of their first element (``_grad_scores`` indexes it the same way)."""
-        columns = self._fragment_columns(mma_sdp)
-        firsts = [columns.index(c) for c in dict.fromkeys(columns)]
-        rDelta = cute.make_rmem_tensor((len(firsts),), Float32)
-        for j in cutlass.range_constexpr(len(firsts)):
-            _, m = tScS[firsts[j]]
-            rDelta[j] = sDelta[m, stage]
-        return rDelta
+            _, m = tScS[i]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
 
     @cute.jit
     def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1196,9 +1163,6 @@ class HopperAttnBwd:
                 # hd 128 and spills at hd 64 (32 more live values).
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                rDelta = None
-                if const_expr(self.early_delta):
-                    rDelta = self._load_delta(sDelta, stage, tScS, mma_sdp)
                 probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if const_expr(self.joint_wait):
                     warpgroup.wait_group(0)
@@ -1231,7 +1195,7 @@ class HopperAttnBwd:
                     else:
                         self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, rDelta, mma_sdp)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

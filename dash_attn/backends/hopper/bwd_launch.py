@@ -75,14 +75,13 @@ for _tail in (16, 24, 32, 40, 48):
 for _tail in (8, 16):
     VARIANTS[f"t128_xw{_tail}"] = {**VARIANTS["t128_wg2"], "exp_tail": _tail}
     VARIANTS[f"t80_xt{_tail}"] = {**VARIANTS["t80_wg"], "exp_tail": _tail}
-# Session 16: the step's tile indices read before S^T/dP^T are issued (early_meta), delta in
-# registers before the exponentials (early_delta).
+# Session 16: the step's tile indices read before S^T/dP^T are issued (early_meta): shipped at
+# hd 64 with exp_tail 24 (t128_xm24), neutral at hd 128 (t80_em, t128_em2). (Delta read into
+# registers before the exponentials, early_delta, measured 0.97-1.00x at hd 128: git history,
+# faace62.)
 VARIANTS["t128_xm24"] = {**VARIANTS["t128_xt24"], "early_meta": True}
-for _name, _base in (("t80", "t80_wg"), ("t128", "t128_wg2")):
-    _suffix = "2" if _base.endswith("2") else ""
-    VARIANTS[f"{_name}_em{_suffix}"] = {**VARIANTS[_base], "early_meta": True}
-    VARIANTS[f"{_name}_ed{_suffix}"] = {**VARIANTS[_base], "early_delta": True}
-    VARIANTS[f"{_name}_emd{_suffix}"] = {**VARIANTS[_base], "early_meta": True, "early_delta": True}
+VARIANTS["t80_em"] = {**VARIANTS["t80_wg"], "early_meta": True}
+VARIANTS["t128_em2"] = {**VARIANTS["t128_wg2"], "early_meta": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

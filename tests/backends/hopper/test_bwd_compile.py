@@ -149,6 +149,12 @@ VARIANT_CONFIGS = [
     # S^T and dP^T awaited together (no faster, session 15).
     ("t128_ej", (64, torch.bfloat16, True, True)),
     ("t80_jw", (128, torch.float16, False, False)),
+    # Session 15's kernel at hd 64 (shipped before exp_tail and early_meta); the exponential
+    # tail alone, and each on the hd-128 kernels (no faster there, session 16).
+    ("t128_et", (64, torch.bfloat16, True, True)),
+    ("t128_xt24", (64, torch.float16, False, False)),
+    ("t80_xt16", (128, torch.bfloat16, False, True)),
+    ("t128_em2", (128, torch.bfloat16, True, True)),
 ]
 
 

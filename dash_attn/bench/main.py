@@ -81,8 +81,13 @@ GPU_WARMUP_S = 2.0
 DEFAULT_REP_MS = 100.0
 # Providers of one config timed in interleaved rounds, not one after the other: in a single
 # sequence, host-bound configs read up to 1.4x apart on the same launch depending on the
-# provider's place (H200, session 13; ``timing.ProviderTiming``).
-DEFAULT_ROUNDS = 3
+# provider's place (H200, session 13; ``timing.ProviderTiming``). An even number, so that with
+# every other round reversed each provider runs as often in a round's first half as in its
+# second: in session 16's 3-round run a config's first provider read 2.6% faster in round 1
+# than in round 2, where it came last (median over the 24 configs; 12% at d128 full 16k), FA4
+# in fifth place 0.6% (``ms_rounds`` in
+# benchmarks/results/h200/session16-8e4efe2/call5-8e4efe2/sweep/bench.csv).
+DEFAULT_ROUNDS = 4
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0
 DETERMINISM_SEQLEN = 4096

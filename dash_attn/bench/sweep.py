@@ -101,8 +101,8 @@ def _time_case(
     for round_index in range(rounds):
         # Every other round in reverse order, so that no provider always comes first: our
         # providers' first round read 2-6% faster than their later ones while FA4's, timed
-        # after them, did not (H200, session 15; the clock after the pause between configs,
-        # most likely).
+        # after them, did not (H200, session 15); with reversed rounds a provider's place
+        # still moves its time by several percent (session 16), hence an even default.
         ordered = providers if round_index % 2 == 0 else list(reversed(providers))
         for provider in ordered:
             if provider.name in failed:

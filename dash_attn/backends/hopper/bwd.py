@@ -226,7 +226,7 @@ class HopperAttnBwd:
         #   of the elements already done while the others still overlap the dP^T GEMM.
         #   Without it the exponential loop (one basic block per mask path) ends in a run of
         #   ~40 back-to-back MUFUs (their FFMAs are all done) before the wait for dP^T.
-        #   Measured 1.02-1.07x at hd 64 with 24 of 64, neutral at hd 128 (session 16).
+        #   Measured 1.03x (geomean) at hd 64 with 24 of 64, neutral at hd 128 (session 16).
         if joint_wait and exp_tail:
             raise ValueError("joint_wait and exp_tail both place the dP^T wait: pick one")
         if exp_tail < 0:
@@ -235,8 +235,9 @@ class HopperAttnBwd:
         # early_meta: the step's tile indices (and the edge test) are read from the ring slot
         #   before S^T and dP^T are issued, not after the wait for S^T: there the shared load
         #   waited behind the MIO queue before the first exponential could start (the largest
-        #   stall over FA4's at hd 128 full 8k, session 16's profile). Measured 1.00-1.03x
-        #   at hd 64 (with exp_tail), 0.98-1.02x at hd 128.
+        #   stall over FA4's at hd 128 full 8k, session 16's profile). No measurable effect
+        #   (session 16: 1.014x at hd 64 where the same kernel under another name read
+        #   1.012x, 0.98-1.02x at hd 128).
         self.early_meta = early_meta
 
     # ------------------------------------------------------------------ host-side setup

@@ -77,9 +77,8 @@ for _tail in (8, 16):
     VARIANTS[f"t80_xt{_tail}"] = {**VARIANTS["t80_wg"], "exp_tail": _tail}
 # Session 16: the step's tile indices read before S^T/dP^T are issued (early_meta): no
 # measurable effect; shipped at hd 64 with exp_tail 24 (t128_xm24, as checked and swept), not
-# at hd 128 (t80_em, t128_em2). (Delta read into
-# registers before the exponentials, early_delta, measured 0.97-1.00x at hd 128: git history,
-# faace62.)
+# at hd 128 (t80_em, t128_em2). (Delta read into registers before the exponentials,
+# early_delta, measured 0.97-1.00x at hd 128: git history, faace62.)
 VARIANTS["t128_xm24"] = {**VARIANTS["t128_xt24"], "early_meta": True}
 VARIANTS["t80_em"] = {**VARIANTS["t80_wg"], "early_meta": True}
 VARIANTS["t128_em2"] = {**VARIANTS["t128_wg2"], "early_meta": True}

@@ -228,7 +228,14 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     # 32-bit store per register pair.
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
     # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
-    assert mma_code.count("MUFU.EX2") == 2 * block_m * 128 // 256
+    per_thread = block_m * block_n // 256
+    assert mma_code.count("MUFU.EX2") == 2 * per_thread
+    if not options.get("joint_wait"):
+        # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
+        # exponentials of both copies but their last exp_tail each, which follow it.
+        before, after = _exponentials_around_dp_wait(mma_code)
+        tail = min(options.get("exp_tail", 0), per_thread)
+        assert (before, after) == (2 * (per_thread - tail), 2 * tail)
     # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
     # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
     dq_threads = "0xa0" if options.get("dq_wg") else "0x120"
@@ -243,6 +250,20 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
         for index in range(halves * bufs):
             assert f"BAR.ARV {hex(2 + 2 * index)}, {dq_threads}" in sass
         assert re.search(rf"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, {dq_threads}", mma_code)
+
+
+def _exponentials_around_dp_wait(mma_code: str) -> tuple[int, int]:
+    """MUFU.EX2 count of the step (SASS in address order) between the wait for S^T (the first
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait for dP^T (the next ``gsb0, 0x0``), and
+    from there to the next GEMM."""
+    lines = mma_code.splitlines()
+    s_wait = next(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line)
+    dp_wait = next(
+        i for i in range(s_wait, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i]
+    )
+    next_gemm = next(i for i in range(dp_wait, len(lines)) if "HGMMA" in lines[i])
+    count = lambda a, b: sum("MUFU.EX2" in line for line in lines[a:b])  # noqa: E731
+    return count(s_wait, dp_wait), count(dp_wait, next_gemm)
 
 
 def test_ffi_call_matches_the_kernel_signature() -> None:

@@ -5,14 +5,14 @@
     python tools/hopper/ncu_summary.py --raw raw.csv.gz [--source source.csv.gz]
 
 ``--raw``: per kernel (attention kernels only: dash-attn's hopper backward and forward, FA4's
-sm90 backward and forward),
-the time, clock (GHz), instructions, tensor-pipe activity (mean, min and max over the SMs),
-issue activity and the warps stalled per issued instruction by main reason.
+sm90 backward and forward), the time, clock (GHz), instructions, tensor-pipe activity (mean,
+min and max over the SMs), issue activity and the warps stalled per issued instruction by main
+reason.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
 (with each opcode's two main stall reasons and its shared-memory wavefronts against the
 conflict-free count), and the instructions with the most samples with their two main stall
-reasons. Samples count
-every warp (producer, dQ writer and idle warps too), so compare kernels of the same structure.
+reasons. Samples count every warp (producer, dQ writer and idle warps too), so compare kernels
+of the same structure.
 """
 
 from __future__ import annotations

@@ -334,7 +334,7 @@ def _auto_fallback(spec: ScheduleSpec) -> str:
     close to the SM count, or in the interpreter): then ``descending``, invariant too and
     without that need. The bits then differ from a launch with enough workers."""
     name = auto_schedule_name(spec)
-    shift_family = spec.invariant and name in ("shift", "symmetric_shift")
+    shift_family = spec.invariant and name in ("shift", "symmetric_shift", "shift_descending")
     if shift_family and lanes_per_group(name, spec.kv_tiles) > spec.workers:
         return FEW_WORKERS_AUTO_SCHEDULE
     return "auto"

@@ -54,7 +54,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .invariant import invariant_schedule
+from .invariant import invariant_schedule, mixed_invariant_schedule
 from .types import Dispatch, Mask, Schedule, ScheduleSpec, range_tables
 
 RANK_KV_ORDER = "kv_order"
@@ -338,11 +338,44 @@ def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
     return build_schedule("symmetric_shift", spec, Dispatch.STATIC, order, units, RANK_ARRIVAL)
 
 
+# The full mask's ``auto``, per sequence: ``descending`` from this many tile tasks (Q tiles x KV
+# tiles of the sequence) on, ``shift`` below. Why: a shift round (16 lanes) streams its whole
+# sequence's Q, dO and dQ through L2, and the rounds of one group run one after another, so a
+# long sequence is read from DRAM once per round (H200, d128 full 16k, ncu: 5.7 GB of DRAM
+# traffic against 0.7 GB for ``descending``, whose chains of a group run side by side). Where the
+# groups running side by side no longer fit in L2 that costs more than the pipeline fill that
+# ``descending`` pays (H200, hopper backend, session 17 call 1,
+# benchmarks/results/h200/session17-e67552e/call1-e67552e/orders): d128 (80 x 128 tiles) 8k:
+# 6592 tasks, shift 2% faster; 12k: 14784, descending 1.5% faster; 16k 4%, 32k 11%. d64
+# (128 x 128): 12k: 9216, shift 5% faster; 16k: 16384, equal; 32k: descending 3% faster.
+DESCENDING_MIN_TASKS = 12288
+
+
+def walks_down(spec: ScheduleSpec, batch: int) -> bool:
+    """Whether the full mask's ``auto`` gives sequence ``batch`` the ``descending`` order: at
+    least ``DESCENDING_MIN_TASKS`` tile tasks (a function of the sequence's lengths and tiles)."""
+    q_tiles, kv_tiles = spec.seq_tiles(batch)
+    return q_tiles * kv_tiles >= DESCENDING_MIN_TASKS
+
+
+def shift_descending(spec: ScheduleSpec) -> Schedule:
+    """Full mask, per sequence: ``descending``'s order for a sequence of at least
+    ``DESCENDING_MIN_TASKS`` tile tasks (``walks_down``), ``shift``'s below, in one static launch
+    (``invariant.mixed_invariant_schedule``). What ``auto`` runs for a pack that has both kinds;
+    each sequence's tables, and so its bits, equal those of the named schedule it gets.
+    ``invariant=False`` only caps the shift lanes at the worker count."""
+    check_schedule_fits("shift_descending", spec.mask)
+    return mixed_invariant_schedule(
+        "shift_descending", spec, lambda batch: walks_down(spec, batch), legacy_shift
+    )
+
+
 GENERATORS: dict[str, Callable[[ScheduleSpec], Schedule]] = {
     "fa3": fa3,
     "descending": descending,
     "shift": shift,
     "symmetric_shift": symmetric_shift,
+    "shift_descending": shift_descending,
 }
 
 
@@ -353,6 +386,7 @@ SCHEDULE_MASKS: dict[str, tuple[str, ...]] = {
     "descending": ("full", "causal", "local"),
     "shift": ("full",),
     "symmetric_shift": ("causal",),
+    "shift_descending": ("full",),
 }
 
 
@@ -413,6 +447,11 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     ``AUTO_PREFERENCE`` without simulating. Never a timing-based choice: schedules differ in the
     low bits of dQ, so the choice itself must be reproducible.
     """
+    if spec.invariant and spec.mask.kind == "full":
+        down = [walks_down(spec, b) for b in range(spec.batch) if spec.seq_tiles(b)[1] > 0]
+        if down and all(down):
+            return "descending"
+        return "shift_descending" if any(down) else "shift"
     if spec.invariant:
         return AUTO_INVARIANT[spec.mask.kind]
     names = [name for name in AUTO_PREFERENCE if name in applicable_schedules(spec)]

@@ -44,7 +44,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .types import Dispatch, Schedule, ScheduleSpec
+from .types import Dispatch, Schedule, ScheduleSpec, range_tables
 
 WAVE = 16
 """Lanes of a canonical layout at most: a constant of the engine, not of the GPU. It must stay
@@ -171,14 +171,17 @@ def group_layout(
     return canonical_layout(name, sequence_spec(spec, batch, lanes), legacy)
 
 
-def place_rounds(rounds: list[list[list[int]]], workers: int) -> list[list[list[int]]]:
+def place_rounds(
+    rounds: list[list[list[int]]], workers: int, load: np.ndarray | None = None
+) -> list[list[list[int]]]:
     """The worker of every unit: ``rounds[g][k][u]`` is the length (steps) of unit ``u`` of
     round ``k`` of group ``g``; returns the same nesting with workers (see the module).
+    ``load``: the workers' nominal loads before these rounds (updated in place); zeros if None.
 
     Raises:
         ValueError: a round has more units than there are workers.
     """
-    load = np.zeros(workers, dtype=np.int64)
+    load = np.zeros(workers, dtype=np.int64) if load is None else load
     group_free = [0] * len(rounds)  # nominal end of each group's latest round
     placement: list[list[list[int]]] = [[] for _ in rounds]
     depth = max((len(group) for group in rounds), default=0)
@@ -226,18 +229,126 @@ def invariant_schedule(
     the generators always use ``WAVE``, or the bits would depend on a caller's choice. A
     ``LaneCap`` gives each sequence its own cap from its KV tiles (``lanes`` study).
     """
-    group = spec.group_size
     layouts = [group_layout(name, spec, b, legacy, wave) for b in range(spec.batch)]
-    groups = [(b, g) for b in range(spec.batch) for g in range(spec.kv_heads)]
+    per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
+    _place_shift_groups(spec, layouts, list(range(spec.batch)), per_worker)
+    blocks = _shared_blocks(layouts, spec.group_size)
+    return _static_schedule(name, spec, [blocks[id(layout)] for layout in layouts], per_worker)
+
+
+def mixed_invariant_schedule(
+    name: str, spec: ScheduleSpec, walk_down: Callable[[int], bool], legacy_shift: Generator
+) -> Schedule:
+    """Each sequence ordered as ``shift`` or as ``descending``, in one static launch.
+
+    ``walk_down(b)`` says which: True gives sequence ``b`` the ``descending`` order (every KV
+    tile walks its Q range top-down, heads outer, ranks in KV order: ``descending_block``),
+    False its ``shift`` canonical layout; either way the tables of ``b`` equal those that
+    schedule gives it alone, so a sequence's bits are those of the named schedule.
+
+    Placement: the ``descending`` groups first (their chains are the long ones), chain after
+    chain in KV order, each to the least loaded worker (``place_chains``); then the shift
+    groups' rounds as in ``invariant_schedule``, on top of those loads. A ``descending`` rank
+    edge goes from KV tile ``j - 1`` to ``j``, placed earlier, so the module's deadlock argument
+    holds for the mix; ``validate`` checks it. ``spec.invariant`` False caps the shift lanes at
+    the worker count (so any worker count serves; the order then follows it).
+    """
+    down = [walk_down(b) for b in range(spec.batch)]
+    # invariant=False lets the lanes follow the worker count (never more than there are).
+    wave = WAVE if spec.invariant else min(WAVE, spec.workers)
+    layouts = [
+        CanonicalLayout(lanes=(), q_order=(), ranks=())
+        if down[b]
+        else group_layout("shift", spec, b, legacy_shift, wave)
+        for b in range(spec.batch)
+    ]
+    per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
+    load = np.zeros(spec.workers, dtype=np.int64)
+    down_blocks: dict[object, tuple[np.ndarray, ...]] = {}
+    block_of: list[tuple[np.ndarray, ...]] = []
+    for b in range(spec.batch):
+        if down[b]:
+            key = spec.seqlens[b] if spec.seqlens is not None else None
+            if key not in down_blocks:
+                down_blocks[key] = descending_block(spec, b)
+            block_of.append(down_blocks[key])
+        else:
+            block_of.append(())
+    down_groups = [(b, g) for b in range(spec.batch) if down[b] for g in range(spec.kv_heads)]
+    chain_workers = place_chains(
+        [block_of[b][3].tolist() for b, _ in down_groups], spec.workers, load
+    )
+    for (b, g), workers in zip(down_groups, chain_workers, strict=True):
+        for kv_tile, worker in enumerate(workers):
+            per_worker[worker].append(spec.chain_id(b, g, kv_tile))
+    shift_batches = [b for b in range(spec.batch) if not down[b]]
+    _place_shift_groups(spec, layouts, shift_batches, per_worker, load)
+    shift_blocks = _shared_blocks([layouts[b] for b in shift_batches], spec.group_size)
+    for b in shift_batches:
+        block_of[b] = shift_blocks[id(layouts[b])]
+    return _static_schedule(name, spec, block_of, per_worker)
+
+
+def descending_block(
+    spec: ScheduleSpec, batch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps of sequence ``batch``'s chains (kv head 0) as ``descending`` orders them: each KV
+    tile walks its Q range top-down, heads outer; rank = the KV tile's place among the tiles
+    that meet the Q tile. Returns ``_group_block``'s four arrays."""
+    group = spec.group_size
+    tables = range_tables(spec)
+    heads, tiles, ranks, counts = [], [], [], []
+    for kv_tile in range(spec.seq_tiles(batch)[1]):
+        lo, hi = int(tables.q_lo[batch, kv_tile]), int(tables.q_hi[batch, kv_tile])
+        walk = np.arange(hi - 1, lo - 1, -1, dtype=np.int64)
+        heads.append(np.repeat(np.arange(group, dtype=np.int64), len(walk)))
+        tiles.append(np.tile(walk, group))
+        ranks.append(np.tile(kv_tile - tables.kv_lo[batch, walk].astype(np.int64), group))
+        counts.append(len(walk) * group)
+    empty = np.zeros(0, np.int64)
+    if not counts:
+        return empty, empty, empty, empty
+    return (
+        np.concatenate(heads),
+        np.concatenate(tiles),
+        np.concatenate(ranks),
+        np.asarray(counts, dtype=np.int64),
+    )
+
+
+def place_chains(lengths: list[list[int]], workers: int, load: np.ndarray) -> list[list[int]]:
+    """The worker of every chain of groups summed in KV order: ``lengths[g][j]`` is the steps of
+    chain ``j`` of group ``g``. Group after group, chain after chain, each goes to the least
+    loaded worker (ties to the lower index), where dynamic tickets would go if every step took
+    the same time. ``load`` is updated in place."""
+    placement: list[list[int]] = []
+    for group in lengths:
+        chosen = []
+        for length in group:
+            worker = int(np.argmin(load))  # the first of the least loaded
+            load[worker] += length
+            chosen.append(worker)
+        placement.append(chosen)
+    return placement
+
+
+def _place_shift_groups(
+    spec: ScheduleSpec,
+    layouts: list[CanonicalLayout],
+    batches: list[int],
+    per_worker: list[list[int]],
+    load: np.ndarray | None = None,
+) -> None:
+    """Place the rounds of the groups of ``batches`` (``place_rounds``) and append their
+    chains to ``per_worker`` in placement order (round-major, as ``place_rounds`` goes)."""
+    group = spec.group_size
+    groups = [(b, g) for b in batches for g in range(spec.kv_heads)]
     lengths_of = [
         [[layouts[b].unit_steps(unit) * group for unit in units] for units in layouts[b].rounds]
         for b, _ in groups
     ]
-    placement = place_rounds(lengths_of, spec.workers)
-
-    # Rebuild the placement order (round-major, as place_rounds went) to append units.
-    per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
-    depth = max((len(layout.rounds) for layout in layouts), default=0)
+    placement = place_rounds(lengths_of, spec.workers, load)
+    depth = max((len(layouts[b].rounds) for b in batches), default=0)
     for k in range(depth):
         for (b, g), workers in zip(groups, placement, strict=True):
             if k >= len(workers):
@@ -245,21 +356,38 @@ def invariant_schedule(
             for unit, worker in zip(layouts[b].rounds[k], workers[k], strict=True):
                 per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)
 
-    # One block of steps per distinct sequence (kv head 0), shifted to each kv head's q heads:
-    # equal sequences share their cached layout, so a pack builds each block once.
+
+def _shared_blocks(
+    layouts: list[CanonicalLayout], group: int
+) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """One block of steps per distinct layout (equal sequences share their cached layout, so a
+    pack builds each block once), keyed by ``id``."""
     blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-    lengths = np.zeros(spec.num_chains, dtype=np.int64)
-    heads, tiles, ranks = [], [], []
-    for b, g in groups:
-        layout = layouts[b]
+    for layout in layouts:
         if id(layout) not in blocks:
             blocks[id(layout)] = _group_block(layout, group)
-        block_heads, block_tiles, block_ranks, chain_lengths = blocks[id(layout)]
-        first = spec.chain_id(b, g, 0)
-        lengths[first : first + len(chain_lengths)] = chain_lengths
-        heads.append(block_heads + g * group)
-        tiles.append(block_tiles)
-        ranks.append(block_ranks)
+    return blocks
+
+
+def _static_schedule(
+    name: str,
+    spec: ScheduleSpec,
+    block_of: list[tuple[np.ndarray, ...]],
+    per_worker: list[list[int]],
+) -> Schedule:
+    """Assemble the tables: sequence ``b``'s block (kv head 0) shifted to each kv head's q
+    heads, chains in id order; workers' lists concatenated."""
+    group = spec.group_size
+    lengths = np.zeros(spec.num_chains, dtype=np.int64)
+    heads, tiles, ranks = [], [], []
+    for b in range(spec.batch):
+        block_heads, block_tiles, block_ranks, chain_lengths = block_of[b]
+        for g in range(spec.kv_heads):
+            first = spec.chain_id(b, g, 0)
+            lengths[first : first + len(chain_lengths)] = chain_lengths
+            heads.append(block_heads + g * group)
+            tiles.append(block_tiles)
+            ranks.append(block_ranks)
     empty = np.zeros(0, np.int64)
     return Schedule(
         name=name,

@@ -122,6 +122,33 @@ def test_bitwise_repeatable_every_schedule(backend, headdim, causal, busy):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_long_full_sequence_walks_down_static_or_dynamic(backend):
+    """A full-mask sequence past DESCENDING_MIN_TASKS tile tasks (15625 with 128 x 128 tiles):
+    ``auto`` runs ``descending`` (dynamic tickets); ``shift_descending`` runs the same tables
+    from static worker lists. Same bits both ways, repeatable with another stream busy, and
+    within the flash-attn rule of the fp32 reference."""
+    q, k, v = make_qkv(1, 16000, 16000, 2, 1, 64, torch.bfloat16, "cuda", 5)
+    _skip_if_uncovered(backend, q, k, False)
+    dout = torch.randn_like(q)
+    dynamic = _grads(_dash(False, backend), q, k, v, dout)
+    assert last_launch_info().schedule.name == "descending"
+    other = torch.cuda.Stream()
+    for busy in (False, True):
+        if busy:
+            _busy_stream_matmuls(other)
+        static = _grads(_dash(False, backend, "shift_descending"), q, k, v, dout)
+        plan = last_launch_info()
+        assert plan.schedule.name == "shift_descending" and plan.schedule.dispatch.value == "static"
+        for name, x, y in zip(GRADS, dynamic, static, strict=True):
+            assert torch.equal(x, y), f"{name}: static and dynamic walks differ [{backend}]"
+    torch.cuda.synchronize()
+    ref = _grads(lambda a, b, c: attention_ref(a, b, c)[0], q, k, v, dout)
+    same = _grads(lambda a, b, c: attention_ref(a, b, c, upcast=False)[0], q, k, v, dout)
+    for name, g, r, s in zip(GRADS, dynamic, ref, same, strict=True):
+        assert_close_to_ref(f"{name} [{backend}, long full]", g, r, s, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nondeterministic_mode_is_correct_and_reported(backend):
     # Arrival order: usually differs in the low bits of dq. What must hold is that it is still
     # correct (above) and that det mode is the one that repeats; report whether it repeated.

@@ -233,9 +233,10 @@ def test_generator_invariants(name: str, spec: ScheduleSpec) -> None:
         steps = schedule.chain_steps(chain)
         heads = [h for h, _, _ in steps]
         group = spec.group_size
-        assert heads == sorted(heads) and set(heads) == set(
-            range(kv_head * group, (kv_head + 1) * group)
-        )
+        # Heads outer, except the mixed schedule's shift part: its canonical layout goes Q
+        # tile major, heads inner (invariant.py).
+        assert name == "shift_descending" or heads == sorted(heads)
+        assert set(heads) == set(range(kv_head * group, (kv_head + 1) * group))
         tiles = [q for h, q, _ in steps if h == heads[0]]
         first = spec.first_q_tile(kv_tile)
         assert sorted(tiles) == list(range(first, spec.q_tiles))
@@ -243,7 +244,7 @@ def test_generator_invariants(name: str, spec: ScheduleSpec) -> None:
             assert tiles == sorted(tiles)
         elif name == "descending":
             assert tiles == sorted(tiles, reverse=True)
-        elif name == "shift":
+        elif name in ("shift", "shift_descending"):  # these specs are far below its threshold
             assert all((b - a) % spec.q_tiles == 1 for a, b in zip(tiles, tiles[1:], strict=False))
     if name in ("fa3", "descending"):
         assert schedule.dispatch is Dispatch.DYNAMIC
@@ -306,7 +307,13 @@ def test_mask_specific_schedules_reject_the_other_mask() -> None:
 def test_auto_and_registry() -> None:
     full = make_spec(q_tiles=4, kv_tiles=4, workers=4)
     causal = make_spec(q_tiles=4, kv_tiles=4, workers=4, causal=True)
-    assert set(schedule_names()) == {"fa3", "descending", "shift", "symmetric_shift"}
+    assert set(schedule_names()) == {
+        "fa3",
+        "descending",
+        "shift",
+        "symmetric_shift",
+        "shift_descending",
+    }
     # full: shift has no bubble (8 steps); causal: symmetric_shift pairs 4 columns onto 2 of the
     # 4 workers (10 steps), descending runs the longest column on its own (8).
     assert auto_schedule_name(full) == "shift" and auto_schedule_name(causal) == "descending"

@@ -23,6 +23,7 @@ from dash_attn.schedule import (
     simulate,
     validate,
 )
+from dash_attn.schedule.generators import DESCENDING_MIN_TASKS
 from dash_attn.schedule.invariance import invariance_errors, sequence_order
 from dash_attn.schedule.invariant import WAVE, lanes_per_group
 
@@ -141,7 +142,9 @@ def test_group_wider_than_the_workers_is_a_clear_error() -> None:
     assert lanes_per_group("shift", 1000) == WAVE
 
 
-def test_auto_is_a_function_of_the_mask_only() -> None:
+def test_auto_is_a_function_of_the_mask_and_each_sequence() -> None:
+    """Causal and window: the mask alone. Full: each sequence's tile tasks (``walks_down``), so
+    a sequence gets the same order alone and in any pack, at any worker count."""
     for mask, name in [
         (FULL, "shift"),
         (CAUSAL, "symmetric_shift"),
@@ -150,6 +153,44 @@ def test_auto_is_a_function_of_the_mask_only() -> None:
         for workers in (16, 132):
             spec = packed_spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
             assert auto_schedule_name(spec) == name
+    # 112 x 112 tiles of 16 tokens: 12544 tasks, over DESCENDING_MIN_TASKS; 300 tokens: 19 x 19.
+    long, short = (1792, 1792), (300, 300)
+    assert 112 * 112 >= DESCENDING_MIN_TASKS > 19 * 19
+    for pack, name in [
+        ([long], "descending"),
+        ([long, long], "descending"),
+        ([short, long], "shift_descending"),
+        ([long, (0, 0), short], "shift_descending"),
+    ]:
+        spec = packed_spec(pack, mask=FULL, block=(16, 16), heads=(2, 1), workers=40)
+        assert auto_schedule_name(spec) == name
+
+
+def test_mixed_full_pack_orders_each_sequence_as_its_named_schedule() -> None:
+    """``shift_descending``: valid, and every sequence carries the tables ``auto`` gives it alone
+    (``descending`` from DESCENDING_MIN_TASKS tile tasks on, ``shift`` below), at several worker
+    counts; with invariant=False the shift lanes follow the worker count instead."""
+    long, short, other = (1792, 1792), (300, 300), (700, 650)
+    pack = [short, long, other, (0, 0), long]
+    for workers in (16, 40, 132):
+        spec = packed_spec(pack, mask=FULL, block=(16, 16), heads=(4, 2), workers=workers)
+        schedule = make_schedule("auto", spec)
+        assert schedule.name == "shift_descending"
+        assert validate(schedule).valid
+        for b, lengths in enumerate(pack):
+            if lengths == (0, 0):
+                continue
+            alone = make_schedule(
+                "auto", packed_spec([lengths], mask=FULL, block=(16, 16), heads=(2, 1))
+            )
+            assert alone.name == ("descending" if lengths == long else "shift")
+            assert invariance_errors(schedule, b, alone, 0) == []
+    few = packed_spec(pack, mask=FULL, block=(16, 16), heads=(4, 2), workers=3)
+    with pytest.raises(ValueError, match="co-resident workers"):
+        make_schedule("shift_descending", few)
+    loose = make_schedule("shift_descending", dataclasses.replace(few, invariant=False))
+    assert validate(loose).valid
+    assert invariance_errors(loose, 1, make_schedule("descending", few), 1) == []
 
 
 @pytest.mark.parametrize("seed", range(6))

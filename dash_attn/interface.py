@@ -128,10 +128,13 @@ _SHARED_ARGS_DOC = """
         softcap, alibi_slopes: must be 0.0 / None (not implemented).
         deterministic: fixed-order dQ accumulation in the backward (default True).
         return_attn_probs: must be False (use ``return_lse`` for the log-sum-exp).
-        schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only) or
-            ``"symmetric_shift"`` (causal only): which DASH schedule the backward runs.
-            ``"auto"`` is a pure function of each sequence's lengths, the mask and the head dim
-            (never of timing or of the GPU when ``invariant=True``).
+        schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only),
+            ``"symmetric_shift"`` (causal only) or ``"shift_descending"`` (full mask only: per
+            sequence ``descending`` from 12288 tile tasks on, ``shift`` below): which DASH
+            schedule the backward runs. ``"auto"`` is a pure function of each sequence's
+            lengths, the mask and the head dim (never of timing or of the GPU when
+            ``invariant=True``): ``symmetric_shift`` for causal, ``descending`` for a window,
+            and on the full mask ``shift`` for short sequences, ``descending`` for long ones.
         backend: ``"auto"``, ``"triton"`` or ``"hopper"``: which kernels run. ``"auto"`` takes
             the fastest one that covers the call; ``last_launch_info()`` says which ran and why.
             Naming a backend that cannot run the call raises.
@@ -149,8 +152,9 @@ _SHARED_ARGS_DOC = """
             DASH paper's tables do); gradients are then reproducible only for the same batch,
             heads, GPU model and ``sm_margin``. Cost: the invariant shift schedules give each
             (sequence, kv head) group at most 16 SMs, so with fewer than ~8 groups (batch 1
-            with few KV heads) ``auto`` leaves SMs idle; pass ``schedule="descending"`` (also
-            invariant) or ``invariant=False`` there.
+            with few KV heads) ``auto`` leaves SMs idle on causal masks and short full-mask
+            sequences; pass ``schedule="descending"`` (also invariant) or ``invariant=False``
+            there.
 """
 
 

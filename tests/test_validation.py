@@ -172,8 +172,8 @@ BAD = [
         "schedule-unknown",
         _set(schedule="ascending"),
         ValueError,
-        r"schedule must be one of \['auto', 'fa3', 'descending', 'shift', 'symmetric_shift'\], "
-        r"got 'ascending'",
+        r"schedule must be one of \['auto', 'fa3', 'descending', 'shift', 'symmetric_shift', "
+        r"'shift_descending'\], got 'ascending'",
     ),
     ("schedule-case", _set(schedule="Shift"), ValueError, r"schedule must be one of .* 'Shift'"),
     (
@@ -250,7 +250,8 @@ def test_mqa_causal_with_every_option_set():
 def test_schedule_names_accepted_for_their_mask(schedule, causal):
     kwargs = _good()
     kwargs.update(schedule=schedule, causal=causal)
-    if (schedule, causal) in (("shift", True), ("symmetric_shift", False)):
+    mismatched = (("shift", True), ("symmetric_shift", False), ("shift_descending", True))
+    if (schedule, causal) in mismatched:
         with pytest.raises(ValueError, match="schedule="):
             check_inputs(**kwargs)
     else:

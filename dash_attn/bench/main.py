@@ -85,8 +85,8 @@ DEFAULT_REP_MS = 100.0
 # every other round reversed each provider runs as often in a round's first half as in its
 # second: in session 16's 3-round run a config's first provider read 2.6% faster in round 1
 # than in round 2, where it came last (median over the 24 configs; 12% at d128 full 16k), FA4
-# in fifth place 0.6% (``ms_rounds`` in
-# benchmarks/results/h200/session16-8e4efe2/call5-8e4efe2/sweep/bench.csv).
+# in fifth place 0.6% (``ms_rounds`` in session 16's call5-8e4efe2/sweep/bench.csv, in git
+# history at 85ebde9).
 DEFAULT_ROUNDS = 4
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0

@@ -34,6 +34,9 @@ Generators (paper section 3):
   (long column with short column: equal work per worker). KV tile ``p`` first walks the rectangle
   every concurrent long column covers, cyclically shifted, then the rest of its column ascending
   (the folded triangle); KV tile ``N - 1 - p`` then walks its column descending. Static dispatch.
+* ``shift_descending``: full mask only; per sequence, ``descending``'s tables from
+  ``DESCENDING_MIN_TASKS`` tile tasks on and ``shift``'s below, in one static launch
+  (``invariant.mixed_invariant_schedule``): what ``auto`` runs for a pack with both kinds.
 
 Order invariance (``ScheduleSpec.invariant``, the default). ``fa3`` and ``descending`` are
 invariant by construction (their orders and ranks depend on the sequence alone). The two shift
@@ -41,9 +44,10 @@ schedules define their waves on the real workers; by default they are rebuilt pe
 kv head) on ``invariant.WAVE`` virtual lanes and placed on the workers afterwards
 (``invariant.py``), and ``invariant=False`` keeps the worker-dependent tables (``legacy_*``).
 
-``auto`` (``auto_schedule_name``): invariant specs: ``shift`` (full), ``symmetric_shift`` (causal),
-``descending`` (local). ``invariant=False``: the model's fastest applicable schedule (c = r = 1,
-ties to the shift schedule of the mask, then ``descending``, then ``fa3``) up to
+``auto`` (``auto_schedule_name``): invariant specs: ``symmetric_shift`` (causal), ``descending``
+(local), and for the full mask ``shift``, ``descending`` or ``shift_descending`` by the sequences'
+tile tasks (``walks_down``). ``invariant=False``: the model's fastest applicable schedule
+(c = r = 1, ties to the shift schedule of the mask, then ``descending``, then ``fa3``) up to
 ``AUTO_SIMULATE_MAX_TASKS`` tile tasks; past that, the mask's first of ``AUTO_PREFERENCE``.
 """
 
@@ -421,6 +425,8 @@ AUTO_PREFERENCE = ("shift", "symmetric_shift", "descending", "fa3")
 AUTO_SIMULATE_MAX_TASKS = 2048
 # auto of an order-invariant spec, by Mask.kind: a function of the mask alone, so of no worker
 # count, batch or other sequence (tools/invariance_model.py and tools/band_model.py measured it).
+# The full mask's entry is the rule for short sequences; auto_schedule_name refines it per
+# sequence (walks_down).
 AUTO_INVARIANT: dict[str, str] = {
     "full": "shift",
     "causal": "symmetric_shift",
@@ -431,11 +437,14 @@ AUTO_INVARIANT: dict[str, str] = {
 def auto_schedule_name(spec: ScheduleSpec) -> str:
     """The documented ``schedule="auto"`` rule: a pure function of the tile-level shape.
 
-    ``spec.invariant`` (the default): ``AUTO_INVARIANT[spec.mask.kind]``: ``shift`` for the full
-    mask, ``symmetric_shift`` for causal, ``descending`` for a window (local): its chains walk
-    their band top-down, so the KV tiles of a dQ tile arrive in ascending order, the order the
-    ranks ask for (the band-mask study in ``tools/invariance_model.py``). It depends on the mask
-    only, never on the worker count, so the order it implies is invariant too. Known cost
+    ``spec.invariant`` (the default): ``symmetric_shift`` for causal, ``descending`` for a window
+    (local): its chains walk their band top-down, so the KV tiles of a dQ tile arrive in
+    ascending order, the order the ranks ask for (the band-mask study in
+    ``tools/invariance_model.py``). The full mask, per sequence (``walks_down``: its Q tiles x KV
+    tiles against ``DESCENDING_MIN_TASKS``): ``descending`` if every sequence is long, ``shift``
+    if none is, ``shift_descending`` (each sequence as it would be alone) for a mix. It depends
+    on the mask and each sequence's own tiles, never on the worker count or the other
+    sequences, so the order it implies is invariant too. Known cost
     (``invariant.WAVE``): with few (sequence, kv head) groups per launch, the shift schedules
     leave most workers idle; ``descending`` or ``invariant=False`` serve those shapes better.
 

@@ -34,6 +34,12 @@ otherwise). ``validate`` checks the result independently.
 
 Only the dispatch (which worker runs which lane) depends on the worker count and the other
 groups; it changes no bit.
+
+Mixed launches (``mixed_invariant_schedule``, the full mask's ``auto`` for a pack of long and
+short sequences): a long sequence's groups take ``descending``'s tables (a function of the
+sequence alone) and are placed first, chain by chain in KV order; every rank edge of such a
+group goes from KV tile ``j - 1`` to ``j``, placed earlier, so the argument above holds for the
+mix with any number of co-resident workers for those groups.
 """
 
 from __future__ import annotations

@@ -140,14 +140,14 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 14's forward sweep (per config and summary) and end-to-end blocks, session 16's
+    # Session 14's forward sweep (per config and summary) and end-to-end blocks, session 17's
     # hopper backward rounds, and session 13's interleaved host-path table, from their own
     # files.
     text = readme.read_text()
     session14 = results / "session14-034bb82"
     sweeps = (
         session14 / "call3-034bb82" / "fwd" / "bench.csv",
-        results / "session16-8e4efe2" / "call6-8e4efe2" / "sweep" / "bench.csv",
+        results / "session17-85ebde9" / "call2-85ebde9" / "sweep" / "bench.csv",
     )
     for path in sweeps:
         rows = report.read_csv(path)

@@ -39,10 +39,10 @@ _BWD_TILES = {
 # while the step is computed (early_turn: 0.99-1.07x at hd 64 to 4k tokens, 0.98x at full
 # 8k-16k, 0.96-1.00x at hd 128 causal: session15 call2/call3 bwd_ab*.txt, git history at
 # 3547dd0), the last 24 of 64 exponentials after the dP^T wait (exp_tail: 1.03x geomean,
-# session16 call1/call2 bwd_ab*.txt) and the tile indices read before the GEMMs (early_meta:
-# no measurable effect, call3/call4; kept, as checked and swept). At hd 128 causal two dQ
-# staging buffers, at hd 128 full 80 x 128 tiles. Its tiles must equal _BWD_TILES' (tests
-# check).
+# session16 call1/call2 bwd_ab*.txt, git history at 85ebde9) and the tile indices read before
+# the GEMMs (early_meta: no measurable effect, call3/call4; kept, as checked and swept). At hd
+# 128 causal two dQ staging buffers, at hd 128 full 80 x 128 tiles. Its tiles must equal
+# _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24",
     (64, "causal"): "t128_xm24",

@@ -370,7 +370,7 @@ def shift_descending(spec: ScheduleSpec) -> Schedule:
     ``invariant=False`` only caps the shift lanes at the worker count."""
     check_schedule_fits("shift_descending", spec.mask)
     return mixed_invariant_schedule(
-        "shift_descending", spec, lambda batch: walks_down(spec, batch), legacy_shift
+        "shift_descending", spec, lambda batch: walks_down(spec, batch), legacy_shift, descending
     )
 
 

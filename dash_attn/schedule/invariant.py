@@ -44,13 +44,13 @@ mix with any number of co-resident workers for those groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
-from .types import Dispatch, Schedule, ScheduleSpec, range_tables
+from .types import Dispatch, Schedule, ScheduleSpec
 
 WAVE = 16
 """Lanes of a canonical layout at most: a constant of the engine, not of the GPU. It must stay
@@ -243,14 +243,18 @@ def invariant_schedule(
 
 
 def mixed_invariant_schedule(
-    name: str, spec: ScheduleSpec, walk_down: Callable[[int], bool], legacy_shift: Generator
+    name: str,
+    spec: ScheduleSpec,
+    walk_down: Callable[[int], bool],
+    legacy_shift: Generator,
+    descending: Generator,
 ) -> Schedule:
     """Each sequence ordered as ``shift`` or as ``descending``, in one static launch.
 
-    ``walk_down(b)`` says which: True gives sequence ``b`` the ``descending`` order (every KV
-    tile walks its Q range top-down, heads outer, ranks in KV order: ``descending_block``),
-    False its ``shift`` canonical layout; either way the tables of ``b`` equal those that
-    schedule gives it alone, so a sequence's bits are those of the named schedule.
+    ``walk_down(b)`` says which: True gives sequence ``b`` the tables ``descending(spec)`` has
+    for it (every KV tile walks its Q range top-down, heads outer, ranks in KV order), False
+    its ``shift`` canonical layout; either way the tables of ``b`` equal those that schedule
+    gives it alone, so a sequence's bits are those of the named schedule.
 
     Placement: the ``descending`` groups first (their chains are the long ones), chain after
     chain in KV order, each to the least loaded worker (``place_chains``); then the shift
@@ -260,26 +264,19 @@ def mixed_invariant_schedule(
     the worker count (so any worker count serves; the order then follows it).
     """
     down = [walk_down(b) for b in range(spec.batch)]
+    walked = descending(spec) if any(down) else None
     # invariant=False lets the lanes follow the worker count (never more than there are).
     wave = WAVE if spec.invariant else min(WAVE, spec.workers)
-    layouts = [
-        CanonicalLayout(lanes=(), q_order=(), ranks=())
-        if down[b]
-        else group_layout("shift", spec, b, legacy_shift, wave)
+    shift_batches = [b for b in range(spec.batch) if not down[b]]
+    layouts = {b: group_layout("shift", spec, b, legacy_shift, wave) for b in shift_batches}
+    shift_blocks = _shared_blocks(list(layouts.values()), spec.group_size)
+    block_of = [
+        _chains_block(walked, spec, b) if walked is not None and down[b]
+        else shift_blocks[id(layouts[b])]
         for b in range(spec.batch)
-    ]
+    ]  # fmt: skip
     per_worker: list[list[int]] = [[] for _ in range(spec.workers)]
     load = np.zeros(spec.workers, dtype=np.int64)
-    down_blocks: dict[object, tuple[np.ndarray, ...]] = {}
-    block_of: list[tuple[np.ndarray, ...]] = []
-    for b in range(spec.batch):
-        if down[b]:
-            key = spec.seqlens[b] if spec.seqlens is not None else None
-            if key not in down_blocks:
-                down_blocks[key] = descending_block(spec, b)
-            block_of.append(down_blocks[key])
-        else:
-            block_of.append(())
     down_groups = [(b, g) for b in range(spec.batch) if down[b] for g in range(spec.kv_heads)]
     chain_workers = place_chains(
         [block_of[b][3].tolist() for b, _ in down_groups], spec.workers, load
@@ -287,38 +284,23 @@ def mixed_invariant_schedule(
     for (b, g), workers in zip(down_groups, chain_workers, strict=True):
         for kv_tile, worker in enumerate(workers):
             per_worker[worker].append(spec.chain_id(b, g, kv_tile))
-    shift_batches = [b for b in range(spec.batch) if not down[b]]
     _place_shift_groups(spec, layouts, shift_batches, per_worker, load)
-    shift_blocks = _shared_blocks([layouts[b] for b in shift_batches], spec.group_size)
-    for b in shift_batches:
-        block_of[b] = shift_blocks[id(layouts[b])]
     return _static_schedule(name, spec, block_of, per_worker)
 
 
-def descending_block(
-    spec: ScheduleSpec, batch: int
+def _chains_block(
+    schedule: Schedule, spec: ScheduleSpec, batch: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps of sequence ``batch``'s chains (kv head 0) as ``descending`` orders them: each KV
-    tile walks its Q range top-down, heads outer; rank = the KV tile's place among the tiles
-    that meet the Q tile. Returns ``_group_block``'s four arrays."""
-    group = spec.group_size
-    tables = range_tables(spec)
-    heads, tiles, ranks, counts = [], [], [], []
-    for kv_tile in range(spec.seq_tiles(batch)[1]):
-        lo, hi = int(tables.q_lo[batch, kv_tile]), int(tables.q_hi[batch, kv_tile])
-        walk = np.arange(hi - 1, lo - 1, -1, dtype=np.int64)
-        heads.append(np.repeat(np.arange(group, dtype=np.int64), len(walk)))
-        tiles.append(np.tile(walk, group))
-        ranks.append(np.tile(kv_tile - tables.kv_lo[batch, walk].astype(np.int64), group))
-        counts.append(len(walk) * group)
-    empty = np.zeros(0, np.int64)
-    if not counts:
-        return empty, empty, empty, empty
+    """``schedule``'s steps of sequence ``batch``'s chains of kv head 0, as ``_group_block``'s
+    four arrays (q heads, Q tiles, ranks, steps per chain)."""
+    first = spec.chain_id(batch, 0, 0)
+    starts = schedule.chain_start[first : first + spec.seq_tiles(batch)[1] + 1]
+    lo, hi = int(starts[0]), int(starts[-1])
     return (
-        np.concatenate(heads),
-        np.concatenate(tiles),
-        np.concatenate(ranks),
-        np.asarray(counts, dtype=np.int64),
+        schedule.step_q_head[lo:hi],
+        schedule.step_q_tile[lo:hi],
+        schedule.step_rank[lo:hi],
+        np.diff(starts),
     )
 
 
@@ -340,7 +322,7 @@ def place_chains(lengths: list[list[int]], workers: int, load: np.ndarray) -> li
 
 def _place_shift_groups(
     spec: ScheduleSpec,
-    layouts: list[CanonicalLayout],
+    layouts: Sequence[CanonicalLayout] | dict[int, CanonicalLayout],
     batches: list[int],
     per_worker: list[list[int]],
     load: np.ndarray | None = None,

@@ -73,7 +73,15 @@ from .report import (
 )
 from .runinfo import Deadline, LogTo, gpu_slug, machine_info
 from .sweep import Skips, run_determinism, run_sweep
-from .timing import MODES, Timer, do_bench_ms, gpu_alive, short_reason, warm_up_gpu
+from .timing import (
+    MIN_TIMED_CALLS,
+    MODES,
+    Timer,
+    do_bench_ms,
+    gpu_alive,
+    short_reason,
+    warm_up_gpu,
+)
 
 DEFAULT_WARMUP_MS = 25.0
 # Seconds of matmuls before the run's first timing (see timing.warm_up_gpu).
@@ -368,7 +376,10 @@ def _run_gpu(
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
                     "hidden": args.hidden,
-                    "timer": "triton.testing.do_bench, median, L2 flushed",
+                    "timer": (
+                        "triton.testing.do_bench, median, L2 flushed, at least "
+                        f"{MIN_TIMED_CALLS} timed calls per round"
+                    ),
                 },
                 "rows": current,
                 "skipped": skips.items,

@@ -52,24 +52,44 @@ def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+# Timed calls per round at least, however long a call takes. With the sweep's default (100 ms
+# in four rounds) ``do_bench`` times a 10 ms backward (d128 full 16k) two or three times per
+# round, so one call run at a lower clock moved that config's ratio by several percent between
+# runs (0.90x in the sweeps against 0.94-0.95x in 60 ms-per-round A/B runs; H200, session 17).
+MIN_TIMED_CALLS = 5
+
+
 def do_bench_ms(
     fn: Callable[[], Any],
     warmup: float,
     rep: float,
     grad_to_none: Sequence[Any] | None = None,
+    min_calls: int = MIN_TIMED_CALLS,
 ) -> float:
-    """Median time of ``fn`` in ms with ``triton.testing.do_bench`` (L2 flushed before each call).
+    """Median time of ``fn`` in ms with ``triton.testing.do_bench`` (L2 flushed before each call),
+    over at least ``min_calls`` timed calls.
 
     The median, not Triton's default mean: one slow outlier (a clock change, another process)
-    should not move a number that is compared to others at the percent level.
+    should not move a number that is compared to others at the percent level. ``do_bench`` times
+    ``rep / estimate`` calls; where that is fewer than ``min_calls`` it runs again for the rest
+    (its own warm-up and estimate calls come first, so the added calls are not cold).
     """
     import triton.testing
 
-    return float(
-        triton.testing.do_bench(
-            fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median"
+    def bench(rep_ms: float) -> list[float]:
+        times = triton.testing.do_bench(
+            fn, warmup=warmup, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all"
         )
-    )
+        return [float(t) for t in times]
+
+    times = bench(rep)
+    # Bounded: each pass adds at least one call (do_bench times max(1, rep / estimate)).
+    for _ in range(min_calls):
+        missing = min_calls - len(times)
+        if missing <= 0:
+            break
+        times += bench((missing + 0.5) * statistics.median(times))
+    return float(statistics.median(times))
 
 
 def wall_clock_ms(
@@ -77,11 +97,12 @@ def wall_clock_ms(
     warmup: float,
     rep: float,
     grad_to_none: Sequence[Any] | None = None,
+    min_calls: int = 3,
 ) -> float:
     """A host-clock stand-in for ``do_bench_ms`` with the same signature (tests run it on the CPU).
 
-    Runs ``fn`` for about ``warmup`` ms, then about ``rep`` ms (at least 3 calls), clearing the
-    gradients of ``grad_to_none`` before each timed call, and returns the median.
+    Runs ``fn`` for about ``warmup`` ms, then about ``rep`` ms (at least ``min_calls`` calls),
+    clearing the gradients of ``grad_to_none`` before each timed call, and returns the median.
     """
 
     def call() -> float:
@@ -95,7 +116,7 @@ def wall_clock_ms(
     call()
     while time.perf_counter() < deadline:
         call()
-    times = [call() for _ in range(3)]
+    times = [call() for _ in range(min_calls)]
     deadline = time.perf_counter() + rep * 1e-3
     while time.perf_counter() < deadline:
         times.append(call())

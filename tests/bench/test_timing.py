@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dash_attn.bench import report
+from dash_attn.bench import report, timing
 from dash_attn.bench.providers import Provider
 from dash_attn.bench.timing import attention_flops, tflops
 from dash_attn.schedule import CAUSAL
@@ -68,3 +68,50 @@ def test_gpu_warm_up_is_skipped_without_cuda() -> None:
     assert timing.warm_up_gpu("cpu", 5.0) == 0.0
     assert timing.warm_up_gpu(None, 5.0) == 0.0
     assert time.perf_counter() - started < 1.0
+
+
+class _FakeDoBench:
+    """``triton.testing.do_bench`` with ``return_mode="all"``: ``rep / call_ms`` calls (at least
+    one), each taking ``call_ms``; records the rep of every pass."""
+
+    def __init__(self, call_ms: float) -> None:
+        self.call_ms = call_ms
+        self.reps: list[float] = []
+
+    def __call__(self, fn, warmup, rep, grad_to_none=None, quantiles=None, return_mode="mean"):
+        assert return_mode == "all"
+        self.reps.append(rep)
+        return [self.call_ms] * max(1, int(rep / self.call_ms))
+
+
+@pytest.mark.parametrize(
+    ("call_ms", "rep", "passes", "calls"),
+    [
+        (10.0, 25.0, 2, 5),  # two calls in the first pass, three more in a second
+        (30.0, 25.0, 2, 5),  # one call, then four
+        (1.0, 25.0, 1, 25),  # enough calls: no second pass
+    ],
+)
+def test_do_bench_tops_up_to_min_calls(
+    monkeypatch: pytest.MonkeyPatch, call_ms: float, rep: float, passes: int, calls: int
+) -> None:
+    triton_testing = pytest.importorskip("triton.testing")
+    fake = _FakeDoBench(call_ms)
+    monkeypatch.setattr(triton_testing, "do_bench", fake)
+    assert timing.do_bench_ms(lambda: None, 1.0, rep) == call_ms
+    assert len(fake.reps) == passes
+    assert sum(max(1, int(r / call_ms)) for r in fake.reps) == calls
+    assert calls >= timing.MIN_TIMED_CALLS
+
+
+def test_do_bench_median_over_both_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    triton_testing = pytest.importorskip("triton.testing")
+    passes = iter([[10.0, 30.0], [11.0, 12.0, 50.0]])
+    monkeypatch.setattr(triton_testing, "do_bench", lambda *a, **k: next(passes))
+    assert timing.do_bench_ms(lambda: None, 1.0, 25.0) == 12.0
+
+
+def test_wall_clock_runs_min_calls() -> None:
+    calls = []
+    timing.wall_clock_ms(lambda: calls.append(1), 0.0, 0.0, min_calls=4)
+    assert len(calls) == 1 + 4  # one warm-up call, then the timed ones

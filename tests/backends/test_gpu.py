@@ -260,6 +260,37 @@ def test_hopper_forward_192_row_tiles_match_reference(causal):
     assert_close_to_ref("lse [hopper fwd d64, 192 rows]", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 1000, 1000, 4, 4, 64), (1, 777, 1500, 6, 2, 128), (3, 1500, 700, 8, 1, 64),
+     (4, 200, 333, 2, 2, 128), (1, 64, 64, 1, 1, 64)],
+    ids=lambda s: "x".join(map(str, s)),
+)  # fmt: skip
+def test_hopper_persistent_forward_matches_per_tile_kernel(shape):
+    """The persistent forward (one CTA per SM walking the tiles; full masks) computes each tile
+    as the per-tile kernel does: bitwise equal out and lse on tails, GQA, Sq != Sk and fewer
+    tiles than SMs, at both warpgroup counts at hd 64; and within the flash-attn rule."""
+    from dash_attn.backends.hopper.fwd import hopper_fwd
+
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
+    q, k, v = make_qkv(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=11
+    )
+    _skip_if_uncovered_fwd(q, k)
+    scale = headdim**-0.5
+    ref_out, ref_lse = attention_ref(q, k, v, causal=False)
+    same_out, same_lse = attention_ref(q, k, v, causal=False, upcast=False)
+    for wgs in (2, 3) if headdim == 64 else (2,):
+        per_tile = hopper_fwd(q, k, v, causal=False, softmax_scale=scale, consumer_wgs=wgs)
+        out, lse = hopper_fwd(
+            q, k, v, causal=False, softmax_scale=scale, consumer_wgs=wgs, persistent=True
+        )
+        assert torch.equal(out, per_tile[0]) and torch.equal(lse, per_tile[1]), wgs
+        name = f"[persistent fwd d{headdim}, {wgs} warpgroups]"
+        assert_close_to_ref(f"out {name}", out, ref_out, same_out, atol=1e-3)
+        assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
+
+
 def _skip_if_uncovered_fwd(q: torch.Tensor, k: torch.Tensor) -> None:
     gap = hopper_unsupported(problem_of(q, k, CAUSAL), device_info(q.device), "fwd")
     if gap is not None:

@@ -19,6 +19,12 @@ launches the longest tiles, i.e. the highest m_block, first):
   hand the tensor cores back and forth so one warpgroup's softmax hides under the other's GEMMs.
 - Epilogue: O / rowsum -> 16-bit -> smem (aliasing sQ, after both warpgroups are done with Q)
   -> one TMA store (TMA clips rows past seqlen_q); LSE straight from registers.
+- Persistent (full masks, head dims <= 128, ``persistent=True``): at most one CTA per SM,
+  each walking the tiles blockIdx.x, blockIdx.x + gridDim.x, ... (query block fastest). The K/V
+  rings run on across tiles; the consumers release Q after the tile's last QK^T, so the producer
+  loads the next tile's first K and then its Q during the last PV and the epilogue; O goes
+  through its own smem buffer, whose TMA store is waited for only before the next tile's O
+  is written. Each tile's arithmetic is the per-tile kernel's (bitwise equal outputs).
 
 Head dims 64, 96, 128 use 128-wide key blocks, 192 uses 96 and 256 uses 64 (smem: Q + 2-stage
 K and V must fit in 227 KiB). One compiled kernel per (head_dim, dtype, causal) (and the
@@ -28,6 +34,7 @@ warpgroup count): batch, seqlens, heads and all strides are runtime values
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import operator
@@ -185,7 +192,12 @@ class HopperFwd:
     """Compile-time configuration + host launch + device kernel of the forward."""
 
     def __init__(
-        self, dtype: type[cutlass.Numeric], head_dim: int, causal: bool, consumer_wgs: int = 2
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        causal: bool,
+        consumer_wgs: int = 2,
+        persistent: bool = False,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -203,6 +215,22 @@ class HopperFwd:
         self.num_threads = 128 * (self.num_consumer_wg + 1)
         self.num_consumer_threads = 128 * self.num_consumer_wg
         self.consumer_regs, self.producer_regs = _CONSUMER_REGS[consumer_wgs]
+        # persistent: a grid of at most max_ctas CTAs (one per SM), each walking tiles
+        #   blockIdx.x, blockIdx.x + gridDim.x, ... (query block fastest, so the CTAs side by side
+        #   share a head's K and V in L2). A CTA per tile pays its start (barrier init, the Q and
+        #   first K loads before the first GEMM) and its end (the O store) on every tile; with
+        #   few key blocks per tile (d64 full at 512 tokens: four) that is a large part of the
+        #   tile's time. Persistent, the producer loads the next tile's first K and its Q while
+        #   the consumers finish the last PV and store O, and the O store leaves through its
+        #   own buffer while the next tile computes. Full masks only (a causal mask's tiles
+        #   differ in length, which the hardware's CTA scheduler balances), head dims up to 128
+        #   (the O buffer must fit beside Q and the K/V rings).
+        if persistent and (causal or head_dim > 128):
+            raise NotImplementedError(
+                "the persistent forward covers full masks at head dims up to 128, not "
+                f"causal={causal}, head_dim={head_dim}"
+            )
+        self.persistent = persistent
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -228,6 +256,7 @@ class HopperFwd:
         v_stride_s: Int64,
         v_stride_h: Int64,
         scale_log2: Float32,
+        max_ctas: Int32,
         stream: cuda.CUstream,
     ) -> None:
         """Host side. Takes raw addresses, sizes and strides (elements) rather than tensors: a
@@ -256,7 +285,7 @@ class HopperFwd:
                 (batch, heads, seqlen_q), stride=(Int64(heads) * lse_stride_h, lse_stride_h, 1)
             ),
         )
-        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, stream)
+        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, max_ctas, stream)
 
     @cute.jit
     def call_tensors(
@@ -267,12 +296,13 @@ class HopperFwd:
         mO_in: cute.Tensor,  # (b, s_q, h, d)
         mLSE: cute.Tensor,  # (b, h, s_q) fp32
         scale_log2: Float32,
+        max_ctas: Int32,
         stream: cuda.CUstream,
     ) -> None:
         """The same launch from tensors, for the TVM-FFI path: compiled from symbolic fake
         tensors (``_fake_fwd_args``) and called with the torch tensors, whose DLPack exchange
         TVM-FFI does in C (a few us per tensor, no Python per argument)."""
-        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, stream)
+        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, max_ctas, stream)
 
     @cute.jit
     def _host(
@@ -283,10 +313,11 @@ class HopperFwd:
         mO_in: cute.Tensor,
         mLSE: cute.Tensor,
         scale_log2: Float32,
+        max_ctas: Int32,
         stream: cuda.CUstream,
     ) -> None:
         """TMA atoms, shared storage and the launch, from (b, s, h, d) global tensors and the
-        (b, h, s_q) LSE tensor."""
+        (b, h, s_q) LSE tensor. ``max_ctas`` bounds the persistent grid (the SM count)."""
         dt = self.dtype
         # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
         mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
@@ -307,6 +338,9 @@ class HopperFwd:
         sK_layout = _smem_layout(dt, tn, hd, st)
         sV_layout = _smem_layout(dt, tn, hd, st)
         sO_layout = sQ_layout
+        # O aliases Q's buffer, except in the persistent kernel, where the next tile's Q may
+        # arrive while this tile's O is still being stored.
+        o_words = cute.cosize(sO_layout) if const_expr(self.persistent) else 1
 
         @cute.struct
         class SharedStorage:
@@ -316,6 +350,7 @@ class HopperFwd:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dt, o_words], 1024]
 
         self.shared_storage = SharedStorage
         self.bytes_q = cute.size_in_bytes(dt, sQ_layout)
@@ -335,6 +370,9 @@ class HopperFwd:
 
         seqlen_q = mQ.shape[0]
         grid = (cute.ceil_div(seqlen_q, tm), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        if const_expr(self.persistent):
+            tiles = grid[0] * grid[1] * grid[2]
+            grid = (cutlass.min(tiles, max_ctas), 1, 1)
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o, scale_log2,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
@@ -369,13 +407,20 @@ class HopperFwd:
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        bid_m, head, batch = cute.arch.block_idx()
-        num_m_blocks, _, _ = cute.arch.grid_dim()
-        m_block = bid_m
-        if const_expr(self.causal):
-            # Causal work grows with m_block: launch the longest tiles first so the short ones
-            # fill the tail of the wave instead of one long tile running alone at the end.
-            m_block = num_m_blocks - 1 - bid_m
+        # Tiles as one index, query block fastest: this CTA's first, the step to its next, and
+        # the end. A CTA per tile: its block index, and a single step.
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        heads = cute.size(mQ.shape[2])
+        bid_x, bid_y, bid_z = cute.arch.block_idx()
+        grid_x, _, _ = cute.arch.grid_dim()
+        if const_expr(self.persistent):
+            first_tile = bid_x
+            tile_step = grid_x
+            tile_end = num_m_blocks * heads * cute.size(mQ.shape[3])
+        else:
+            first_tile = bid_x + num_m_blocks * (bid_y + heads * bid_z)
+            tile_step = Int32(1)
+            tile_end = first_tile + 1
 
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_o):
@@ -404,33 +449,44 @@ class HopperFwd:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        # O reuses Q's buffer: both consumer warpgroups pass the epilogue barrier before writing.
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        # Bottom-right causal: key n is visible to row m iff n <= m + shift.
-        shift = seqlen_k - seqlen_q
-        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
-        if const_expr(self.causal):
-            last_key = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + shift)
-            n_block_max = cutlass.max(last_key, 0)
-            n_block_max = (n_block_max + self.tile_n - 1) // self.tile_n
+        # O reuses Q's buffer (both consumer warpgroups pass the epilogue barrier before
+        # writing), or, persistent, has its own.
+        o_store = storage.sO if const_expr(self.persistent) else storage.sQ
+        sO = o_store.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(
                     mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
-                    m_block, head, batch, n_block_max,
+                    first_tile, tile_step, tile_end, num_m_blocks, heads,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
                 mO, mLSE, sQ, sK, sV, sO, tma_o, pipe_q, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
-                scale_log2, tidx - 128, m_block, head, batch, n_block_max, seqlen_q, seqlen_k,
-                shift,
+                scale_log2, tidx - 128, first_tile, tile_step, tile_end, num_m_blocks, heads,
+                mK.shape[0],
             )  # fmt: skip
+
+    @cute.jit
+    def _tile(
+        self, tile: Int32, num_m_blocks: Int32, heads: Int32, seqlen_q: Int32, seqlen_k: Int32
+    ) -> tuple[Int32, Int32, Int32, Int32]:
+        """(m_block, head, batch, n_block_max) of tile index ``tile`` (query block fastest)."""
+        m_block = tile % num_m_blocks
+        head_batch = tile // num_m_blocks
+        head = head_batch % heads
+        batch = head_batch // heads
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        if const_expr(self.causal):
+            # Causal work grows with m_block: launch the longest tiles first so the short ones
+            # fill the tail of the wave instead of one long tile running alone at the end.
+            m_block = num_m_blocks - 1 - m_block
+            # Bottom-right causal: key n is visible to row m iff n <= m + (seqlen_k - seqlen_q).
+            last_key = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + seqlen_k - seqlen_q)
+            n_block_max = (cutlass.max(last_key, 0) + self.tile_n - 1) // self.tile_n
+        return m_block, head, batch, n_block_max
 
     @cute.jit
     def load(
@@ -447,54 +503,70 @@ class HopperFwd:
         pipe_q: cpipe.PipelineTmaAsync,
         pipe_k: cpipe.PipelineTmaAsync,
         pipe_v: cpipe.PipelineTmaAsync,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        n_block_max: Int32,
+        first_tile: Int32,
+        tile_step: Int32,
+        tile_end: Int32,
+        num_m_blocks: Int32,
+        heads: Int32,
     ) -> None:
         hd = self.head_dim
-        group = cute.size(mQ.shape[2]) // cute.size(mK.shape[2])
-        head_kv = head // group  # GQA: q head h reads kv head h // (heads // kv_heads)
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, hd), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
+        group = heads // cute.size(mK.shape[2])
         # Single CTA (no cluster): coordinate 0 in a trivial CTA layout.
         one = cute.make_layout(1)
-        tQs, tQg = cpasync.tma_partition(
-            tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        tKs, tKg = cpasync.tma_partition(
-            tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
-        tVs, tVg = cpasync.tma_partition(
-            tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-        )
-
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1)
+        # On entry to a tile: the stage its first K goes to (the rings run on across tiles).
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-        # Q is waited on by the consumers even for tiles that see no key, so always load it.
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_q, tQg, tQs, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-        if n_block_max > 0:
+        for tile in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+            m_block, head, batch, n_block_max = self._tile(
+                tile, num_m_blocks, heads, mQ.shape[0], mK.shape[0]
+            )
+            head_kv = head // group  # GQA: q head h reads kv head h // (heads // kv_heads)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, hd), (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, hd), (None, 0))
+            tQs, tQg = cpasync.tma_partition(
+                tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+            )
+            tKs, tKg = cpasync.tma_partition(
+                tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+            )
+            tVs, tVg = cpasync.tma_partition(
+                tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+            )
             # Key blocks are walked high -> low (masked diagonal blocks first). K of block j is
             # issued before V of block j+1, the order in which the consumers need them.
-            n_block = n_block_max - 1
-            pipe_k.producer_acquire(kv_state)
-            cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
-                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))  # fmt: skip
-            for i in cutlass.range(n_block_max - 1, unroll=1):
-                n_prev = n_block_max - 1 - i
-                prev_state = kv_state.clone()
-                kv_state.advance()
+            # Persistent, the first K goes before Q: Q's buffer is free only once the consumers
+            # are done with the previous tile's Q, its first K stage earlier. Q is waited on by
+            # the consumers even for tiles that see no key, so it is always loaded.
+            if const_expr(not self.persistent):
+                self._load_q(tma_q, tQg, tQs, pipe_q, q_state)
+            if n_block_max > 0:
                 pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_k, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                cute.copy(tma_k, tKg[None, n_block_max - 1], tKs[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))  # fmt: skip
-                pipe_v.producer_acquire(prev_state)
-                cute.copy(tma_v, tVg[None, n_prev], tVs[None, prev_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))  # fmt: skip
-            pipe_v.producer_acquire(kv_state)
-            cute.copy(tma_v, tVg[None, 0], tVs[None, kv_state.index],
-                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))  # fmt: skip
+            if const_expr(self.persistent):
+                self._load_q(tma_q, tQg, tQs, pipe_q, q_state)
+            q_state.advance()
+            if n_block_max > 0:
+                for i in cutlass.range(n_block_max - 1, unroll=1):
+                    n_prev = n_block_max - 1 - i
+                    prev_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKg[None, n_prev - 1], tKs[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))  # fmt: skip
+                    pipe_v.producer_acquire(prev_state)
+                    cute.copy(tma_v, tVg[None, n_prev], tVs[None, prev_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))  # fmt: skip
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_v, tVg[None, 0], tVs[None, kv_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))  # fmt: skip
+                kv_state.advance()
+
+    @cute.jit
+    def _load_q(self, tma_q, tQg, tQs, pipe_q: cpipe.PipelineTmaAsync, q_state) -> None:
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQg, tQs, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
 
     # --------------------------------------------------------------- consumer helpers
     @cute.jit
@@ -625,13 +697,12 @@ class HopperFwd:
         tiled_mma_pv: cute.TiledMma,
         scale_log2: Float32,
         tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        n_block_max: Int32,
-        seqlen_q: Int32,
+        first_tile: Int32,
+        tile_step: Int32,
+        tile_end: Int32,
+        num_m_blocks: Int32,
+        heads: Int32,
         seqlen_k: Int32,
-        shift: Int32,
     ) -> None:
         tm, tn, hd = self.tile_m, self.tile_n, self.head_dim
         wg = cute.arch.make_warp_uniform(tidx // 128) + 1  # 1 .. num_consumer_wg
@@ -650,7 +721,6 @@ class HopperFwd:
         tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((tm, tn)))
         acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((tm, hd)), Float32)
-        acc_o.fill(0.0)
         acc_s_shape = wg_qk.partition_shape_C((tm, tn))
 
         c_s = cute.make_identity_tensor((tm, tn))
@@ -661,108 +731,135 @@ class HopperFwd:
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
-
-        # Warpgroup 1 goes first: pre-arrive on its own scheduler barrier.
-        if wg == 1:
-            cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE, number_of_threads=256)
-
+        seqlen_q = mO.shape[0]
+        # Bottom-right causal: key n is visible to row m iff n <= m + shift.
+        shift = seqlen_k - seqlen_q
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
-        pipe_q.consumer_wait(q_state)
+        # On entry to a tile: the stage of its first K (the rings run on across tiles).
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
 
-        if n_block_max > 0:
-            # First block (highest n): S only; always masked (it holds the seqlen_k edge and,
-            # if causal, the diagonal).
-            n_block = n_block_max - 1
-            pipe_k.consumer_wait(kv_state)
-            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
-            self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(kv_state)
-            self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
-            self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
-            _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
-
-            # Blocks left of n_unmasked need no mask: fully inside seqlen_k and left of every
-            # row's diagonal.
-            n_unmasked = seqlen_k // tn
-            if const_expr(self.causal):
-                diag = cutlass.max(m_block * tm + shift + 1, 0)
-                n_unmasked = cutlass.min(n_unmasked, diag // tn)
-            n_unmasked = cutlass.min(n_unmasked, n_block_max - 1)
-            n_masked = n_block_max - 1 - n_unmasked
-            for i in cutlass.range(n_masked, unroll=1):
-                kv_state = self._step(
-                    n_block_max - 2 - i, True, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
-                    acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
-                    row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
-                )  # fmt: skip
-            for i in cutlass.range(n_unmasked, unroll=1):
-                kv_state = self._step(
-                    n_unmasked - 1 - i, False, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
-                    acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
-                    row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
-                )  # fmt: skip
-            # Last PV (block 0) on its own.
-            pipe_v.consumer_wait(kv_state)
-            self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(kv_state)
-        # Balance the scheduler barriers: WG1's pre-arrive pairs with this final sync (which
-        # absorbs the last WG's last arrive); every other in-loop sync of a WG pairs with an
-        # in-loop arrive of the WG before it in the cycle.
-        if wg == 1:
-            self._sched_sync(wg)
-
-        # ---- finalize: quad-reduce the sums, LSE in natural log, O /= sum.
-        lse = cute.make_rmem_tensor(n_rows, Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
-            empty = total == 0.0
-            row_scale[r] = cute.arch.rcp_approx(total if not empty else Float32(1.0))
-            lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
-            if empty:
-                lse[r] = -Float32.inf  # row saw no key: out = 0 (acc is 0), lse = -inf
-        self._rescale(acc_o, row_scale)
-
-        # ---- LSE: the quad leader of each row writes it, rows past seqlen_q skipped.
-        c_o = cute.make_identity_tensor((tm, hd))
-        tOcO = _mn_view(thr_pv.partition_C(c_o))
-        if tOcO[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(n_rows):
-                row = m_block * tm + tOcO[r, 0][0]
-                if row < seqlen_q:
-                    mLSE[batch, head, row] = lse[r]
-
-        # ---- O: registers -> smem (aliasing sQ) -> one TMA store of the whole tile_m-row tile.
-        r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
-        _convert_16bit(acc_o, r_o)
-        # All consumer warpgroups must be done reading sQ (QK^T WGMMAs) before O overwrites it.
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        st_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
-        cute.copy(st_atom, st_copy.retile(r_o), st_copy.partition_D(sO))
-        cute.arch.fence_view_async_shared()  # make the generic-proxy smem writes visible to TMA
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        if tidx < 32:
-            gO = cute.local_tile(mO[None, None, head, batch], (tm, hd), (m_block, 0))
-            tOs, tOg = cpasync.tma_partition(
-                tma_o,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sO, 0, 2),
-                cute.group_modes(gO, 0, 2),
+        for tile in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+            m_block, head, batch, n_block_max = self._tile(
+                tile, num_m_blocks, heads, seqlen_q, seqlen_k
             )
-            # One thread issues the store (a TMA S2G copy is not elected automatically).
-            with cute.arch.elect_one():
+            acc_o.fill(0.0)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            # Warpgroup 1 goes first: pre-arrive on its own scheduler barrier.
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=_BAR_SCHED_BASE, number_of_threads=256)
+
+            pipe_q.consumer_wait(q_state)
+
+            if n_block_max > 0:
+                # First block (highest n): S only; always masked (it holds the seqlen_k edge and,
+                # if causal, the diagonal).
+                n_block = n_block_max - 1
+                pipe_k.consumer_wait(kv_state)
+                acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+                self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+                self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
+                self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
+                _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+
+                # Blocks left of n_unmasked need no mask: fully inside seqlen_k and left of every
+                # row's diagonal.
+                n_unmasked = seqlen_k // tn
+                if const_expr(self.causal):
+                    diag = cutlass.max(m_block * tm + shift + 1, 0)
+                    n_unmasked = cutlass.min(n_unmasked, diag // tn)
+                n_unmasked = cutlass.min(n_unmasked, n_block_max - 1)
+                n_masked = n_block_max - 1 - n_unmasked
+                for i in cutlass.range(n_masked, unroll=1):
+                    kv_state = self._step(
+                        n_block_max - 2 - i, True, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
+                        acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
+                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                    )  # fmt: skip
+                for i in cutlass.range(n_unmasked, unroll=1):
+                    kv_state = self._step(
+                        n_unmasked - 1 - i, False, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
+                        acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
+                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                    )  # fmt: skip
+                # Q is read by no later GEMM of this tile: release it, so that (persistent) the
+                # next tile's Q loads during this tile's last PV and epilogue.
+                pipe_q.consumer_release(q_state)
+                # Last PV (block 0) on its own.
+                pipe_v.consumer_wait(kv_state)
+                v_stage = tOrVt[None, None, None, kv_state.index]
+                self._gemm(tiled_mma_pv, acc_o, tOrP, v_stage, False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+            else:
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
+            # Balance the scheduler barriers: WG1's pre-arrive pairs with this final sync (which
+            # absorbs the last WG's last arrive); every other in-loop sync of a WG pairs with an
+            # in-loop arrive of the WG before it in the cycle.
+            if wg == 1:
+                self._sched_sync(wg)
+
+            # ---- finalize: quad-reduce the sums, LSE in natural log, O /= sum.
+            lse = cute.make_rmem_tensor(n_rows, Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+                empty = total == 0.0
+                row_scale[r] = cute.arch.rcp_approx(total if not empty else Float32(1.0))
+                lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+                if empty:
+                    lse[r] = -Float32.inf  # row saw no key: out = 0 (acc is 0), lse = -inf
+            self._rescale(acc_o, row_scale)
+
+            # ---- LSE: the quad leader of each row writes it, rows past seqlen_q skipped.
+            c_o = cute.make_identity_tensor((tm, hd))
+            tOcO = _mn_view(thr_pv.partition_C(c_o))
+            if tOcO[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(n_rows):
+                    row = m_block * tm + tOcO[r, 0][0]
+                    if row < seqlen_q:
+                        mLSE[batch, head, row] = lse[r]
+
+            # ---- O: registers -> smem (sO) -> one TMA store of the whole tile_m-row tile.
+            r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
+            _convert_16bit(acc_o, r_o)
+            if const_expr(self.persistent):  # noqa: SIM102 (compile-time, then runtime test)
+                # sO must have been read by the previous tile's store (issued by this thread).
+                if tidx == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # All consumer warpgroups must be done reading sQ (QK^T WGMMAs) before O overwrites it
+            # (persistent: done with sO's previous contents).
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            st_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            )
+            st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
+            cute.copy(st_atom, st_copy.retile(r_o), st_copy.partition_D(sO))
+            cute.arch.fence_view_async_shared()  # make the generic-proxy smem writes visible to TMA
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            if tidx == 0:
+                # One thread issues the store (a TMA S2G copy is not elected automatically) and
+                # waits for its read: before the CTA exits, or persistent, before the next tile's
+                # O is written to sO.
+                gO = cute.local_tile(mO[None, None, head, batch], (tm, hd), (m_block, 0))
+                tOs, tOg = cpasync.tma_partition(
+                    tma_o,
+                    0,
+                    cute.make_layout(1),
+                    cute.group_modes(sO, 0, 2),
+                    cute.group_modes(gO, 0, 2),
+                )
                 cute.copy(tma_o, tOs, tOg)
                 cute.arch.cp_async_bulk_commit_group()
-                # smem must stay valid until the bulk store has read it; the CTA (and its
-                # smem) lives until this thread exits.
+                if const_expr(not self.persistent):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+        if const_expr(self.persistent):  # noqa: SIM102 (compile-time, then runtime test)
+            # smem must stay valid until the last bulk store has read it.
+            if tidx == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -835,7 +932,7 @@ class HopperFwd:
 # history at e17a55e).
 TVM_FFI_LAUNCH = True
 
-_CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool], Any] = {}
+_CACHE: dict[tuple[int, torch.dtype, bool, bool, int, bool, bool], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -859,15 +956,23 @@ def _launch_args(
     out: torch.Tensor,
     lse: torch.Tensor,
     scale_log2: float,
+    max_ctas: int,
 ) -> tuple:
-    """The host function's arguments: addresses, sizes, strides, scale (all plain numbers)."""
+    """The host function's arguments: addresses, sizes, strides, scale, the persistent grid's
+    bound (all plain numbers)."""
     batch, seqlen_q, heads, _ = q.shape
     return (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, seqlen_q, k.shape[1], heads, k.shape[2],
         *outer_strides(q), *outer_strides(k), *outer_strides(v),
-        scale_log2,
+        scale_log2, max_ctas,
     )  # fmt: skip
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check_config(head_dim: int, dtype: torch.dtype) -> None:
@@ -887,6 +992,7 @@ def compile_fwd(
     *,
     keep_ptx: bool = False,
     consumer_wgs: int = 2,
+    persistent: bool = False,
     tvm_ffi: bool | None = None,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
@@ -897,6 +1003,7 @@ def compile_fwd(
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
     consumer_wgs=3 is the 192-row tile for hd 64 (FA4's choice there); the backend runs it
     from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
+    persistent: one CTA per SM walking tiles (``HopperFwd``; full masks, head dims <= 128).
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
     from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``.
     """
@@ -915,19 +1022,24 @@ def compile_fwd(
             "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
         )
-    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(tvm_ffi))
+    if persistent and (causal or head_dim > 128):
+        raise NotImplementedError(
+            "the persistent forward covers full masks at head dims up to 128, not "
+            f"causal={causal}, head_dim={head_dim}"
+        )
+    key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(persistent), bool(tvm_ffi))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
-        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs)
+        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent))
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one
             # (TVM-FFI reads torch's current stream of the tensors' device at every call).
             entry = kernel.call_tensors
-            args = (*_fake_fwd_args(cutlass_dtype, head_dim), Float32(1.0))
+            args = (*_fake_fwd_args(cutlass_dtype, head_dim), Float32(1.0), Int32(1))
             stream = make_fake_stream(use_tvm_ffi_env_stream=True)
             options += " --enable-tvm-ffi"
         else:
@@ -939,6 +1051,7 @@ def compile_fwd(
                 *(Int32(1) for _ in range(5)),  # batch, seqlen_q, seqlen_k, heads, kv_heads
                 *(Int64(8) for _ in range(9)),  # (b, s, h) strides of q, k, v
                 Float32(1.0),
+                Int32(1),  # max_ctas
             )
             stream = cuda.CUstream(0)
         dump_dir = None
@@ -969,12 +1082,14 @@ def hopper_fwd(
     causal: bool,
     softmax_scale: float,
     consumer_wgs: int = 2,
+    persistent: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
     q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
     in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
     consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles, hd 64 only).
+    persistent: one CTA per SM walking the tiles (full masks, head dims <= 128).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1019,13 +1134,15 @@ def hopper_fwd(
         return out, lse
     tvm_ffi = TVM_FFI_LAUNCH
     compiled = compile_fwd(
-        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, tvm_ffi=tvm_ffi
-    )
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
+        tvm_ffi=tvm_ffi,
+    )  # fmt: skip
+    max_ctas = _sm_count(q.device)
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
-        compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E)
+        compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E, max_ctas)
         return out, lse
-    args = _launch_args(q, k, v, out, lse, scale * LOG2_E)
+    args = _launch_args(q, k, v, out, lse, scale * LOG2_E, max_ctas)
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     if q.device.index == torch.cuda.current_device():
         compiled(*args, stream)
@@ -1036,13 +1153,18 @@ def hopper_fwd(
 
 
 def compile_report(
-    head_dim: int, dtype_name: str, causal: bool, consumer_wgs: int = 2, tvm_ffi: bool = False
+    head_dim: int,
+    dtype_name: str,
+    causal: bool,
+    consumer_wgs: int = 2,
+    tvm_ffi: bool = False,
+    persistent: bool = False,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
-        tvm_ffi=tvm_ffi,
+        persistent=persistent, tvm_ffi=tvm_ffi,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

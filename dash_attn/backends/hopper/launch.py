@@ -17,7 +17,7 @@ from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
 from ..tables import device_tables
-from . import FWD_3WG_MIN_SEQLEN, bwd_variant
+from . import FWD_3WG_MIN_SEQLEN, FWD_PERSISTENT_MAX_SEQLEN_K, bwd_variant
 from .bwd_launch import (
     BwdLaunch,
     FullBackward,
@@ -33,9 +33,11 @@ def run_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
+    head_dim = q.shape[3]
     return hopper_fwd(
         q, k, v, causal=causal, softmax_scale=softmax_scale,
-        consumer_wgs=forward_consumer_wgs(q.shape[3], q.shape[1], causal),
+        consumer_wgs=forward_consumer_wgs(head_dim, q.shape[1], causal),
+        persistent=forward_persistent(head_dim, k.shape[1], causal),
     )  # fmt: skip
 
 
@@ -43,6 +45,13 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int, causal: bool) -> int:
     """Consumer warpgroups of the hopper forward for this shape (``FWD_3WG_MIN_SEQLEN``)."""
     min_seqlen = FWD_3WG_MIN_SEQLEN["causal" if causal else "full"]
     return 3 if head_dim == 64 and seqlen_q >= min_seqlen else 2
+
+
+def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+    """Whether the hopper forward runs its persistent kernel for this shape
+    (``FWD_PERSISTENT_MAX_SEQLEN_K``: full masks, per head dim up to a key length)."""
+    max_seqlen_k = FWD_PERSISTENT_MAX_SEQLEN_K.get(head_dim, 0)
+    return not causal and seqlen_k <= max_seqlen_k
 
 
 def cute_pre_post_from_env(value: str | None) -> bool:

@@ -23,17 +23,24 @@ from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 # per compile) the extra head dims 96/192/256 are compiled in one config each to stay near a
 # minute; DASH_ATTN_FWD_COMPILE_ALL=1 forces the full matrix.
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
-# (hd, dtype, causal, consumer warpgroups); the last four are the 3-warpgroup hd-64 kernels
-# (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on, per mask kind).
-CONFIGS = [
-    (hd, dtype, causal, 2)
-    for hd in hfwd.SUPPORTED_HEAD_DIMS
-    for dtype in (torch.bfloat16, torch.float16)
-    for causal in (False, True)
-    if hd in (64, 128) or not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
-] + [
-    (64, dtype, causal, 3) for dtype in (torch.bfloat16, torch.float16) for causal in (False, True)
-]
+# (hd, dtype, causal, consumer warpgroups, persistent); then the 3-warpgroup hd-64 kernels
+# (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on, per mask kind), then the persistent
+# kernels the backend runs (full masks; FWD_PERSISTENT_MAX_SEQLEN_K), one per dtype.
+CONFIGS = (
+    [
+        (hd, dtype, causal, 2, False)
+        for hd in hfwd.SUPPORTED_HEAD_DIMS
+        for dtype in (torch.bfloat16, torch.float16)
+        for causal in (False, True)
+        if hd in (64, 128) or not _SMALL_BOX or (dtype == torch.bfloat16 and causal)
+    ]
+    + [
+        (64, dtype, causal, 3, False)
+        for dtype in (torch.bfloat16, torch.float16)
+        for causal in (False, True)
+    ]
+    + [(64, torch.bfloat16, False, 3, True), (128, torch.float16, False, 2, True)]
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +48,10 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
     """PTX of every config, compiled once per module. A compile is ~3-5 s of single-threaded
     CPU, so the configs compile in one spawned worker process per core (spawned, not forked:
     the parent already holds MLIR state); on a single core, in-process."""
-    jobs = [(hd, str(dt).removeprefix("torch."), c, wgs) for hd, dt, c, wgs in CONFIGS]
+    jobs = [
+        (hd, str(dt).removeprefix("torch."), c, wgs, False, pers)
+        for hd, dt, c, wgs, pers in CONFIGS
+    ]
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")
@@ -51,16 +61,47 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
         results = [hfwd.compile_report(*job) for job in jobs]
     cache = {cfg: ptx for cfg, (ptx, _) in zip(CONFIGS, results, strict=True)}
     # Shown with `pytest -s`: the compile cost per config (wall time inside its worker).
-    for (hd, dt, causal, wgs), (_, sec) in zip(CONFIGS, results, strict=True):
-        print(f"compile hd={hd} {dt} causal={causal} consumer_wgs={wgs}: {sec:.2f}s")
-    yield lambda hd, dtype, causal, wgs: cache[(hd, dtype, causal, wgs)]
+    for (hd, dt, causal, wgs, pers), (_, sec) in zip(CONFIGS, results, strict=True):
+        print(
+            f"compile hd={hd} {dt} causal={causal} consumer_wgs={wgs} persistent={pers}: {sec:.2f}s"
+        )
+    yield lambda hd, dtype, causal, wgs, pers=False: cache[(hd, dtype, causal, wgs, pers)]
 
 
-@pytest.mark.parametrize(("hd", "dtype", "causal", "wgs"), CONFIGS)
+@pytest.mark.parametrize(("hd", "dtype", "causal", "wgs", "persistent"), CONFIGS)
 def test_compiles_with_expected_ptx(
-    ptx_of, hd: int, dtype: torch.dtype, causal: bool, wgs: int
+    ptx_of, hd: int, dtype: torch.dtype, causal: bool, wgs: int, persistent: bool
 ) -> None:
-    _check_ptx(ptx_of(hd, dtype, causal, wgs), hd, dtype, wgs)
+    ptx = ptx_of(hd, dtype, causal, wgs, persistent)
+    _check_ptx(ptx, hd, dtype, wgs)
+    # The persistent kernel walks tiles: a loop around the whole per-tile body, so its PTX has
+    # the per-tile kernel's instructions and more; the O store no longer waits for its read
+    # inside the loop (one wait per tile before sO is rewritten, one at the end).
+    reads = len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx))
+    assert reads == (2 if persistent else 1)
+    if persistent:
+        per_tile = ptx_of(hd, dtype, causal, wgs, False)
+        assert len(ptx) > len(per_tile)
+
+
+def test_persistent_only_where_it_is_implemented() -> None:
+    for hd, causal in ((64, True), (192, False), (256, False)):
+        with pytest.raises(NotImplementedError, match="persistent"):
+            hfwd.compile_fwd(hd, torch.bfloat16, causal, persistent=True)
+
+
+def test_forward_persistent_by_mask_and_length() -> None:
+    """Persistent on full masks up to FWD_PERSISTENT_MAX_SEQLEN_K key tokens per head dim;
+    never on causal masks or head dims without a bound."""
+    from dash_attn.backends.hopper import FWD_PERSISTENT_MAX_SEQLEN_K
+    from dash_attn.backends.hopper.launch import forward_persistent
+
+    limit = FWD_PERSISTENT_MAX_SEQLEN_K[128]
+    assert forward_persistent(128, limit, False)
+    assert not forward_persistent(128, limit + 1, False)
+    assert forward_persistent(64, 1 << 20, False)
+    assert not any(forward_persistent(hd, 512, True) for hd in (64, 128))
+    assert not any(forward_persistent(hd, 512, False) for hd in (96, 192, 256))
 
 
 # The TVM-FFI launch (hfwd.TVM_FFI_LAUNCH): both main head dims, both dtypes, causal and full.
@@ -81,7 +122,7 @@ def test_tvm_ffi_launch_compiles_the_same_kernel(
     PTX, and it is the plain-number launch's PTX: only the host side differs."""
     ptx, _ = hfwd.compile_report(hd, str(dtype).removeprefix("torch."), causal, tvm_ffi=True)
     _check_ptx(ptx, hd, dtype, 2)
-    assert _kernel_text(ptx) == _kernel_text(ptx_of(hd, dtype, causal, 2))
+    assert _kernel_text(ptx) == _kernel_text(ptx_of(hd, dtype, causal, 2, False))
 
 
 def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int) -> None:

@@ -20,11 +20,12 @@ BACKEND_NAMES = ("triton", "hopper")
 # Where ``auto`` takes the hopper kernels (when they cover the call): the head dims, and per
 # head dim the shortest sequence, at which committed side-by-side runs measured them faster than
 # the Triton ones (benchmarks/results/h200/session8-2c6fcbc/, in git history at e17a55e: the
-# backward sweep, and the forward sweep, where the hopper forward is 1.15-1.70x Triton's at
-# hd 128 from 512 tokens on, 0.89-1.01x at hd 64 x 512 and 0.99-1.16x from 1024). Elsewhere
-# they run when asked for by name.
+# backward sweep; the forward from 512 tokens at both head dims since session 18's forward
+# sweep, session18-*/call2-*/fwd/, where the hopper forward, persistent on full masks, is
+# 1.05x Triton's at hd 64 full x 512, 1.00x causal, 1.05-1.61x on the other 22 configs; at hd
+# 64 x 512 it had been 0.89-1.01x). Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
-AUTO_HOPPER_MIN_SEQLEN = {"fwd": {64: 1024, 128: 512}, "bwd": {64: 512, 128: 512}}
+AUTO_HOPPER_MIN_SEQLEN = {"fwd": {64: 512, 128: 512}, "bwd": {64: 512, 128: 512}}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:

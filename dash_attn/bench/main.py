@@ -96,6 +96,9 @@ DEFAULT_REP_MS = 100.0
 # in fifth place 0.6% (``ms_rounds`` in session 16's call5-8e4efe2/sweep/bench.csv, in git
 # history at 85ebde9).
 DEFAULT_ROUNDS = 4
+# GPU idleness before each provider's turn in a round (timing.idle_gpu): without it a provider
+# timed after a power-hungry one ran at a lower clock (H200, session 18).
+DEFAULT_IDLE_MS = 250.0
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0
 DETERMINISM_SEQLEN = 4096
@@ -217,6 +220,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     timing.add_argument(
+        "--idle-ms",
+        type=float,
+        default=DEFAULT_IDLE_MS,
+        metavar="MS",
+        help=(
+            "GPU idle time before each provider's turn in a round, so that none inherits the "
+            f"clock the power draw of the one before left (default {DEFAULT_IDLE_MS:g}; 0: none)"
+        ),
+    )
+    timing.add_argument(
         "--repeat-check",
         type=int,
         default=3,
@@ -294,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+        if args.idle_ms < 0:
+            raise ValueError(f"--idle-ms must be >= 0, got {args.idle_ms}")
         cases = resolve_cases(args)
     except ValueError as exc:
         print(f"dash-attn bench: error: {exc}", file=sys.stderr)
@@ -333,7 +348,8 @@ def _run_gpu(
     argv = sys.argv[1:]
     print(
         f"out dir {out_dir}; mode {args.mode}, {args.dtype}, warmup {args.warmup:g} ms, rep "
-        f"{args.rep:g} ms in {args.rounds} interleaved rounds, {len(cases)} configs; python "
+        f"{args.rep:g} ms in {args.rounds} interleaved rounds ({args.idle_ms:g} ms idle before "
+        f"each provider's turn), {len(cases)} configs; python "
         f"{info['python']}, pid {os.getpid()}"
     )
     if any(family_of(p.name) == "fa4" for p in select(_peer_probe(), patterns)):
@@ -372,6 +388,7 @@ def _run_gpu(
                     "warmup_ms": args.warmup,
                     "rep_ms": args.rep,
                     "rounds": args.rounds,
+                    "idle_ms": args.idle_ms,
                     "gpu_warmup_s": GPU_WARMUP_S,
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
@@ -396,7 +413,7 @@ def _run_gpu(
             todo, make_providers, meta=meta, mode=args.mode, warmup=args.warmup, rep=args.rep,
             repeats=args.repeat_check, seed=args.seed, device=device, timer=timer,
             deadline=deadline, skips=skips, on_config=lambda new: save(previous + new),
-            rounds=args.rounds,
+            rounds=args.rounds, idle_s=args.idle_ms / 1000,
         )  # fmt: skip
         save(rows)
     else:

@@ -22,6 +22,7 @@ from .timing import (
     attention_flops,
     cleanup,
     gpu_alive,
+    idle_gpu,
     launched_schedule,
     repeat_diffs,
     short_reason,
@@ -83,9 +84,11 @@ def _time_case(
     device: Any,
     skips: Skips,
     note: Callable[[str], None],
+    idle_s: float = 0.0,
 ) -> tuple[list[tuple[Provider, Measurement]], bool]:
     """The providers of one case in ``rounds`` interleaved rounds (every other one in reverse
-    order), then each one's repeat check.
+    order; the GPU idle for ``idle_s`` before each provider's turn), then each one's repeat
+    check.
     Returns the measurements (in provider order) and False if the CUDA context broke (the
     caller stops); a provider that fails is skipped with its reason."""
     timings: dict[str, ProviderTiming] = {}
@@ -112,6 +115,7 @@ def _time_case(
                 if timing is None:
                     timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
                     timings[provider.name] = timing
+                idle_gpu(device, idle_s)
                 timing.time(timer, warmup / rounds, rep / rounds)
             except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
                 if not skip(provider, exc):
@@ -145,6 +149,7 @@ def run_sweep(
     skips: Skips,
     on_config: Callable[[list[dict[str, Any]]], None] | None = None,
     rounds: int = 1,
+    idle_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Time every provider on every case; returns the rows of bench.csv.
 
@@ -152,7 +157,9 @@ def run_sweep(
     all again in reverse order, ...), each round with ``warmup / rounds`` and ``rep / rounds``
     ms, and a row's ``ms`` is the median of its rounds (``ms_rounds`` lists them): about the
     same total timing as one round (plus the timer's own estimate per round), and no provider
-    favoured by its place in the sequence. ``on_config`` is called with all rows so far after
+    favoured by its place in the sequence. ``idle_s``: seconds of GPU idleness before each
+    provider's turn (``timing.idle_gpu``), so that none inherits the clock that the power draw
+    of the one before left. ``on_config`` is called with all rows so far after
     each case (the caller rewrites its files).
     """
     if rounds < 1:
@@ -172,7 +179,7 @@ def run_sweep(
             measured, alive = _time_case(
                 case, make_providers(case), inputs, mode=mode, warmup=warmup, rep=rep,
                 rounds=rounds, repeats=repeats, timer=timer, device=device, skips=skips,
-                note=progress.note,
+                note=progress.note, idle_s=idle_s,
             )  # fmt: skip
             done = [
                 {

@@ -319,6 +319,23 @@ class ProviderTiming:
         )  # fmt: skip
 
 
+def idle_gpu(device: Any, seconds: float) -> None:
+    """Let the GPU finish its work and idle for ``seconds`` (nothing without CUDA).
+
+    The sweep does this before every provider's turn in a round: on the H200, whose power cap
+    sets the clock from the last few hundred ms of power draw, a provider timed right after a
+    power-hungry one ran at a lower clock (1476-1545 MHz against the others' 1650-1690, 10%
+    slower) and rounds read up to 28% apart; after 0.5 s of idleness every provider ran at
+    1980 MHz and its rounds agreed within 1-2% at 4k tokens (session 18, call 3's
+    ``rounds_probe.txt``)."""
+    if getattr(device, "type", device) != "cuda" or seconds <= 0:
+        return
+    import torch
+
+    torch.cuda.synchronize(device)
+    time.sleep(seconds)
+
+
 def warm_up_gpu(device: Any, seconds: float) -> float:
     """Keep the GPU busy with bf16 matmuls for about ``seconds`` before the first timing; returns
     the seconds spent (0 without CUDA). Without it the run's first measurement ran on a GPU that

@@ -20,7 +20,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
             "--providers", "dash,fa4_det,sdpa_*",
             "--mode", "fwd_bwd", "--out-dir", str(tmp_path), "--warmup", "5", "--rep", "20",
             "--no-determinism", "--e2e", "--no-model", "--deadline-s", "500",
-            "--commit", "abc", "--repeat-check", "0", "--rounds", "5",
+            "--commit", "abc", "--repeat-check", "0", "--rounds", "5", "--idle-ms", "100",
         ]
     )  # fmt: skip
     assert args.configs == [(128, True, 16384), (64, False, 2048)]
@@ -29,6 +29,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
     assert not args.determinism and args.e2e and not args.model
     assert (args.deadline_s, args.commit, args.repeat_check) == (500.0, "abc", 0)
     assert args.rounds == 5 and parse_bench_args([]).rounds == main.DEFAULT_ROUNDS
+    assert args.idle_ms == 100.0 and parse_bench_args([]).idle_ms == main.DEFAULT_IDLE_MS
     cases = configs.resolve_cases(args)
     assert [(c.headdim, c.causal, c.seqlen, c.batch, c.heads) for c in cases] == [
         (128, True, 16384, 1, 16),
@@ -58,6 +59,11 @@ def test_bad_options_exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -
 def test_zero_rounds_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.run(parse_bench_args(["--rounds", "0"])) == 2
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_negative_idle_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(parse_bench_args(["--idle-ms", "-1"])) == 2
+    assert "--idle-ms must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_no_gpu_runs_the_model_sweep_on_the_requested_configs(

@@ -143,3 +143,21 @@ def test_rounds_must_be_positive() -> None:
             repeats=0, seed=0, device="cpu", timer=wall_clock_ms,
             deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=0,
         )  # fmt: skip
+
+
+def test_gpu_idles_before_every_providers_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``idle_s`` reaches ``timing.idle_gpu`` once per provider and round, before its timing."""
+    events: list[tuple[str, float]] = []
+    monkeypatch.setattr(sweep, "idle_gpu", lambda device, s: events.append(("idle", s)))
+
+    def timer(step, warmup: float, rep: float, grad_to_none) -> float:
+        step()
+        events.append(("time", 0.0))
+        return 1.0
+
+    sweep.run_sweep(
+        [Case(2, 32, 2, 2, 16, True)], lambda case: fakes(case)[:3], meta=META, mode="bwd",
+        warmup=0.0, rep=3.0, repeats=0, seed=0, device="cpu", timer=timer,
+        deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2, idle_s=0.25,
+    )  # fmt: skip
+    assert events == [("idle", 0.25), ("time", 0.0)] * 6

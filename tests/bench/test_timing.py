@@ -115,3 +115,9 @@ def test_wall_clock_runs_min_calls() -> None:
     calls = []
     timing.wall_clock_ms(lambda: calls.append(1), 0.0, 0.0, min_calls=4)
     assert len(calls) == 1 + 4  # one warm-up call, then the timed ones
+
+
+def test_idle_gpu_is_a_no_op_without_cuda() -> None:
+    start = time.perf_counter()
+    timing.idle_gpu("cpu", 5.0)
+    assert time.perf_counter() - start < 1.0

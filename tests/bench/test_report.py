@@ -140,21 +140,19 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 14's forward sweep (per config and summary) and end-to-end blocks, session 17's
-    # hopper backward rounds, and session 13's interleaved host-path table, from their own
-    # files.
+    # Session 18's hopper backward rounds and forward sweep (per config and summary) and
+    # end-to-end blocks, and session 13's interleaved host-path table, from their own files.
     text = readme.read_text()
-    session14 = results / "session14-034bb82"
-    sweeps = (
-        session14 / "call3-034bb82" / "fwd" / "bench.csv",
-        results / "session17-85ebde9" / "call2-85ebde9" / "sweep" / "bench.csv",
-    )
-    for path in sweeps:
+    session18 = results / "session18-b97d714"
+    for path in (
+        session18 / "call4-bee9e4e" / "sweep" / "bench.csv",
+        session18 / "call4-bee9e4e" / "fwd" / "bench.csv",
+    ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     e2e = report.e2e_table(
-        report.read_csv(session14 / "call3-034bb82" / "e2e" / "e2e.csv"), markdown=True
+        report.read_csv(session18 / "call2-b97d714" / "e2e" / "e2e.csv"), markdown=True
     )
     assert "hopper vs fa4_det" in e2e and e2e.strip() in text
     session = results / "session13-82f62f0"

@@ -60,9 +60,9 @@ FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 # The hopper forward on a full mask runs persistent (one CTA per SM walking the tiles, the next
 # tile's loads and the last O store overlapped) up to this many key tokens, per head dim; one
 # CTA per tile above, and always on causal masks. Both kernels timed beside FA4 in one run
-# (session18-*/call1-*/fwd_ab.txt, bitwise equal outputs): at hd 64 persistent is 1.00-1.14x
-# the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512, 0.92x -> 0.98x at 1k); at
-# hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k.
+# (session18-b97d714/call1-ad4e627-wip/fwd_ab.txt, bitwise equal outputs): at hd 64 persistent
+# is 1.00-1.14x the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512, 0.92x ->
+# 0.98x at 1k); at hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k.
 FWD_PERSISTENT_MAX_SEQLEN_K = {64: 1 << 30, 128: 4096}
 
 

@@ -55,7 +55,9 @@ class NumCase:
     heads: int
     kv_heads: int
     layout: str = "contiguous"  # or "packed" (q/k/v slices of one qkv tensor: odd strides)
-    provider: str = "dash-cute"  # or "dash-cute-3wg" (the opt-in 192-row hd-64 variant)
+    # or "dash-cute-3wg" (the 192-row hd-64 kernel), "dash-cute-pers" / "dash-cute-3wg-pers"
+    # (the persistent kernel, full masks)
+    provider: str = "dash-cute"
     status: str = "not run"
     out_err: float = float("nan")
     out_ref_err: float = float("nan")
@@ -169,6 +171,11 @@ def numerics_cases() -> list[NumCase]:
                 cases.append(
                     NumCase(name, dtype, 64, causal, b, sq, sk, h, hk, layout, "dash-cute-3wg")
                 )
+        # The persistent kernel: full masks, every shape (the packed layout included).
+        for hd, provider in ((64, "dash-cute-pers"), (128, "dash-cute-pers"),
+                             (96, "dash-cute-pers"), (64, "dash-cute-3wg-pers")):  # fmt: skip
+            for name, b, sq, sk, h, hk, layout in shapes:
+                cases.append(NumCase(name, dtype, hd, False, b, sq, sk, h, hk, layout, provider))
     return cases
 
 
@@ -197,6 +204,13 @@ def load_providers() -> tuple[dict[str, Callable], dict[str, str]]:
         ),
         "dash-cute-3wg": lambda q, k, v, causal, scale: hopper_fwd(
             q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=3
+        ),
+        # The persistent kernel (full masks, head dims <= 128), at both warpgroup counts.
+        "dash-cute-pers": lambda q, k, v, causal, scale: hopper_fwd(
+            q, k, v, causal=causal, softmax_scale=scale, persistent=True
+        ),
+        "dash-cute-3wg-pers": lambda q, k, v, causal, scale: hopper_fwd(
+            q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=3, persistent=True
         ),
     }
     missing: dict[str, str] = {}
@@ -321,18 +335,25 @@ def self_check() -> None:
 def compile_all(report: Report) -> None:
     from dash_attn.backends.hopper.fwd import SUPPORTED_HEAD_DIMS, compile_fwd
 
-    configs = [
-        (hd, dtype, causal, 2)
-        for hd in SUPPORTED_HEAD_DIMS
-        for dtype in (torch.bfloat16, torch.float16)
-        for causal in (False, True)
-    ] + [(64, dtype, causal, 3) for dtype in (torch.bfloat16, torch.float16) for causal in (0, 1)]
-    for hd, dtype, causal, wgs in configs:
+    dtypes = (torch.bfloat16, torch.float16)
+    configs = (
+        [
+            (hd, dtype, causal, 2, False)
+            for hd in SUPPORTED_HEAD_DIMS
+            for dtype in dtypes
+            for causal in (False, True)
+        ]
+        + [(64, dtype, causal, 3, False) for dtype in dtypes for causal in (0, 1)]
+        + [(hd, dtype, False, 2, True) for hd in (64, 96, 128) for dtype in dtypes]
+        + [(64, dtype, False, 3, True) for dtype in dtypes]
+    )
+    for hd, dtype, causal, wgs, persistent in configs:
         key = f"hd{hd}-{str(dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
         key += "-3wg" if wgs == 3 else ""
+        key += "-persistent" if persistent else ""
         start = time.perf_counter()
         try:
-            compile_fwd(hd, dtype, bool(causal), consumer_wgs=wgs)
+            compile_fwd(hd, dtype, bool(causal), consumer_wgs=wgs, persistent=persistent)
             report.compile_s[key] = round(time.perf_counter() - start, 2)
         except Exception as e:  # noqa: BLE001 - report and go on with the rest
             report.compile_s[key] = f"FAILED {type(e).__name__}: {e}"
@@ -446,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         NumCase("sq1000>sk333", "float16", 64, True, 1, 1000, 333, 4, 2),
         NumCase("s333-gqa8/2", "bfloat16", 64, False, 1, 333, 333, 8, 2),
         NumCase("s1000-3wg", "bfloat16", 64, True, 2, 1000, 1000, 4, 4, provider="dash-cute-3wg"),
+        NumCase(
+            "s1000-pers", "bfloat16", 128, False, 2, 1000, 1000, 4, 4, provider="dash-cute-pers"
+        ),
     ]
     for c in repeat_cases:
         if args.dry_run:

@@ -34,7 +34,6 @@ warpgroup count): batch, seqlens, heads and all strides are runtime values
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 import operator
@@ -57,6 +56,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from ...device import device_info
 from . import kernel_cache
 from ._cute_utils import gmem_tensor, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
@@ -969,12 +969,6 @@ def _launch_args(
     )  # fmt: skip
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _check_config(head_dim: int, dtype: torch.dtype) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise NotImplementedError(
@@ -1021,11 +1015,6 @@ def compile_fwd(
         raise ImportError(
             "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
-        )
-    if persistent and (causal or head_dim > 128):
-        raise NotImplementedError(
-            "the persistent forward covers full masks at head dims up to 128, not "
-            f"causal={causal}, head_dim={head_dim}"
         )
     key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(persistent), bool(tvm_ffi))
     with _CACHE_LOCK:
@@ -1137,7 +1126,8 @@ def hopper_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
         tvm_ffi=tvm_ffi,
     )  # fmt: skip
-    max_ctas = _sm_count(q.device)
+    # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
+    max_ctas = device_info(q.device).sm_count
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
         compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E, max_ctas)

@@ -99,6 +99,11 @@ DEFAULT_ROUNDS = 4
 # GPU idleness before each provider's turn in a round (timing.idle_gpu): without it a provider
 # timed after a power-hungry one ran at a lower clock (H200, session 18).
 DEFAULT_IDLE_MS = 250.0
+# With --settle-ms each provider is timed at the clock it sustains by itself: on the H200 the
+# power cap settles within about a second of back-to-back calls (a 10 ms backward's first call
+# ran at the boost clock and its median over 1.5 s at 1650-1750 MHz, session 18's
+# clock/clock.txt). Off by default: the tables are boost-clock numbers unless a run says so.
+DEFAULT_SETTLE_MS = 0.0
 QUICK_WARMUP_MS = 10.0
 QUICK_REP_MS = 40.0
 DETERMINISM_SEQLEN = 4096
@@ -230,6 +235,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     timing.add_argument(
+        "--settle-ms",
+        type=float,
+        default=DEFAULT_SETTLE_MS,
+        metavar="MS",
+        help=(
+            "back-to-back untimed calls of each provider before each of its turns, so that it "
+            "is timed at the clock its own power draw sustains (training-like; e.g. 1000 with "
+            f"--idle-ms 0; default {DEFAULT_SETTLE_MS:g}: boost-clock numbers)"
+        ),
+    )
+    timing.add_argument(
         "--repeat-check",
         type=int,
         default=3,
@@ -309,6 +325,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
         if args.idle_ms < 0:
             raise ValueError(f"--idle-ms must be >= 0, got {args.idle_ms}")
+        if args.settle_ms < 0:
+            raise ValueError(f"--settle-ms must be >= 0, got {args.settle_ms}")
         cases = resolve_cases(args)
     except ValueError as exc:
         print(f"dash-attn bench: error: {exc}", file=sys.stderr)
@@ -348,8 +366,9 @@ def _run_gpu(
     argv = sys.argv[1:]
     print(
         f"out dir {out_dir}; mode {args.mode}, {args.dtype}, warmup {args.warmup:g} ms, rep "
-        f"{args.rep:g} ms in {args.rounds} interleaved rounds ({args.idle_ms:g} ms idle before "
-        f"each provider's turn), {len(cases)} configs; python "
+        f"{args.rep:g} ms in {args.rounds} interleaved rounds ({args.idle_ms:g} ms idle, then "
+        f"{args.settle_ms:g} ms of its own calls before each provider's turn), {len(cases)} "
+        f"configs; python "
         f"{info['python']}, pid {os.getpid()}"
     )
     if any(family_of(p.name) == "fa4" for p in select(_peer_probe(), patterns)):
@@ -389,6 +408,7 @@ def _run_gpu(
                     "rep_ms": args.rep,
                     "rounds": args.rounds,
                     "idle_ms": args.idle_ms,
+                    "settle_ms": args.settle_ms,
                     "gpu_warmup_s": GPU_WARMUP_S,
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
@@ -413,7 +433,7 @@ def _run_gpu(
             todo, make_providers, meta=meta, mode=args.mode, warmup=args.warmup, rep=args.rep,
             repeats=args.repeat_check, seed=args.seed, device=device, timer=timer,
             deadline=deadline, skips=skips, on_config=lambda new: save(previous + new),
-            rounds=args.rounds, idle_s=args.idle_ms / 1000,
+            rounds=args.rounds, idle_s=args.idle_ms / 1000, settle_ms=args.settle_ms,
         )  # fmt: skip
         save(rows)
     else:

@@ -85,10 +85,11 @@ def _time_case(
     skips: Skips,
     note: Callable[[str], None],
     idle_s: float = 0.0,
+    settle_ms: float = 0.0,
 ) -> tuple[list[tuple[Provider, Measurement]], bool]:
     """The providers of one case in ``rounds`` interleaved rounds (every other one in reverse
-    order; the GPU idle for ``idle_s`` before each provider's turn), then each one's repeat
-    check.
+    order; the GPU idle for ``idle_s`` before each provider's turn, then ``settle_ms`` of the
+    provider's own untimed calls), then each one's repeat check.
     Returns the measurements (in provider order) and False if the CUDA context broke (the
     caller stops); a provider that fails is skipped with its reason."""
     timings: dict[str, ProviderTiming] = {}
@@ -116,7 +117,8 @@ def _time_case(
                     timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
                     timings[provider.name] = timing
                 idle_gpu(device, idle_s)
-                timing.time(timer, warmup / rounds, rep / rounds)
+                # The settling calls are the timer's warm-up (back to back, untimed).
+                timing.time(timer, warmup / rounds + settle_ms, rep / rounds)
             except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
                 if not skip(provider, exc):
                     return [], False
@@ -150,6 +152,7 @@ def run_sweep(
     on_config: Callable[[list[dict[str, Any]]], None] | None = None,
     rounds: int = 1,
     idle_s: float = 0.0,
+    settle_ms: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Time every provider on every case; returns the rows of bench.csv.
 
@@ -159,11 +162,15 @@ def run_sweep(
     same total timing as one round (plus the timer's own estimate per round), and no provider
     favoured by its place in the sequence. ``idle_s``: seconds of GPU idleness before each
     provider's turn (``timing.idle_gpu``), so that none inherits the clock that the power draw
-    of the one before left. ``on_config`` is called with all rows so far after
-    each case (the caller rewrites its files).
+    of the one before left. ``settle_ms``: ms of the provider's own calls, back to back and
+    untimed, before each of its turns, so that it is timed at the clock its own power draw
+    sustains (the power cap's, on a GPU that reaches it). ``on_config`` is called with all
+    rows so far after each case (the caller rewrites its files).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if settle_ms < 0:
+        raise ValueError(f"settle_ms must be >= 0, got {settle_ms}")
     rows: list[dict[str, Any]] = []
     progress = Progress(len(cases), f"bench {mode}")
     try:
@@ -179,7 +186,7 @@ def run_sweep(
             measured, alive = _time_case(
                 case, make_providers(case), inputs, mode=mode, warmup=warmup, rep=rep,
                 rounds=rounds, repeats=repeats, timer=timer, device=device, skips=skips,
-                note=progress.note, idle_s=idle_s,
+                note=progress.note, idle_s=idle_s, settle_ms=settle_ms,
             )  # fmt: skip
             done = [
                 {

@@ -21,6 +21,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
             "--mode", "fwd_bwd", "--out-dir", str(tmp_path), "--warmup", "5", "--rep", "20",
             "--no-determinism", "--e2e", "--no-model", "--deadline-s", "500",
             "--commit", "abc", "--repeat-check", "0", "--rounds", "5", "--idle-ms", "100",
+            "--settle-ms", "1000",
         ]
     )  # fmt: skip
     assert args.configs == [(128, True, 16384), (64, False, 2048)]
@@ -30,6 +31,7 @@ def test_documented_options_parse(tmp_path: Path) -> None:
     assert (args.deadline_s, args.commit, args.repeat_check) == (500.0, "abc", 0)
     assert args.rounds == 5 and parse_bench_args([]).rounds == main.DEFAULT_ROUNDS
     assert args.idle_ms == 100.0 and parse_bench_args([]).idle_ms == main.DEFAULT_IDLE_MS
+    assert args.settle_ms == 1000.0 and parse_bench_args([]).settle_ms == main.DEFAULT_SETTLE_MS
     cases = configs.resolve_cases(args)
     assert [(c.headdim, c.causal, c.seqlen, c.batch, c.heads) for c in cases] == [
         (128, True, 16384, 1, 16),
@@ -64,6 +66,11 @@ def test_zero_rounds_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
 def test_negative_idle_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.run(parse_bench_args(["--idle-ms", "-1"])) == 2
     assert "--idle-ms must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_negative_settle_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(parse_bench_args(["--settle-ms", "-5"])) == 2
+    assert "--settle-ms must be >= 0, got -5" in capsys.readouterr().err
 
 
 def test_no_gpu_runs_the_model_sweep_on_the_requested_configs(

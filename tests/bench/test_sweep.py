@@ -161,3 +161,30 @@ def test_gpu_idles_before_every_providers_turn(monkeypatch: pytest.MonkeyPatch) 
         deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2, idle_s=0.25,
     )  # fmt: skip
     assert events == [("idle", 0.25), ("time", 0.0)] * 6
+
+
+def test_settle_calls_are_the_timers_warm_up_of_every_turn() -> None:
+    """``settle_ms`` is added to each turn's warm-up (``warmup / rounds``): the provider's own
+    untimed calls run back to back right before its timed ones, in every round."""
+    warmups: list[float] = []
+
+    def timer(step, warmup: float, rep: float, grad_to_none) -> float:
+        step()
+        warmups.append(warmup)
+        return 1.0
+
+    sweep.run_sweep(
+        [Case(2, 32, 2, 2, 16, True)], lambda case: fakes(case)[:2], meta=META, mode="bwd",
+        warmup=8.0, rep=3.0, repeats=0, seed=0, device="cpu", timer=timer,
+        deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2, settle_ms=500.0,
+    )  # fmt: skip
+    assert warmups == [504.0] * 4
+
+
+def test_settle_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="settle_ms must be >= 0"):
+        sweep.run_sweep(
+            [Case(2, 32, 2, 2, 16, True)], fakes, meta=META, mode="bwd", warmup=0.0, rep=1.0,
+            repeats=0, seed=0, device="cpu", timer=wall_clock_ms,
+            deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), settle_ms=-1.0,
+        )  # fmt: skip

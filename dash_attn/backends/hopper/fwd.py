@@ -60,6 +60,7 @@ from ...device import device_info
 from . import kernel_cache
 from ._cute_utils import gmem_tensor, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
+from .fwd_tiles import causal_tile_lists
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
 # for 192/256 so the rings still fit (hd 192: 48+72+72 KiB; hd 256: 64+64+64 KiB) and the
@@ -222,15 +223,18 @@ class HopperFwd:
         #   few key blocks per tile (d64 full at 512 tokens: four) that is a large part of the
         #   tile's time. Persistent, the producer loads the next tile's first K and its Q while
         #   the consumers finish the last PV and store O, and the O store leaves through its
-        #   own buffer while the next tile computes. Full masks only (a causal mask's tiles
-        #   differ in length, which the hardware's CTA scheduler balances), head dims up to 128
-        #   (the O buffer must fit beside Q and the K/V rings).
-        if persistent and (causal or head_dim > 128):
+        #   own buffer while the next tile computes. Head dims up to 128 (the O buffer must fit
+        #   beside Q and the K/V rings).
+        # A causal mask's tiles differ in length, so there a fixed stride would leave CTAs with
+        #   unequal work: the persistent causal kernel takes per-CTA tile lists from the host
+        #   (fwd_tiles.causal_tile_lists: longest first in L2-sized groups of heads, each tile
+        #   to the least busy CTA) through call_tensors_tiled, the TVM-FFI entry only.
+        if persistent and head_dim > 128:
             raise NotImplementedError(
-                "the persistent forward covers full masks at head dims up to 128, not "
-                f"causal={causal}, head_dim={head_dim}"
+                f"the persistent forward covers head dims up to 128, not head_dim={head_dim}"
             )
         self.persistent = persistent
+        self.tile_list = persistent and causal
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -305,6 +309,24 @@ class HopperFwd:
         self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, max_ctas, stream)
 
     @cute.jit
+    def call_tensors_tiled(
+        self,
+        mQ_in: cute.Tensor,  # (b, s_q, h, d)
+        mK_in: cute.Tensor,  # (b, s_k, h_kv, d)
+        mV_in: cute.Tensor,
+        mO_in: cute.Tensor,  # (b, s_q, h, d)
+        mLSE: cute.Tensor,  # (b, h, s_q) fp32
+        mTiles: cute.Tensor,  # (tiles,) int32: every CTA's tile ids, CTA after CTA
+        mStarts: cute.Tensor,  # (ctas + 1,) int32: where each CTA's list starts
+        scale_log2: Float32,
+        max_ctas: Int32,
+        stream: cuda.CUstream,
+    ) -> None:
+        """``call_tensors`` of the persistent causal kernel, which walks the host's tile lists
+        (``fwd_tiles.causal_tile_lists``; ``max_ctas`` must be their CTA count)."""
+        self._host(mQ_in, mK_in, mV_in, mO_in, mLSE, scale_log2, max_ctas, stream, mTiles, mStarts)
+
+    @cute.jit
     def _host(
         self,
         mQ_in: cute.Tensor,
@@ -315,9 +337,15 @@ class HopperFwd:
         scale_log2: Float32,
         max_ctas: Int32,
         stream: cuda.CUstream,
+        mTiles: cute.Tensor | None = None,
+        mStarts: cute.Tensor | None = None,
     ) -> None:
         """TMA atoms, shared storage and the launch, from (b, s, h, d) global tensors and the
-        (b, h, s_q) LSE tensor. ``max_ctas`` bounds the persistent grid (the SM count)."""
+        (b, h, s_q) LSE tensor. ``max_ctas`` bounds the persistent grid (the SM count; with
+        tile lists, their CTA count)."""
+        if const_expr(mTiles is None):
+            # Kernels without tile lists never read these parameters.
+            mTiles, mStarts = mLSE, mLSE
         dt = self.dtype
         # (b, s, h, d) -> (s, d, h, b): TMA tiles the first two modes; head, batch index the rest.
         mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ_in, mK_in, mV_in, mO_in)]
@@ -374,7 +402,7 @@ class HopperFwd:
             tiles = grid[0] * grid[1] * grid[2]
             grid = (cutlass.min(tiles, max_ctas), 1, 1)
         self.kernel(
-            tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o, scale_log2,
+            tQ, tK, tV, tO, mLSE, mTiles, mStarts, tma_q, tma_k, tma_v, tma_o, scale_log2,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(
             grid=grid,
@@ -393,6 +421,8 @@ class HopperFwd:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mTiles: cute.Tensor,
+        mStarts: cute.Tensor,
         tma_q: cute.CopyAtom,
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
@@ -408,12 +438,17 @@ class HopperFwd:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         # Tiles as one index, query block fastest: this CTA's first, the step to its next, and
-        # the end. A CTA per tile: its block index, and a single step.
+        # the end. A CTA per tile: its block index, and a single step. With tile lists these
+        # index the list (mTiles[i] is the tile).
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         heads = cute.size(mQ.shape[2])
         bid_x, bid_y, bid_z = cute.arch.block_idx()
         grid_x, _, _ = cute.arch.grid_dim()
-        if const_expr(self.persistent):
+        if const_expr(self.tile_list):
+            first_tile = mStarts[bid_x]
+            tile_step = Int32(1)
+            tile_end = mStarts[bid_x + 1]
+        elif const_expr(self.persistent):
             first_tile = bid_x
             tile_step = grid_x
             tile_end = num_m_blocks * heads * cute.size(mQ.shape[3])
@@ -459,14 +494,14 @@ class HopperFwd:
             if warp_idx == 0:
                 self.load(
                     mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
-                    first_tile, tile_step, tile_end, num_m_blocks, heads,
+                    mTiles, first_tile, tile_step, tile_end, num_m_blocks, heads,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
                 mO, mLSE, sQ, sK, sV, sO, tma_o, pipe_q, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
-                scale_log2, tidx - 128, first_tile, tile_step, tile_end, num_m_blocks, heads,
-                mK.shape[0],
+                scale_log2, tidx - 128, mTiles, first_tile, tile_step, tile_end, num_m_blocks,
+                heads, mK.shape[0],
             )  # fmt: skip
 
     @cute.jit
@@ -503,6 +538,7 @@ class HopperFwd:
         pipe_q: cpipe.PipelineTmaAsync,
         pipe_k: cpipe.PipelineTmaAsync,
         pipe_v: cpipe.PipelineTmaAsync,
+        mTiles: cute.Tensor,
         first_tile: Int32,
         tile_step: Int32,
         tile_end: Int32,
@@ -516,7 +552,8 @@ class HopperFwd:
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1)
         # On entry to a tile: the stage its first K goes to (the rings run on across tiles).
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-        for tile in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+        for it in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+            tile = mTiles[it] if const_expr(self.tile_list) else it
             m_block, head, batch, n_block_max = self._tile(
                 tile, num_m_blocks, heads, mQ.shape[0], mK.shape[0]
             )
@@ -697,6 +734,7 @@ class HopperFwd:
         tiled_mma_pv: cute.TiledMma,
         scale_log2: Float32,
         tidx: Int32,
+        mTiles: cute.Tensor,
         first_tile: Int32,
         tile_step: Int32,
         tile_end: Int32,
@@ -738,7 +776,8 @@ class HopperFwd:
         # On entry to a tile: the stage of its first K (the rings run on across tiles).
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
 
-        for tile in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+        for it in cutlass.range(first_tile, tile_end, tile_step, unroll=1):
+            tile = mTiles[it] if const_expr(self.tile_list) else it
             m_block, head, batch, n_block_max = self._tile(
                 tile, num_m_blocks, heads, seqlen_q, seqlen_k
             )
@@ -997,7 +1036,8 @@ def compile_fwd(
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
     consumer_wgs=3 is the 192-row tile for hd 64 (FA4's choice there); the backend runs it
     from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
-    persistent: one CTA per SM walking tiles (``HopperFwd``; full masks, head dims <= 128).
+    persistent: one CTA per SM walking tiles (``HopperFwd``; head dims <= 128; causal: from
+    the host's tile lists, TVM-FFI entry only).
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
     from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``.
     """
@@ -1010,6 +1050,11 @@ def compile_fwd(
         # 160 registers per consumer thread: hd 96 already spills (ptxas: 240 B), larger worse.
         raise NotImplementedError(
             f"consumer_wgs=3 is only implemented for head_dim 64, not {head_dim}"
+        )
+    if persistent and causal and not tvm_ffi:
+        raise NotImplementedError(
+            "the persistent causal forward takes its tile lists through the TVM-FFI entry "
+            "only (tvm_ffi=True)"
         )
     if tvm_ffi and importlib.util.find_spec("tvm_ffi") is None:
         raise ImportError(
@@ -1029,6 +1074,10 @@ def compile_fwd(
             # (TVM-FFI reads torch's current stream of the tensors' device at every call).
             entry = kernel.call_tensors
             args = (*_fake_fwd_args(cutlass_dtype, head_dim), Float32(1.0), Int32(1))
+            if kernel.tile_list:
+                lists = tuple(fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(2))
+                entry = kernel.call_tensors_tiled
+                args = (*args[:5], *lists, *args[5:])
             stream = make_fake_stream(use_tvm_ffi_env_stream=True)
             options += " --enable-tvm-ffi"
         else:
@@ -1063,6 +1112,39 @@ def compile_fwd(
         return compiled
 
 
+_TILE_LISTS_MAX = 64
+_tile_lists: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _device_tile_lists(
+    device: torch.device,
+    head_dim: int,
+    consumer_wgs: int,
+    batch: int,
+    heads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    sm_count: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The persistent causal kernel's tile lists on ``device`` (int32 tiles, starts), made and
+    uploaded once per shape (as the backward's schedule tables, ``tables.device_tables``)."""
+    tile_m = 64 * consumer_wgs
+    num_m_blocks = -(-seqlen_q // tile_m)
+    key = (device, head_dim, tile_m, batch, heads, seqlen_q, seqlen_k, sm_count)
+    hit = _tile_lists.get(key)
+    if hit is None:
+        lists = causal_tile_lists(
+            num_m_blocks=num_m_blocks, heads=heads, batch=batch, tile_m=tile_m,
+            tile_n=_TILE_N[head_dim], seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+            workers=min(sm_count, num_m_blocks * heads * batch),
+        )  # fmt: skip
+        hit = tuple(torch.from_numpy(a.copy()).to(device) for a in (lists.tiles, lists.starts))
+        if len(_tile_lists) >= _TILE_LISTS_MAX:
+            _tile_lists.pop(next(iter(_tile_lists)))
+        _tile_lists[key] = hit
+    return hit
+
+
 def hopper_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1078,7 +1160,8 @@ def hopper_fwd(
     q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
     in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
     consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles, hd 64 only).
-    persistent: one CTA per SM walking the tiles (full masks, head dims <= 128).
+    persistent: one CTA per SM walking the tiles (head dims <= 128; causal: each CTA the list
+    ``fwd_tiles.causal_tile_lists`` gives it, made once per shape).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1121,13 +1204,23 @@ def hopper_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    tvm_ffi = TVM_FFI_LAUNCH
+    # The tile lists of the persistent causal kernel go through the TVM-FFI entry only.
+    tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
     compiled = compile_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
         tvm_ffi=tvm_ffi,
     )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
+    if persistent and causal:
+        tiles, starts = _device_tile_lists(
+            q.device, head_dim, consumer_wgs, batch, heads, seqlen_q, k.shape[1], max_ctas
+        )
+        compiled(
+            tma_view(q), tma_view(k), tma_view(v), out, lse, tiles, starts, scale * LOG2_E,
+            starts.shape[0] - 1,
+        )  # fmt: skip
+        return out, lse
     if tvm_ffi:
         # TVM-FFI launches on q's device, on torch's current stream there.
         compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E, max_ctas)

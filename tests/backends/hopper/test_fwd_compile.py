@@ -25,7 +25,8 @@ from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 _SMALL_BOX = (os.cpu_count() or 1) < 4 and os.environ.get("DASH_ATTN_FWD_COMPILE_ALL") != "1"
 # (hd, dtype, causal, consumer warpgroups, persistent); then the 3-warpgroup hd-64 kernels
 # (192-row tiles, run from FWD_3WG_MIN_SEQLEN tokens on, per mask kind), then the persistent
-# kernels the backend runs (full masks; FWD_PERSISTENT_MAX_SEQLEN_K), one per dtype.
+# kernels: on full masks one per dtype, on causal ones (tile lists from the host, the TVM-FFI
+# entry) one per warpgroup count.
 CONFIGS = (
     [
         (hd, dtype, causal, 2, False)
@@ -40,6 +41,7 @@ CONFIGS = (
         for causal in (False, True)
     ]
     + [(64, torch.bfloat16, False, 3, True), (128, torch.float16, False, 2, True)]
+    + [(64, torch.bfloat16, True, 3, True), (128, torch.float16, True, 2, True)]
 )
 
 
@@ -49,7 +51,7 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
     CPU, so the configs compile in one spawned worker process per core (spawned, not forked:
     the parent already holds MLIR state); on a single core, in-process."""
     jobs = [
-        (hd, str(dt).removeprefix("torch."), c, wgs, False, pers)
+        (hd, str(dt).removeprefix("torch."), c, wgs, pers and c, pers)
         for hd, dt, c, wgs, pers in CONFIGS
     ]
     workers = min(len(jobs), os.cpu_count() or 1)
@@ -85,9 +87,12 @@ def test_compiles_with_expected_ptx(
 
 
 def test_persistent_only_where_it_is_implemented() -> None:
-    for hd, causal in ((64, True), (192, False), (256, False)):
+    for hd, causal in ((192, False), (256, False), (192, True)):
         with pytest.raises(NotImplementedError, match="persistent"):
             hfwd.compile_fwd(hd, torch.bfloat16, causal, persistent=True)
+    # The causal kernel's tile lists have no plain-number entry.
+    with pytest.raises(NotImplementedError, match="TVM-FFI"):
+        hfwd.compile_fwd(64, torch.bfloat16, True, persistent=True, tvm_ffi=False)
 
 
 def test_forward_persistent_by_mask_and_length() -> None:

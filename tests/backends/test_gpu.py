@@ -266,10 +266,12 @@ def test_hopper_forward_192_row_tiles_match_reference(causal):
      (4, 200, 333, 2, 2, 128), (1, 64, 64, 1, 1, 64)],
     ids=lambda s: "x".join(map(str, s)),
 )  # fmt: skip
-def test_hopper_persistent_forward_matches_per_tile_kernel(shape):
-    """The persistent forward (one CTA per SM walking the tiles; full masks) computes each tile
-    as the per-tile kernel does: bitwise equal out and lse on tails, GQA, Sq != Sk and fewer
-    tiles than SMs, at both warpgroup counts at hd 64; and within the flash-attn rule."""
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_persistent_forward_matches_per_tile_kernel(shape, causal):
+    """The persistent forward (one CTA per SM walking the tiles; causal: the host's tile lists)
+    computes each tile as the per-tile kernel does: bitwise equal out and lse on tails, GQA,
+    Sq != Sk (causal: rows that see no key) and fewer tiles than SMs, at both warpgroup counts
+    at hd 64, the same bits again on a second call; and within the flash-attn rule."""
     from dash_attn.backends.hopper.fwd import hopper_fwd
 
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
@@ -278,15 +280,19 @@ def test_hopper_persistent_forward_matches_per_tile_kernel(shape):
     )
     _skip_if_uncovered_fwd(q, k)
     scale = headdim**-0.5
-    ref_out, ref_lse = attention_ref(q, k, v, causal=False)
-    same_out, same_lse = attention_ref(q, k, v, causal=False, upcast=False)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
     for wgs in (2, 3) if headdim == 64 else (2,):
-        per_tile = hopper_fwd(q, k, v, causal=False, softmax_scale=scale, consumer_wgs=wgs)
+        per_tile = hopper_fwd(q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=wgs)
         out, lse = hopper_fwd(
-            q, k, v, causal=False, softmax_scale=scale, consumer_wgs=wgs, persistent=True
+            q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=wgs, persistent=True
         )
         assert torch.equal(out, per_tile[0]) and torch.equal(lse, per_tile[1]), wgs
-        name = f"[persistent fwd d{headdim}, {wgs} warpgroups]"
+        again = hopper_fwd(
+            q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=wgs, persistent=True
+        )
+        assert torch.equal(out, again[0]) and torch.equal(lse, again[1]), wgs
+        name = f"[persistent fwd d{headdim}, {'causal' if causal else 'full'}, {wgs} warpgroups]"
         assert_close_to_ref(f"out {name}", out, ref_out, same_out, atol=1e-3)
         assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
 

@@ -57,13 +57,19 @@ BWD_VARIANT = {
 # 512 (call1-9ef11df/fwd_time.txt): full 0.87x against 0.86x, causal 0.94x against 1.02x.
 # A shape always runs the same kernel.
 FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
-# The hopper forward on a full mask runs persistent (one CTA per SM walking the tiles, the next
-# tile's loads and the last O store overlapped) up to this many key tokens, per head dim; one
-# CTA per tile above, and always on causal masks. Both kernels timed beside FA4 in one run
-# (session18-b97d714/call1-ad4e627-wip/fwd_ab.txt, bitwise equal outputs): at hd 64 persistent
-# is 1.00-1.14x the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512, 0.92x ->
-# 0.98x at 1k); at hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k.
-FWD_PERSISTENT_MAX_SEQLEN_K = {64: 1 << 30, 128: 4096}
+# The hopper forward runs persistent (one CTA per SM walking the tiles, the next tile's loads
+# and the last O store overlapped) up to this many key tokens, per mask kind and head dim; one
+# CTA per tile above. Both kernels timed beside FA4 in one run, bitwise equal outputs. Full
+# masks (session18-b97d714/call1-ad4e627-wip/fwd_ab.txt): at hd 64 persistent is 1.00-1.14x the
+# per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512, 0.92x -> 0.98x at 1k); at hd
+# 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k. Causal masks, the CTAs walking tile
+# lists made on the host (session19-c219362/call5-8b75135/fwd_causal_ab.txt): at hd 64
+# 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x at 4k); at hd 128 1.17x at
+# 1k, 1.04-1.11x to 8k, 0.985x at 16k.
+FWD_PERSISTENT_MAX_SEQLEN_K = {
+    "full": {64: 1 << 30, 128: 4096},
+    "causal": {64: 1 << 30, 128: 8192},
+}
 
 
 def _mask_kind(causal: bool) -> str:

@@ -49,9 +49,9 @@ def forward_consumer_wgs(head_dim: int, seqlen_q: int, causal: bool) -> int:
 
 def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     """Whether the hopper forward runs its persistent kernel for this shape
-    (``FWD_PERSISTENT_MAX_SEQLEN_K``: full masks, per head dim up to a key length)."""
-    max_seqlen_k = FWD_PERSISTENT_MAX_SEQLEN_K.get(head_dim, 0)
-    return not causal and seqlen_k <= max_seqlen_k
+    (``FWD_PERSISTENT_MAX_SEQLEN_K``: per mask kind and head dim, up to a key length)."""
+    limits = FWD_PERSISTENT_MAX_SEQLEN_K["causal" if causal else "full"]
+    return seqlen_k <= limits.get(head_dim, 0)
 
 
 def cute_pre_post_from_env(value: str | None) -> bool:

@@ -96,17 +96,19 @@ def test_persistent_only_where_it_is_implemented() -> None:
 
 
 def test_forward_persistent_by_mask_and_length() -> None:
-    """Persistent on full masks up to FWD_PERSISTENT_MAX_SEQLEN_K key tokens per head dim;
-    never on causal masks or head dims without a bound."""
+    """Persistent up to FWD_PERSISTENT_MAX_SEQLEN_K key tokens per mask kind and head dim;
+    never at head dims without a bound."""
     from dash_attn.backends.hopper import FWD_PERSISTENT_MAX_SEQLEN_K
     from dash_attn.backends.hopper.launch import forward_persistent
 
-    limit = FWD_PERSISTENT_MAX_SEQLEN_K[128]
-    assert forward_persistent(128, limit, False)
-    assert not forward_persistent(128, limit + 1, False)
-    assert forward_persistent(64, 1 << 20, False)
-    assert not any(forward_persistent(hd, 512, True) for hd in (64, 128))
-    assert not any(forward_persistent(hd, 512, False) for hd in (96, 192, 256))
+    for causal, kind in ((False, "full"), (True, "causal")):
+        limit = FWD_PERSISTENT_MAX_SEQLEN_K[kind][128]
+        assert forward_persistent(128, limit, causal)
+        assert not forward_persistent(128, limit + 1, causal)
+        assert forward_persistent(64, 1 << 20, causal)
+        assert not any(forward_persistent(hd, 512, causal) for hd in (96, 192, 256))
+    # Every bound is a head dim whose persistent kernel exists (<= 128).
+    assert all(hd <= 128 for limits in FWD_PERSISTENT_MAX_SEQLEN_K.values() for hd in limits)
 
 
 # The TVM-FFI launch (hfwd.TVM_FFI_LAUNCH): both main head dims, both dtypes, causal and full.

@@ -141,15 +141,16 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
     # Session 18's hopper backward rounds and forward sweep (per config and summary) and
-    # end-to-end blocks, session 19's sweep at the sustained clock, and session 13's
-    # interleaved host-path table, from their own files.
+    # end-to-end blocks, session 19's backward sweep at the sustained clock and causal forward
+    # sweep, and session 13's interleaved host-path table, from their own files.
     text = readme.read_text()
     session18 = results / "session18-b97d714"
-    sustained = results / "session19-c219362" / "call4-c219362" / "sustained" / "bench.csv"
+    session19 = results / "session19-c219362"
     for path in (
         session18 / "call4-bee9e4e" / "sweep" / "bench.csv",
         session18 / "call4-bee9e4e" / "fwd" / "bench.csv",
-        sustained,
+        session19 / "call4-c219362" / "sustained" / "bench.csv",
+        session19 / "call7-14d3a94" / "fwd_causal" / "bench.csv",
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text

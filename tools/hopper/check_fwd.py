@@ -56,7 +56,7 @@ class NumCase:
     kv_heads: int
     layout: str = "contiguous"  # or "packed" (q/k/v slices of one qkv tensor: odd strides)
     # or "dash-cute-3wg" (the 192-row hd-64 kernel), "dash-cute-pers" / "dash-cute-3wg-pers"
-    # (the persistent kernel, full masks)
+    # (the persistent kernel; causal: the host's tile lists)
     provider: str = "dash-cute"
     status: str = "not run"
     out_err: float = float("nan")
@@ -171,11 +171,14 @@ def numerics_cases() -> list[NumCase]:
                 cases.append(
                     NumCase(name, dtype, 64, causal, b, sq, sk, h, hk, layout, "dash-cute-3wg")
                 )
-        # The persistent kernel: full masks, every shape (the packed layout included).
+        # The persistent kernel: both masks, every shape (the packed layout included).
         for hd, provider in ((64, "dash-cute-pers"), (128, "dash-cute-pers"),
                              (96, "dash-cute-pers"), (64, "dash-cute-3wg-pers")):  # fmt: skip
-            for name, b, sq, sk, h, hk, layout in shapes:
-                cases.append(NumCase(name, dtype, hd, False, b, sq, sk, h, hk, layout, provider))
+            for causal in (False, True):
+                for name, b, sq, sk, h, hk, layout in shapes:
+                    cases.append(
+                        NumCase(name, dtype, hd, causal, b, sq, sk, h, hk, layout, provider)
+                    )
     return cases
 
 
@@ -205,7 +208,7 @@ def load_providers() -> tuple[dict[str, Callable], dict[str, str]]:
         "dash-cute-3wg": lambda q, k, v, causal, scale: hopper_fwd(
             q, k, v, causal=causal, softmax_scale=scale, consumer_wgs=3
         ),
-        # The persistent kernel (full masks, head dims <= 128), at both warpgroup counts.
+        # The persistent kernel (head dims <= 128), at both warpgroup counts.
         "dash-cute-pers": lambda q, k, v, causal, scale: hopper_fwd(
             q, k, v, causal=causal, softmax_scale=scale, persistent=True
         ),
@@ -344,8 +347,8 @@ def compile_all(report: Report) -> None:
             for causal in (False, True)
         ]
         + [(64, dtype, causal, 3, False) for dtype in dtypes for causal in (0, 1)]
-        + [(hd, dtype, False, 2, True) for hd in (64, 96, 128) for dtype in dtypes]
-        + [(64, dtype, False, 3, True) for dtype in dtypes]
+        + [(hd, dtype, c, 2, True) for hd in (64, 96, 128) for dtype in dtypes for c in (0, 1)]
+        + [(64, dtype, c, 3, True) for dtype in dtypes for c in (0, 1)]
     )
     for hd, dtype, causal, wgs, persistent in configs:
         key = f"hd{hd}-{str(dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"

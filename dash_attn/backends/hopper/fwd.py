@@ -19,8 +19,9 @@ launches the longest tiles, i.e. the highest m_block, first):
   hand the tensor cores back and forth so one warpgroup's softmax hides under the other's GEMMs.
 - Epilogue: O / rowsum -> 16-bit -> smem (aliasing sQ, after both warpgroups are done with Q)
   -> one TMA store (TMA clips rows past seqlen_q); LSE straight from registers.
-- Persistent (full masks, head dims <= 128, ``persistent=True``): at most one CTA per SM,
-  each walking the tiles blockIdx.x, blockIdx.x + gridDim.x, ... (query block fastest). The K/V
+- Persistent (head dims <= 128, ``persistent=True``): at most one CTA per SM, each walking the
+  tiles blockIdx.x, blockIdx.x + gridDim.x, ... (query block fastest) on a full mask, and on a
+  causal one the list of tiles the host dealt it (``fwd_tiles.causal_tile_lists``). The K/V
   rings run on across tiles; the consumers release Q after the tile's last QK^T, so the producer
   loads the next tile's first K and then its Q during the last PV and the epilogue; O goes
   through its own smem buffer, whose TMA store is waited for only before the next tile's O

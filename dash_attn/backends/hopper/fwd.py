@@ -50,6 +50,7 @@ import cutlass.cute as cute
 import cutlass.memory
 import cutlass.pipeline as cpipe
 import cutlass.utils.hopper_helpers as sm90
+import numpy as np
 import torch
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
@@ -58,6 +59,7 @@ from cutlass.cute.runtime import make_fake_stream
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ...device import device_info
+from ..tables import upload_once
 from . import kernel_cache
 from ._cute_utils import gmem_tensor, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
@@ -1113,10 +1115,6 @@ def compile_fwd(
         return compiled
 
 
-_TILE_LISTS_MAX = 64
-_tile_lists: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
 def _device_tile_lists(
     device: torch.device,
     head_dim: int,
@@ -1128,22 +1126,21 @@ def _device_tile_lists(
     sm_count: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The persistent causal kernel's tile lists on ``device`` (int32 tiles, starts), made and
-    uploaded once per shape (as the backward's schedule tables, ``tables.device_tables``)."""
+    uploaded once per shape, as the backward's schedule tables (``tables.upload_once``)."""
     tile_m = 64 * consumer_wgs
     num_m_blocks = -(-seqlen_q // tile_m)
-    key = (device, head_dim, tile_m, batch, heads, seqlen_q, seqlen_k, sm_count)
-    hit = _tile_lists.get(key)
-    if hit is None:
+
+    def make() -> dict[str, np.ndarray]:
         lists = causal_tile_lists(
             num_m_blocks=num_m_blocks, heads=heads, batch=batch, tile_m=tile_m,
             tile_n=_TILE_N[head_dim], seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
             workers=min(sm_count, num_m_blocks * heads * batch),
         )  # fmt: skip
-        hit = tuple(torch.from_numpy(a.copy()).to(device) for a in (lists.tiles, lists.starts))
-        if len(_tile_lists) >= _TILE_LISTS_MAX:
-            _tile_lists.pop(next(iter(_tile_lists)))
-        _tile_lists[key] = hit
-    return hit
+        return {"tiles": lists.tiles, "starts": lists.starts}
+
+    key = ("fwd_tiles", head_dim, tile_m, batch, heads, seqlen_q, seqlen_k, sm_count)
+    tables = upload_once(key, device, make)
+    return tables["tiles"], tables["starts"]
 
 
 def hopper_fwd(

@@ -349,9 +349,9 @@ def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
 # traffic against 0.7 GB for ``descending``, whose chains of a group run side by side). Where the
 # groups running side by side no longer fit in L2 that costs more than the pipeline fill that
 # ``descending`` pays (H200, hopper backend, benchmarks/results/h200/session17-85ebde9/
-# call1-e67552e/orders): d128 (80 x 128 tiles) 8k: 6592 tasks, shift 2% faster; 12k: 14784,
-# descending 1.5% faster; 16k 4%, 32k 11%. d64 (128 x 128): 12k: 9216, shift 5% faster; 16k:
-# 16384, equal; 32k: descending 3% faster. GQA 4:1 agrees (call7-85ebde9).
+# call1-e67552e/orders, git history at 70f1578): d128 (80 x 128 tiles) 8k: 6592 tasks, shift
+# 2% faster; 12k: 14784, descending 1.5% faster; 16k 4%, 32k 11%. d64 (128 x 128): 12k: 9216,
+# shift 5% faster; 16k: 16384, equal; 32k: descending 3% faster. GQA 4:1 agrees (call7-85ebde9).
 DESCENDING_MIN_TASKS = 12288
 
 

@@ -51,21 +51,22 @@ BWD_VARIANT = {
 }
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
-# run (session14-034bb82/call2-5b20d68/fwd_variants.txt): the 192-row tile is 0.89-0.96x FA4
-# on full masks from 1k tokens (128 rows: 0.81-0.89x) and 0.92-0.96x on causal ones from 2k
-# (128 rows: 0.78-0.87x); at causal 1k the 128-row tile is ahead (1.01x against 0.93x). At
-# 512 (call1-9ef11df/fwd_time.txt): full 0.87x against 0.86x, causal 0.94x against 1.02x.
+# run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
+# tile is 0.89-0.96x FA4 on full masks from 1k tokens (128 rows: 0.81-0.89x) and 0.92-0.96x on
+# causal ones from 2k (128 rows: 0.78-0.87x); at causal 1k the 128-row tile is ahead (1.01x
+# against 0.93x). At 512 (call1-9ef11df/fwd_time.txt): full 0.87x against 0.86x, causal 0.94x
+# against 1.02x.
 # A shape always runs the same kernel.
 FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 # The hopper forward runs persistent (one CTA per SM walking the tiles, the next tile's loads
 # and the last O store overlapped) up to this many key tokens, per mask kind and head dim; one
 # CTA per tile above. Both kernels timed beside FA4 in one run, bitwise equal outputs. Full
-# masks (session18-b97d714/call1-ad4e627-wip/fwd_ab.txt): at hd 64 persistent is 1.00-1.14x the
-# per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512, 0.92x -> 0.98x at 1k); at hd
-# 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k. Causal masks, the CTAs walking tile
-# lists made on the host (session19-c219362/call5-8b75135/fwd_causal_ab.txt): at hd 64
-# 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x at 4k); at hd 128 1.17x at
-# 1k, 1.04-1.11x to 8k, 0.985x at 16k.
+# masks (session18-b97d714/call1-ad4e627-wip/fwd_ab.txt, git history at 70f1578): at hd 64
+# persistent is 1.00-1.14x the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512,
+# 0.92x -> 0.98x at 1k); at hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k. Causal
+# masks, the CTAs walking tile lists made on the host (session19-c219362/call5-8b75135/
+# fwd_causal_ab.txt): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x
+# at 4k); at hd 128 1.17x at 1k, 1.04-1.11x to 8k, 0.985x at 16k.
 FWD_PERSISTENT_MAX_SEQLEN_K = {
     "full": {64: 1 << 30, 128: 4096},
     "causal": {64: 1 << 30, 128: 8192},

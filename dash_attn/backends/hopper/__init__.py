@@ -41,14 +41,20 @@ _BWD_TILES = {
 # 3547dd0), the last 24 of 64 exponentials after the dP^T wait (exp_tail: 1.03x geomean,
 # session16 call1/call2 bwd_ab*.txt, git history at 85ebde9) and the tile indices read before
 # the GEMMs (early_meta: no measurable effect, call3/call4; kept, as checked and swept). At hd
-# 128 causal two dQ staging buffers, at hd 128 full 80 x 128 tiles. Its tiles must equal
-# _BWD_TILES' (tests check).
+# 128 causal two dQ staging buffers (with the dS guard: no cost, bits equal, session20 call2
+# wg2_ab.txt), at hd 128 full 80 x 128 tiles. Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24",
     (64, "causal"): "t128_xm24",
     (128, "full"): "t80_wg",
-    (128, "causal"): "t128_wg2",
+    (128, "causal"): "t128_wg2g",
 }
+# From this many key tokens on, per (head dim, mask kind), the backward runs this variant
+# instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every
+# schedule, checked), only where a dQ partial waits for its turn differs. At hd 128 full, two
+# dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
+# at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock).
+BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
@@ -83,14 +89,20 @@ def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
     return _BWD_TILES[headdim, _mask_kind(causal)]
 
 
-def bwd_variant(headdim: int, causal: bool) -> str:
-    """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim and mask."""
+def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0) -> str:
+    """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask and
+    key length (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a ``seqlen_k``
+    of 0 asks for the latter). Every variant of one (head dim, mask) has the same tiles."""
     if headdim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={headdim} is not supported by the Hopper backward "
             f"(supported: {list(BWD_HEADDIMS)})"
         )
-    return BWD_VARIANT[headdim, _mask_kind(causal)]
+    key = (headdim, _mask_kind(causal))
+    long = BWD_VARIANT_LONG.get(key)
+    if long is not None and seqlen_k >= long[0]:
+        return long[1]
+    return BWD_VARIANT[key]
 
 
 @functools.cache

@@ -58,8 +58,9 @@ Constructor options (``bwd_launch.VARIANTS`` names combinations):
 its half of the partial over on its own (FA4's hand-off); ``split_exp`` computes the exponentials'
 arguments in a pass of their own; ``early_turn`` has the dQ writer take the turn while the step
 is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all or the last of the
-exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``stages`` is the
-depth of the Q/dO ring.
+exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
+dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
+warpgroups' use of the single dS buffer by a barrier; ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -90,6 +91,7 @@ _BAR_DQ_EMPTY = 2  # dQ buffer free (dQ warp arrives, MMA threads wait)
 _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
 # and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
+_BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -130,6 +132,8 @@ class HopperAttnBwd:
         joint_wait: bool = False,
         exp_tail: int = 0,
         early_meta: bool = False,
+        do_single: bool = False,
+        ds_guard: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -194,10 +198,26 @@ class HopperAttnBwd:
         self.dq_swap = block_m % 64 != 0
         # The (M, N) of the dQ GEMM's accumulator: (Q rows, head dim), transposed with dq_swap.
         self.dq_mma_shape = (head_dim, block_m) if self.dq_swap else (block_m, head_dim)
-        if self.dq_swap and (not dq_frag or dq_double):
+        if self.dq_swap and (not dq_frag or (dq_double and not do_single)):
             raise NotImplementedError(
-                f"block_m={block_m} computes dQ transposed: it needs dq_frag and one dQ buffer"
+                f"block_m={block_m} computes dQ transposed: it needs dq_frag, and a second dQ "
+                "buffer needs do_single (shared memory)"
             )
+        # do_single: dO has one shared-memory buffer instead of one per ring stage, with its own
+        #   "full"/"empty" mbarriers: step s+1's dO is loaded once step s's dV GEMM (its last
+        #   reader) is done, and the MMA warpgroups wait for it just before dP^T, after S^T is
+        #   issued, so the load has the dQ and dK GEMMs of step s and S^T of step s+1 to land
+        #   (FA4 single-buffers dO at hd 192 the same way). It frees 20 KiB at 80-row tiles:
+        #   with dS single-buffered (dq_double) a second 40 KiB dQ buffer then fits (226 KiB).
+        self.do_single = do_single
+        # ds_guard: with one dS buffer (dq_double) and per-warpgroup dQ hand-offs (dq_wg), a
+        #   warpgroup may write step s+1's dS before the other warpgroup's step-s dQ GEMM, which
+        #   reads all of dS, has completed: nothing but the tensor pipe's issue order keeps them
+        #   apart (NOTES item 82). With ds_guard each warpgroup arrives on a named barrier once
+        #   its dQ GEMM is done, and the other waits on it before its next dS store.
+        if ds_guard and not (dq_double and dq_wg):
+            raise ValueError("ds_guard guards the single dS buffer of dq_double with dq_wg")
+        self.ds_guard = ds_guard
         # split_exp: P^T is computed in two passes over the tile, all the scale-and-subtract
         #   FMAs, then all the exponentials, so that no exponential waits for the FMA that
         #   feeds it (the session-8 profile had the MUFU ops stalled on fixed-latency waits).
@@ -353,6 +373,7 @@ class HopperAttnBwd:
     ):
         bm, bn, hd, st = self.block_m, self.block_n, self.head_dim, self.stages
         sQ_layout = self._smem_layout(bm, hd, st)
+        sdO_layout = self._smem_layout(bm, hd, 1 if const_expr(self.do_single) else st)
         sK_layout = self._smem_layout(bn, hd, None)
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
@@ -388,7 +409,7 @@ class HopperAttnBwd:
             g2s, mQ_t, cute.select(sQ_layout, mode=[0, 1]), (bm, hd)
         )
         tma_do, tma_tdO = cpasync.make_tiled_tma_atom(
-            g2s, mdO_t, cute.select(sQ_layout, mode=[0, 1]), (bm, hd)
+            g2s, mdO_t, cute.select(sdO_layout, mode=[0, 1]), (bm, hd)
         )
         tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
@@ -410,7 +431,10 @@ class HopperAttnBwd:
             )
 
         elem = self.dtype.width // 8
-        self.bytes_step = 2 * bm * hd * elem + 2 * bm * 4
+        # The bytes the ring's "full" mbarrier expects per step: Q, LSE2, delta, and dO unless
+        # it has its own buffer and mbarriers (do_single).
+        self.bytes_do = bm * hd * elem
+        self.bytes_step = (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * bm * 4
         self.bytes_kv = 2 * bn * hd * elem
 
         @cute.struct
@@ -419,12 +443,14 @@ class HopperAttnBwd:
             empty_bar: cute.struct.MemRange[Int64, st]
             kv_full: cute.struct.MemRange[Int64, 1]
             kv_empty: cute.struct.MemRange[Int64, 1]
+            do_full: cute.struct.MemRange[Int64, 1]
+            do_empty: cute.struct.MemRange[Int64, 1]
             info: cute.struct.MemRange[Int32, st * _INFO_WORDS]
             dq_fail: cute.struct.MemRange[Int32, 4]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
@@ -440,7 +466,7 @@ class HopperAttnBwd:
             scale_log2, softmax_scale, timeout_ns,
             cute.size(mQ.shape[1]), cute.size(mK.shape[1]),
             cute.size(mQ.shape[2]), cute.size(mK.shape[2]),
-            sQ_layout, sK_layout, sdS_layout, sdQ_layout, sLSE_layout,
+            sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout, sLSE_layout,
             mma_sdp, mma_dkv, mma_dq, Storage,
         ).launch(
             grid=[num_workers, 1, 1],
@@ -490,6 +516,7 @@ class HopperAttnBwd:
         heads: Int32,
         kv_heads: Int32,
         sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
         sdQ_layout,
@@ -516,11 +543,14 @@ class HopperAttnBwd:
                 cute.arch.mbarrier_init(storage.empty_bar.data_ptr() + s, self.num_mma_threads + 1)
             cute.arch.mbarrier_init(storage.kv_full.data_ptr(), 1)
             cute.arch.mbarrier_init(storage.kv_empty.data_ptr(), self.num_mma_threads)
+            if const_expr(self.do_single):
+                cute.arch.mbarrier_init(storage.do_full.data_ptr(), 1)
+                cute.arch.mbarrier_init(storage.do_empty.data_ptr(), self.num_mma_threads)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
@@ -615,6 +645,7 @@ class HopperAttnBwd:
         stage = Int32(0)
         phase = Int32(0)
         kv_phase = Int32(0)
+        do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         while ticket < end:
             chain = mOrder[ticket]
             kvt = chain % kv_tiles
@@ -652,9 +683,19 @@ class HopperAttnBwd:
                 gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
                 gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
                 self._tma_load(tma_q, gQ, sQ, stage, full, 2)
-                self._tma_load(tma_do, gdO, sdO, stage, full, 2)
+                if const_expr(not self.do_single):
+                    self._tma_load(tma_do, gdO, sdO, stage, full, 2)
                 self._tma_load(tma_lse, gL, sLSE, stage, full, 1)
                 self._tma_load(tma_delta, gD, sDelta, stage, full, 1)
+                if const_expr(self.do_single):
+                    # dO's one buffer, once the previous step's dV GEMM has read it.
+                    cute.arch.mbarrier_wait(storage.do_empty.data_ptr(), do_phase ^ 1)
+                    do_full = storage.do_full.data_ptr()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(do_full, self.bytes_do)
+                    cute.arch.sync_warp()
+                    self._tma_load(tma_do, gdO, sdO, Int32(0), do_full, 2)
+                    do_phase = do_phase ^ 1
                 if step == lo:
                     # K/V after the first Q/dO of the chain, so that those are not queued
                     # behind the wait for the previous chain to end.
@@ -1129,18 +1170,31 @@ class HopperAttnBwd:
         stage = Int32(0)
         phase = Int32(0)
         kv_phase = Int32(0)
+        do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
+        if const_expr(self.ds_guard):
+            # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
+            cute.arch.barrier_arrive(
+                barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+            )
         while done == 0:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
             # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
             ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+            # dO's buffer: its one buffer with do_single, the step's ring stage else.
+            do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
                 self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's last arrival (after its last dQ GEMM).
+                    cute.arch.barrier(
+                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    )
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -1156,7 +1210,9 @@ class HopperAttnBwd:
                 acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-                wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, stage], zero_init=True)
+                if const_expr(self.do_single):
+                    cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
+                wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
                 warpgroup.wait_group(1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the LSE2 rows
@@ -1207,9 +1263,14 @@ class HopperAttnBwd:
                 # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
                 # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
                 # back. P's registers stay live until dV is done.
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                    cute.arch.barrier(
+                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    )
                 cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
                 wgmma(
-                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, stage],
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
                     zero_init=False,
                 )  # fmt: skip
                 cute.arch.fence_view_async_shared()
@@ -1219,11 +1280,19 @@ class HopperAttnBwd:
                 else:
                     wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
                 warpgroup.wait_group(1)  # dV done: P's registers are free
+                if const_expr(self.do_single):
+                    # dV was dO's last reader: the producer may load the next step's dO.
+                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                    do_phase = do_phase ^ 1
                 wgmma(
                     mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
                     zero_init=False,
                 )  # fmt: skip
                 warpgroup.wait_group(1)  # dQ done, dK may still run
+                if const_expr(self.ds_guard):
+                    cute.arch.barrier_arrive(
+                        barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                    )
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)

@@ -82,6 +82,14 @@ for _tail in (8, 16):
 VARIANTS["t128_xm24"] = {**VARIANTS["t128_xt24"], "early_meta": True}
 VARIANTS["t80_em"] = {**VARIANTS["t80_wg"], "early_meta": True}
 VARIANTS["t128_em2"] = {**VARIANTS["t128_wg2"], "early_meta": True}
+# Session 20: at 80-row tiles a second dQ staging buffer (dq_double), made room for by dO in
+# one buffer (do_single) and dS in one (dq_double's), so that a partial waiting for its turn
+# holds one of two buffers; the warpgroups' dS hand-over guarded by a barrier (ds_guard).
+# t80_do1 is do_single alone (what dO's single buffer costs), t128_wg2g the shipped hd-128
+# causal kernel with the guard.
+VARIANTS["t80_do1"] = {**VARIANTS["t80_wg"], "do_single": True}
+VARIANTS["t80_wg2"] = {**VARIANTS["t80_do1"], "dq_double": True, "ds_guard": True}
+VARIANTS["t128_wg2g"] = {**VARIANTS["t128_wg2"], "ds_guard": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -334,7 +342,7 @@ def hopper_bwd_main(
     """
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
-        variant = bwd_variant(q.shape[-1], causal)
+        variant = bwd_variant(q.shape[-1], causal, k.shape[1])
     expected_chains = q.shape[0] * k.shape[2] * kv_tiles
     if num_chains != expected_chains:
         raise ValueError(

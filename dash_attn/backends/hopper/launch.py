@@ -96,7 +96,7 @@ def run_backward(
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
             cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m,
-            variant=bwd_variant(plan.problem.headdim, plan.problem.mask.causal),
+            variant=_variant(plan),
         )  # fmt: skip
         return backward.run_backward(
             plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
@@ -135,6 +135,12 @@ def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     return entry[1]
 
 
+def _variant(plan: BackwardPlan) -> str:
+    """The kernel variant that runs the plan (by head dim, mask and key length)."""
+    problem = plan.problem
+    return bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k)
+
+
 def _main(
     plan: BackwardPlan,
     q: torch.Tensor,
@@ -156,7 +162,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     plan was made for them (dispatch checked them, the preprocess makes lse2/delta for its
     tiles, the tables are its own)."""
     spec, tiles = plan.spec, plan.tiles
-    variant = bwd_variant(plan.problem.headdim, spec.mask.causal)
+    variant = _variant(plan)
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,

@@ -20,7 +20,7 @@ import pytest
 cutlass = pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import bwd_launch, bwd_variant  # noqa: E402
+from dash_attn.backends.hopper import BWD_VARIANT_LONG, bwd_launch, bwd_variant  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
@@ -103,6 +103,20 @@ def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     _check_kernel_code(config, bwd_variant(config[0], config[2]), tmp_path)
 
 
+LONG_CONFIGS = [c for c in CONFIGS if (c[0], "causal" if c[2] else "full") in BWD_VARIANT_LONG]
+
+
+@pytest.mark.parametrize(
+    "config",
+    LONG_CONFIGS,
+    ids=[f"hd{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-{'det' if c[3] else 'nondet'}"
+         for c in LONG_CONFIGS],
+)  # fmt: skip
+def test_long_sequence_variant_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
+    """The kernel the backend ships for long key sequences (``hopper.BWD_VARIANT_LONG``)."""
+    _check_kernel_code(config, bwd_variant(config[0], config[2], seqlen_k=1 << 30), tmp_path)
+
+
 def _sass(compiled, tmp_path: Path) -> str | None:
     nvdisasm = _tool("nvdisasm")
     if nvdisasm is None or not isinstance(compiled.__cubin__, bytes):
@@ -155,6 +169,10 @@ VARIANT_CONFIGS = [
     ("t128_xt24", (64, torch.float16, False, False)),
     ("t80_xt16", (128, torch.bfloat16, False, True)),
     ("t128_em2", (128, torch.bfloat16, True, True)),
+    # The hd-128 causal kernel before the dS guard (session 19's), and dO single-buffered
+    # without the second dQ buffer at 80-row tiles (session 20).
+    ("t128_wg2", (128, torch.bfloat16, True, True)),
+    ("t80_do1", (128, torch.float16, False, True)),
 ]
 
 
@@ -309,6 +327,11 @@ def test_variants_resolve() -> None:
         assert bwd_launch.variant_tiles(name, 128) == expected
     for (head_dim, kind), name in hopper.BWD_VARIANT.items():
         assert bwd_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
+    # Long key sequences: the long variant from its length on, the other below.
+    for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
+        causal = kind == "causal"
+        assert bwd_variant(head_dim, causal, min_seqlen_k) == name in bwd_launch.VARIANTS
+        assert bwd_variant(head_dim, causal, min_seqlen_k - 1) == hopper.BWD_VARIANT[head_dim, kind]
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
@@ -398,7 +421,9 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
     each head dim runs must have the same tiles, or the kernel would walk other tables."""
     from dash_attn.backends import hopper
 
-    for (headdim, kind), variant in hopper.BWD_VARIANT.items():
+    shipped = [*hopper.BWD_VARIANT.items()]
+    shipped += [(key, name) for key, (_, name) in hopper.BWD_VARIANT_LONG.items()]
+    for (headdim, kind), variant in shipped:
         tiles = hopper.bwd_tiles(headdim, kind == "causal")
         assert bwd_launch.variant_tiles(variant, headdim) == (tiles.block_m, tiles.block_n)
 

@@ -7,6 +7,7 @@ Run on a CUDA machine: ``python -m pytest tests/backends/test_gpu.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import pytest
@@ -146,6 +147,45 @@ def test_long_full_sequence_walks_down_static_or_dynamic(backend):
     same = _grads(lambda a, b, c: attention_ref(a, b, c, upcast=False)[0], q, k, v, dout)
     for name, g, r, s in zip(GRADS, dynamic, ref, same, strict=True):
         assert_close_to_ref(f"{name} [{backend}, long full]", g, r, s, atol=1e-3)
+
+
+def _ref_out(q, k, v, *, causal: bool, upcast: bool = True):
+    return attention_ref(q, k, v, causal=causal, upcast=upcast)[0]
+
+
+def test_hopper_long_key_variant_gives_the_same_bits(monkeypatch):
+    """From ``BWD_VARIANT_LONG``'s key length on, the hopper backward runs another kernel variant
+    with the same tiles (hd 128 full: two dQ staging buffers). Only where a dQ partial waits for
+    its turn may differ: its gradients equal the other variant's bit for bit for every schedule,
+    repeat with another stream busy, and are within the flash-attn rule of the fp32 reference."""
+    from dash_attn.backends import hopper
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    for (headdim, kind), (min_seqlen_k, variant) in hopper.BWD_VARIANT_LONG.items():
+        causal = kind == "causal"
+        seqlen = min_seqlen_k + 8  # not a tile multiple
+        q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, headdim, torch.bfloat16, "cuda", 9)
+        _skip_if_uncovered("hopper", q, k, causal)
+        assert hopper.bwd_variant(headdim, causal, seqlen) == variant
+        dout = torch.randn_like(q)
+        for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
+            long = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            with monkeypatch.context() as m:
+                # The other variant: the threshold out of reach, the prepared launches dropped.
+                m.setitem(hopper.BWD_VARIANT_LONG, (headdim, kind), (1 << 30, variant))
+                m.setattr(hopper_launch, "_launches", {})
+                short = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            for name, x, y in zip(GRADS, long, short, strict=True):
+                assert torch.equal(x, y), f"{name}: {variant} differs [{schedule}, {kind}]"
+        _busy_stream_matmuls(torch.cuda.Stream())
+        again = _grads(_dash(causal, "hopper"), q, k, v, dout)
+        for name, x, y in zip(GRADS, long, again, strict=True):
+            assert torch.equal(x, y), f"{name}: {variant} not repeatable with a busy stream"
+        torch.cuda.synchronize()
+        ref = _grads(functools.partial(_ref_out, causal=causal), q, k, v, dout)
+        same = _grads(functools.partial(_ref_out, causal=causal, upcast=False), q, k, v, dout)
+        for name, g, r, s in zip(GRADS, long, ref, same, strict=True):
+            assert_close_to_ref(f"{name} [hopper, {variant}]", g, r, s, atol=1e-3)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

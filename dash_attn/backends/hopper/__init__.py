@@ -53,7 +53,9 @@ BWD_VARIANT = {
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every
 # schedule, checked), only where a dQ partial waits for its turn differs. At hd 128 full, two
 # dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
-# at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock).
+# at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
+# the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
+# 0.935x).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one

@@ -91,12 +91,13 @@ def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
     return compiled
 
 
-@pytest.mark.parametrize(
-    "config",
-    CONFIGS,
-    ids=[f"hd{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-{'det' if c[3] else 'nondet'}"
-         for c in CONFIGS],
-)  # fmt: skip
+def _config_id(config: tuple) -> str:
+    head_dim, dtype, causal, det = config
+    mask, mode = "causal" if causal else "full", "det" if det else "nondet"
+    return f"hd{head_dim}-{str(dtype)[6:]}-{mask}-{mode}"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for this head dim and mask (``hopper.BWD_VARIANT``), every
     config."""
@@ -106,12 +107,7 @@ def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
 LONG_CONFIGS = [c for c in CONFIGS if (c[0], "causal" if c[2] else "full") in BWD_VARIANT_LONG]
 
 
-@pytest.mark.parametrize(
-    "config",
-    LONG_CONFIGS,
-    ids=[f"hd{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-{'det' if c[3] else 'nondet'}"
-         for c in LONG_CONFIGS],
-)  # fmt: skip
+@pytest.mark.parametrize("config", LONG_CONFIGS, ids=[_config_id(c) for c in LONG_CONFIGS])
 def test_long_sequence_variant_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for long key sequences (``hopper.BWD_VARIANT_LONG``)."""
     _check_kernel_code(config, bwd_variant(config[0], config[2], seqlen_k=1 << 30), tmp_path)

@@ -1042,10 +1042,11 @@ def compile_fwd(
     persistent: one CTA per SM walking tiles (``HopperFwd``; head dims <= 128; causal: from
     the host's tile lists, TVM-FFI entry only).
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
-    from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``.
+    from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``,
+    except for the persistent causal kernel, whose tile lists have the TVM-FFI entry only.
     """
     if tvm_ffi is None:
-        tvm_ffi = TVM_FFI_LAUNCH
+        tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
     _check_config(head_dim, dtype)
     if consumer_wgs not in _CONSUMER_REGS:
         raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
@@ -1202,12 +1203,11 @@ def hopper_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    # The tile lists of the persistent causal kernel go through the TVM-FFI entry only.
-    tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
+    # The entry follows TVM_FFI_LAUNCH (compile_fwd's default), but the persistent causal
+    # kernel's is always TVM-FFI.
     compiled = compile_fwd(
-        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
-        tvm_ffi=tvm_ffi,
-    )  # fmt: skip
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent
+    )
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
     if persistent and causal:
@@ -1219,7 +1219,7 @@ def hopper_fwd(
             starts.shape[0] - 1,
         )  # fmt: skip
         return out, lse
-    if tvm_ffi:
+    if TVM_FFI_LAUNCH:
         # TVM-FFI launches on q's device, on torch's current stream there.
         compiled(tma_view(q), tma_view(k), tma_view(v), out, lse, scale * LOG2_E, max_ctas)
         return out, lse

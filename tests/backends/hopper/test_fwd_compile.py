@@ -189,6 +189,12 @@ def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hfwd.compile_fwd(64, torch.bfloat16, False) is ffi
     assert hfwd.compile_fwd(64, torch.bfloat16, False, tvm_ffi=False) is first
     assert len(calls) == 5
+    # The persistent causal kernel has the TVM-FFI entry only: not given, tvm_ffi is True for
+    # it whatever the module switch says.
+    monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", False)
+    tiled = hfwd.compile_fwd(64, torch.bfloat16, True, persistent=True)
+    assert hfwd.compile_fwd(64, torch.bfloat16, True, persistent=True, tvm_ffi=True) is tiled
+    assert len(calls) == 6
 
 
 def test_tma_view_fixes_only_odd_strides_of_size_one_dims() -> None:

@@ -10,7 +10,8 @@ min and max over the SMs), issue activity and the warps stalled per issued instr
 reason.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
 (with each opcode's two main stall reasons and its shared-memory wavefronts against the
-conflict-free count), and the instructions with the most samples with their two main stall
+conflict-free count), grouped by execution count (a persistent kernel's step loop, chain
+prologue/epilogue, ...), and the instructions with the most samples with their two main stall
 reasons. Samples count every warp (producer, dQ writer and idle warps too), so compare kernels
 of the same structure.
 """
@@ -102,6 +103,29 @@ def _source_blocks(path: Path) -> list[dict]:
     return [b for b in blocks if KERNELS.search(b["name"])]
 
 
+def _by_execution_count(
+    rows: list[list[str]], samples_col: int, executed_col: int, col: dict[str, int], total: int
+) -> list[str]:
+    """Warp-stall samples grouped by how often an instruction ran. In a persistent kernel the
+    groups are its code paths: instructions run as often as its steps (times the warps that run
+    them) form the step loop, those run once per chain its prologue and epilogue, and so on."""
+    groups: dict[int, list] = collections.defaultdict(lambda: [0, 0, collections.Counter()])
+    for row in rows:
+        executed = int(row[executed_col] or 0)
+        samples = int(row[samples_col] or 0)
+        op = re.sub(r"^@!?U?P\w+\s+", "", row[col["Source"]].strip()).split(" ")[0].split(".")[0]
+        group = groups[executed]
+        group[0] += samples
+        group[1] += 1
+        group[2][op] += samples
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:8]
+    return [
+        f"  {executed:>10} {samples:>8} {100 * samples / total:>5.1f}% {count:>5}  "
+        + ", ".join(f"{op} {n}" for op, n in ops.most_common(3) if n)
+        for executed, (samples, count, ops) in ranked
+    ]
+
+
 def source_summary(path: Path, top: int = 20) -> str:
     out = []
     for index, block in enumerate(_source_blocks(path)):
@@ -147,6 +171,12 @@ def source_summary(path: Path, top: int = 20) -> str:
             out.append(
                 f"{op:<12} {samples:>9} {100 * samples / total:>5.1f}% {executed:>12}  {why}"
             )
+        out.append(
+            "samples by execution count (code run once per step, per chain, per CTA, ...; "
+            "count, samples, share, instructions, top opcodes):"
+        )
+        for line in _by_execution_count(block["rows"], samples_col, executed_col, col, total):
+            out.append(line)
         out.append("top instructions (samples, share, two main named stall reasons):")
         ranked = sorted(block["rows"], key=lambda r: -int(r[samples_col] or 0))[:top]
         for row in ranked:

@@ -42,12 +42,15 @@ _BWD_TILES = {
 # session16 call1/call2 bwd_ab*.txt, git history at 85ebde9) and the tile indices read before
 # the GEMMs (early_meta: no measurable effect, call3/call4; kept, as checked and swept). At hd
 # 128 causal two dQ staging buffers (with the dS guard: no cost, bits equal, session20 call2
-# wg2_ab.txt), at hd 128 full 80 x 128 tiles. Its tiles must equal _BWD_TILES' (tests check).
+# wg2_ab.txt), at hd 128 full 80 x 128 tiles; at hd 128 the chain's dK/dV stores addressed per
+# fragment row (dkv_row_ptr: kernel time at a fixed clock 1.00-1.05x of session 20's kernels,
+# most at 512 tokens, session21-ce675c5 call5 ncu_ab.txt; at hd 64 0.93x in det mode at full
+# 16k, so not there). Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24",
     (64, "causal"): "t128_xm24",
-    (128, "full"): "t80_wg",
-    (128, "causal"): "t128_wg2g",
+    (128, "full"): "t80_wgr",
+    (128, "causal"): "t128_wg2gr",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every
@@ -55,8 +58,8 @@ BWD_VARIANT = {
 # dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
-# 0.935x).
-BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2")}
+# 0.935x); with dkv_row_ptr as BWD_VARIANT's (t80_wg2r).
+BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row

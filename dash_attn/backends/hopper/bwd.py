@@ -101,6 +101,19 @@ _F_LAST = 2  # last step of its chain: epilogue and K/V release after it
 _F_DONE = 4  # no more work: leave the loop
 
 
+def _pair_rows(coords0, pairs: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Thread 0's accumulator pairs by row: [(row, [(pair index, first column), ...]), ...]
+    in order of first appearance. Pair j is elements 2j and 2j + 1, which must be neighbours
+    in one row starting at an even column (one 32-bit store)."""
+    by_row: dict[int, list[tuple[int, int]]] = {}
+    for j in range(pairs):
+        n0, d0 = coords0[2 * j]
+        if d0 % 2 or coords0[2 * j + 1] != (n0, d0 + 1):
+            raise ValueError(f"accumulator pair {j} is not two neighbouring columns")
+        by_row.setdefault(n0, []).append((j, d0))
+    return list(by_row.items())
+
+
 class HopperAttnBwd:
     """One compiled backward per (dtype, head dim, causal, deterministic, tiles).
 
@@ -134,6 +147,7 @@ class HopperAttnBwd:
         early_meta: bool = False,
         do_single: bool = False,
         ds_guard: bool = False,
+        dkv_row_ptr: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -259,6 +273,16 @@ class HopperAttnBwd:
         #   (session 16: 1.014x at hd 64 where the same kernel under another name read
         #   1.012x, 0.98-1.02x at hd 128).
         self.early_meta = early_meta
+        # dkv_row_ptr: the chain's dK/dV stores (32-bit pairs from registers) share one bounds
+        #   test and one 64-bit row address per row of the thread's fragment, with constant
+        #   column offsets, and the chain's indices are read from the ring slot at its last
+        #   step only. Without it every pair computes its own address behind its own bounds
+        #   branch, and each store's data register is overwritten by the next pair's address
+        #   arithmetic before the store has read it (session 21's profile of hd 128 causal 2k:
+        #   1061 instructions per warp and chain, 13% of the stall samples). Kernel time at a
+        #   fixed clock: 1.00-1.05x at hd 128 (most at 512 tokens), but 0.93x at hd 64 full
+        #   16k in det mode (not explained).
+        self.dkv_row_ptr = dkv_row_ptr
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -916,6 +940,29 @@ class HopperAttnBwd:
         return failed
 
     @cute.jit
+    def _chain_epilogue(
+        self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
+        seqlen_k,
+    ):  # fmt: skip
+        """The last step of a chain: release its ring stage and K/V (after reading the chain's
+        batch, kv head and kv tile from the stage's slot), then dK/dV from registers to
+        global memory."""
+        b = sInfo[_I_BATCH, stage]
+        kvh = sInfo[_I_KVH, stage]
+        kvt = sInfo[_I_KVT, stage]
+        # Q, dO, LSE2, delta and the metadata of this stage are no longer read; K/V are free
+        # for the next chain.
+        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        bn = self.block_n
+        self._store_pairs(rdK, mdK[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+        self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+
+    @cute.jit
     def _store_pairs(
         self,
         frag: cute.Tensor,
@@ -931,14 +978,36 @@ class HopperAttnBwd:
         base and row strides are 16-byte aligned (the launcher checks both)."""
         coords0 = mma.get_slice(0).partition_C(cute.make_identity_tensor(g.shape))
         words = cute.recast_tensor(frag, Int32)
-        for j in cutlass.range_constexpr(cute.size(words)):
-            n0, d0 = coords0[2 * j]
-            assert d0 % 2 == 0 and coords0[2 * j + 1] == (n0, d0 + 1)
-            n, d = coords[2 * j]
-            if row0 + n < rows:
-                elem = g.iterator + cute.crd2idx((row0 + n, d), g.layout)
-                ptr = cute.make_ptr(Int32, elem.toint(), cute.AddressSpace.gmem, assumed_align=4)
-                cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
+        if const_expr(not self.dkv_row_ptr):
+            for j in cutlass.range_constexpr(cute.size(words)):
+                n0, d0 = coords0[2 * j]
+                assert d0 % 2 == 0 and coords0[2 * j + 1] == (n0, d0 + 1)
+                n, d = coords[2 * j]
+                if row0 + n < rows:
+                    elem = g.iterator + cute.crd2idx((row0 + n, d), g.layout)
+                    ptr = cute.make_ptr(
+                        Int32, elem.toint(), cute.AddressSpace.gmem, assumed_align=4
+                    )
+                    cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
+        else:
+            # A thread's pairs lie in a few rows (two per 64-row warpgroup slab): every
+            # thread's coordinates are its first one plus thread 0's (the accumulator's
+            # thread-value layout), so each row gets one bounds test and one 64-bit address,
+            # and its stores take constant column offsets from it.
+            assert coords0[0] == (0, 0)
+            rows0 = _pair_rows(coords0, cute.size(words))
+            n_t, d_t = coords[0]
+            for i in cutlass.range_constexpr(len(rows0)):
+                row = row0 + n_t + rows0[i][0]
+                if row < rows:
+                    row_start = g.iterator + cute.crd2idx((row, d_t), g.layout)
+                    for k in cutlass.range_constexpr(len(rows0[i][1])):
+                        j, d0 = rows0[i][1][k]
+                        ptr = cute.make_ptr(
+                            Int32, (row_start + d0).toint(), cute.AddressSpace.gmem,
+                            assumed_align=4,
+                        )  # fmt: skip
+                        cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
 
     @cute.jit
     def _dq_barrier(self, base: int, buf: Int32, wg: Int32, wait: cutlass.Constexpr[bool]):
@@ -1312,25 +1381,37 @@ class HopperAttnBwd:
                     buf = buf ^ 1
 
                 warpgroup.wait_group(0)
-                b = sInfo[_I_BATCH, stage]
-                kvh = sInfo[_I_KVH, stage]
-                kvt = sInfo[_I_KVT, stage]
-                # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
-                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-
-                if flags & _F_LAST != 0:
-                    # K/V are free for the next chain; dK/dV leave from registers.
-                    cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-                    rdK = cute.make_fragment_like(acc_dK, self.dtype)
-                    rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
-                    rdV = cute.make_fragment_like(acc_dV, self.dtype)
-                    rdV.store(acc_dV.load().to(self.dtype))
-                    gdK = mdK[b, None, kvh, None]
-                    gdV = mdV[b, None, kvh, None]
-                    # 32-bit stores of two neighbouring 16-bit values (the accumulator holds
-                    # column pairs), rows past seqlen_k dropped.
-                    self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                    self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                if const_expr(self.dkv_row_ptr):
+                    # The chain's (batch, kv head, kv tile) are read at its last step only:
+                    # read at every step, ptxas moves them into uniform registers before the
+                    # branch, and every step waits there for the shared load (queued behind
+                    # the dQ partial's stores).
+                    if flags & _F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
+                        self._chain_epilogue(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k,
+                        )  # fmt: skip
+                else:
+                    b = sInfo[_I_BATCH, stage]
+                    kvh = sInfo[_I_KVH, stage]
+                    kvt = sInfo[_I_KVT, stage]
+                    # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    if flags & _F_LAST != 0:
+                        # K/V are free for the next chain; dK/dV leave from registers.
+                        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                        rdV.store(acc_dV.load().to(self.dtype))
+                        gdK = mdK[b, None, kvh, None]
+                        gdV = mdV[b, None, kvh, None]
+                        # 32-bit stores of two neighbouring 16-bit values (the accumulator
+                        # holds column pairs), rows past seqlen_k dropped.
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
 
                 stage = stage + 1
                 if stage == self.stages:

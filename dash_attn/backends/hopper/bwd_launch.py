@@ -90,6 +90,11 @@ VARIANTS["t128_em2"] = {**VARIANTS["t128_wg2"], "early_meta": True}
 VARIANTS["t80_do1"] = {**VARIANTS["t80_wg"], "do_single": True}
 VARIANTS["t80_wg2"] = {**VARIANTS["t80_do1"], "dq_double": True, "ds_guard": True}
 VARIANTS["t128_wg2g"] = {**VARIANTS["t128_wg2"], "ds_guard": True}
+# Session 21: the chain's dK/dV stores with one bounds test and row address per fragment row,
+# the chain's indices read at its last step only (dkv_row_ptr), on each of session 20's shipped
+# variants (shipped at hd 128; at hd 64 slower in det mode from 8k tokens: NOTES item 95).
+for _name in ("t128_xm24", "t80_wg", "t80_wg2", "t128_wg2g"):
+    VARIANTS[_name + "r"] = {**VARIANTS[_name], "dkv_row_ptr": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -169,6 +169,12 @@ VARIANT_CONFIGS = [
     # without the second dQ buffer at 80-row tiles (session 20).
     ("t128_wg2", (128, torch.bfloat16, True, True)),
     ("t80_do1", (128, torch.float16, False, True)),
+    # Session 20's shipped kernels at hd 128 (dK/dV addressed per pair), and the hd-64 kernel
+    # with dK/dV addressed per row (slower in det mode at 16k, session 21).
+    ("t80_wg", (128, torch.bfloat16, False, True)),
+    ("t80_wg2", (128, torch.float16, False, False)),
+    ("t128_wg2g", (128, torch.bfloat16, True, True)),
+    ("t128_xm24r", (64, torch.bfloat16, True, True)),
 ]
 
 
@@ -237,7 +243,13 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
         assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= dq_regs // 2
     # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
     assert "STG.E.U16" not in mma_code
-    assert len(re.findall(r"\bSTG\.E\b", mma_code)) >= head_dim // 2
+    stores = re.findall(r"\bSTG\.E\b[^;]*", mma_code)
+    assert len(stores) >= head_dim // 2
+    if options.get("dkv_row_ptr"):
+        # Per fragment row (2 per thread and tensor) one address; the row's other pairs are
+        # stored at constant offsets from it.
+        offset_stores = [st for st in stores if re.search(r"\.64\+0x[0-9a-f]+\]", st)]
+        assert len(offset_stores) >= len(stores) - 4, stores
     # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as one
     # 32-bit store per register pair.
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
@@ -514,3 +526,16 @@ def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
     assert prepared.compiled is bwd_launch.compile_bwd(
         torch.bfloat16, 128, causal=True, deterministic=True
     )
+
+
+def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:
+    """The row-addressed dK/dV store's plan: thread 0's pairs by row, in order of first
+    appearance, with their first columns; a pair that is not two neighbours is refused."""
+    from dash_attn.backends.hopper.bwd import _pair_rows
+
+    coords = [(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)]
+    assert _pair_rows(coords, 4) == [(0, [(0, 0), (2, 8)]), (8, [(1, 0), (3, 8)])]
+    with pytest.raises(ValueError, match="pair 1"):
+        _pair_rows([(0, 0), (0, 1), (8, 1), (8, 2)], 2)
+    with pytest.raises(ValueError, match="pair 0"):
+        _pair_rows([(0, 0), (1, 1)], 1)

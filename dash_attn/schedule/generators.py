@@ -351,7 +351,8 @@ def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
 # ``descending`` pays (H200, hopper backend, benchmarks/results/h200/session17-85ebde9/
 # call1-e67552e/orders, git history at 70f1578): d128 (80 x 128 tiles) 8k: 6592 tasks, shift
 # 2% faster; 12k: 14784, descending 1.5% faster; 16k 4%, 32k 11%. d64 (128 x 128): 12k: 9216,
-# shift 5% faster; 16k: 16384, equal; 32k: descending 3% faster. GQA 4:1 agrees (call7-85ebde9).
+# shift 5% faster; 16k: 16384, equal; 32k: descending 3% faster. GQA 4:1 agrees (call7-85ebde9,
+# git history at 36416cc).
 DESCENDING_MIN_TASKS = 12288
 
 

@@ -45,11 +45,15 @@ _BWD_TILES = {
 # wg2_ab.txt), at hd 128 full 80 x 128 tiles; at hd 128 the chain's dK/dV stores addressed per
 # fragment row (dkv_row_ptr: kernel time at a fixed clock 1.00-1.05x of session 20's kernels,
 # most at 512 tokens, session21-ce675c5 call5 ncu_ab.txt; at hd 64 0.93x in det mode at full
-# 16k, so not there). Its tiles must equal _BWD_TILES' (tests check).
+# 16k, so not there). At hd 128 full one exponential in four by a polynomial on the FMA pipe
+# (exp_poly (1, 4), degree 5, as accurate as ex2.approx: kernel time at a fixed clock det
+# 1.017-1.025x from 8k keys in three runs, 0.996-1.005x to 4k, non-det 1.010-1.017x;
+# session22-cb74eeb call1-call3 poly_ab.txt; slower at hd 64 and no faster at hd 128 causal).
+# Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24",
     (64, "causal"): "t128_xm24",
-    (128, "full"): "t80_wgr",
+    (128, "full"): "t80_wgr_p14",
     (128, "causal"): "t128_wg2gr",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
@@ -58,8 +62,8 @@ BWD_VARIANT = {
 # dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
-# 0.935x); with dkv_row_ptr as BWD_VARIANT's (t80_wg2r).
-BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r")}
+# 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's (t80_wg2r_p14).
+BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
@@ -97,7 +101,8 @@ def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
 def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0) -> str:
     """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask and
     key length (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a ``seqlen_k``
-    of 0 asks for the latter). Every variant of one (head dim, mask) has the same tiles."""
+    of 0 asks for the latter). Every variant of one (head dim, mask) has the same tiles and the
+    same exponentials (``exp_poly``): the bits do not depend on the key length that picks it."""
     if headdim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={headdim} is not supported by the Hopper backward "

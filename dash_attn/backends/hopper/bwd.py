@@ -60,7 +60,8 @@ arguments in a pass of their own; ``early_turn`` has the dQ writer take the turn
 is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all or the last of the
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
-warpgroups' use of the single dS buffer by a barrier; ``stages`` is the depth of the Q/dO ring.
+warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
+exponentials by a polynomial on the FMA pipe; ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -81,6 +82,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import dq_fragment
 from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
+from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -148,6 +150,9 @@ class HopperAttnBwd:
         do_single: bool = False,
         ds_guard: bool = False,
         dkv_row_ptr: bool = False,
+        exp_poly: tuple[int, int] = (0, 1),
+        exp_poly_degree: int = 5,
+        early_lse: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -283,6 +288,25 @@ class HopperAttnBwd:
         #   fixed clock: 1.00-1.05x at hd 128 (most at 512 tokens), but 0.93x at hd 64 full
         #   16k in det mode (not explained).
         self.dkv_row_ptr = dkv_row_ptr
+        # exp_poly = (k, n): k of every n exponentials (fragment elements i with i % n >= n - k)
+        #   are computed by a polynomial on the FMA pipe (exp2_poly.py, relative error 1.7e-7
+        #   at degree 5, as ex2.approx's) instead of the MUFU unit, which takes 16 per SM and
+        #   clock: at hd 64 a step's 16384 exponentials need ~1024 clocks of it against the
+        #   ~512 of the dP^T GEMM they overlap with.
+        count, period = exp_poly
+        if not 0 <= count <= period or period < 1:
+            raise ValueError(f"exp_poly must be (k, n) with 0 <= k <= n and n >= 1, got {exp_poly}")
+        if exp_poly_degree not in EXP2_POLY_COEFFS:
+            raise ValueError(
+                f"exp_poly_degree must be one of {sorted(EXP2_POLY_COEFFS)}, got {exp_poly_degree}"
+            )
+        self.exp_poly = (count, period)
+        self.exp_poly_degree = exp_poly_degree
+        # early_lse: each element's LSE2 row is read from shared memory into registers right
+        #   after S^T and dP^T are issued, so the exponentials do not wait for those loads after
+        #   the S^T wait (FA4 reads its LSE while S^T runs; session 21's profile of hd 128
+        #   causal 2k). Holds one more register per distinct row across the wait.
+        self.early_lse = early_lse
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1144,6 +1168,7 @@ class HopperAttnBwd:
         masked: cutlass.Constexpr,
         first: cutlass.Constexpr[int] = 0,
         end: cutlass.Constexpr[int | None] = None,
+        rLSE: cute.Tensor | None = None,
     ):
         """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
@@ -1154,12 +1179,19 @@ class HopperAttnBwd:
             for i in cutlass.range_constexpr(first, end):
                 _, m = tScS[i]
                 acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
+        poly_count, poly_period = self.exp_poly
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
             if const_expr(self.split_exp):
-                p = cute.math.exp2(acc_S[i], fastmath=True)
+                x = acc_S[i]
+            elif const_expr(rLSE is not None):
+                x = acc_S[i] * scale_log2 - rLSE[i]
             else:
-                p = cute.math.exp2(acc_S[i] * scale_log2 - sLSE[m, stage], fastmath=True)
+                x = acc_S[i] * scale_log2 - sLSE[m, stage]
+            if const_expr(i % poly_period >= poly_period - poly_count):
+                p = exp2_poly(x, self.exp_poly_degree)
+            else:
+                p = cute.math.exp2(x, fastmath=True)
             if const_expr(masked):
                 if n0 + n >= seqlen_k:
                     p = Float32(0.0)
@@ -1282,6 +1314,11 @@ class HopperAttnBwd:
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+                rLSE = None
+                if const_expr(self.early_lse):
+                    rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                    for i in cutlass.range_constexpr(cute.size(rLSE)):
+                        rLSE[i] = sLSE[tScS[i][1], stage]
                 warpgroup.wait_group(1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the LSE2 rows
@@ -1294,10 +1331,10 @@ class HopperAttnBwd:
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
-                        self._probs(*probs_args, True)
+                        self._probs(*probs_args, True, rLSE=rLSE)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False)
+                        self._probs(*probs_args, False, rLSE=rLSE)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
@@ -1305,21 +1342,21 @@ class HopperAttnBwd:
                     # wgmma wait above every exponential of its own block.
                     split = max(cute.size(acc_S) - self.exp_tail, 0)
                     if edge != 0:
-                        self._probs(*probs_args, True, 0, split)
+                        self._probs(*probs_args, True, 0, split, rLSE=rLSE)
                     else:
-                        self._probs(*probs_args, False, 0, split)
+                        self._probs(*probs_args, False, 0, split, rLSE=rLSE)
                     warpgroup.wait_group(0)
                     if edge != 0:
-                        self._probs(*probs_args, True, split)
+                        self._probs(*probs_args, True, split, rLSE=rLSE)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False, split)
+                        self._probs(*probs_args, False, split, rLSE=rLSE)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 else:
                     if edge != 0:
-                        self._probs(*probs_args, True)
+                        self._probs(*probs_args, True, rLSE=rLSE)
                     else:
-                        self._probs(*probs_args, False)
+                        self._probs(*probs_args, False, rLSE=rLSE)
                     warpgroup.wait_group(0)
                     self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 

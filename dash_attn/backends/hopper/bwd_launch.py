@@ -95,6 +95,24 @@ VARIANTS["t128_wg2g"] = {**VARIANTS["t128_wg2"], "ds_guard": True}
 # variants (shipped at hd 128; at hd 64 slower in det mode from 8k tokens: NOTES item 95).
 for _name in ("t128_xm24", "t80_wg", "t80_wg2", "t128_wg2g"):
     VARIANTS[_name + "r"] = {**VARIANTS[_name], "dkv_row_ptr": True}
+# Session 22: k of every n exponentials by a polynomial on the FMA pipe (exp_poly; degree 5,
+# "d3" degree 3), on the shipped variants of each head dim and mask: "_p14" is 1 of 4.
+for _name in ("t128_xm24", "t80_wgr", "t80_wg2r", "t128_wg2gr"):
+    for _k, _n in ((1, 4), (1, 3), (2, 5), (1, 2)):
+        VARIANTS[f"{_name}_p{_k}{_n}"] = {**VARIANTS[_name], "exp_poly": (_k, _n)}
+    VARIANTS[f"{_name}_p25d3"] = {**VARIANTS[_name], "exp_poly": (2, 5), "exp_poly_degree": 3}
+# 1 of 5, 6 and 8, and 1 of 4 at degree 3, on the 80-row kernels (hd 128 full), where 1 of 4
+# measured faster from 8k keys.
+for _name in ("t80_wgr", "t80_wg2r"):
+    for _n in (5, 6, 8):
+        VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}
+    VARIANTS[f"{_name}_p14d3"] = {**VARIANTS[_name], "exp_poly": (1, 4), "exp_poly_degree": 3}
+# Session 22: early_meta (tile indices before the GEMMs) and early_lse (LSE2 rows into registers
+# while S^T runs) on the shipped hd-128 kernels.
+for _name in ("t80_wgr", "t80_wg2r", "t128_wg2gr"):
+    VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
+    VARIANTS[_name + "_el"] = {**VARIANTS[_name], "early_lse": True}
+    VARIANTS[_name + "_eml"] = {**VARIANTS[_name], "early_meta": True, "early_lse": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

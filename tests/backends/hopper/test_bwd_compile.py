@@ -175,6 +175,14 @@ VARIANT_CONFIGS = [
     ("t80_wg2", (128, torch.float16, False, False)),
     ("t128_wg2g", (128, torch.bfloat16, True, True)),
     ("t128_xm24r", (64, torch.bfloat16, True, True)),
+    # Session 21's shipped hd-128 full kernels (every exponential on the MUFU unit).
+    ("t80_wgr", (128, torch.bfloat16, False, True)),
+    ("t80_wg2r", (128, torch.float16, False, False)),
+    # Session 22: a share of the exponentials by a polynomial (exp_poly; slower at hd 64), and
+    # the LSE2 rows read into registers before the S^T wait (early_lse; slower in det mode).
+    ("t128_xm24_p25", (64, torch.bfloat16, True, True)),
+    ("t80_wgr_p14d3", (128, torch.float16, False, False)),
+    ("t128_wg2gr_el", (128, torch.bfloat16, True, True)),
 ]
 
 
@@ -253,15 +261,20 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as one
     # 32-bit store per register pair.
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code)) == block_m // 16
-    # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles).
+    # Two copies of the exponential loop: masked (edge tiles) and plain (interior tiles), each
+    # with the MUFU exponentials of the elements exp_poly leaves to it and the polynomial (one
+    # round-down addition each, from exp2_poly's PTX) for the others.
     per_thread = block_m * block_n // 256
-    assert mma_code.count("MUFU.EX2") == 2 * per_thread
+    poly_count, poly_period = options.get("exp_poly", (0, 1))
+    on_mufu = [i % poly_period < poly_period - poly_count for i in range(per_thread)]
+    assert mma_code.count("MUFU.EX2") == 2 * sum(on_mufu)
+    assert ptx.count("add.rm.ftz.f32") == 2 * on_mufu.count(False)
     if not options.get("joint_wait"):
         # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
         # exponentials of both copies but their last exp_tail each, which follow it.
         before, after = _exponentials_around_dp_wait(mma_code)
-        tail = min(options.get("exp_tail", 0), per_thread)
-        assert (before, after) == (2 * (per_thread - tail), 2 * tail)
+        split = per_thread - min(options.get("exp_tail", 0), per_thread)
+        assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
     # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
     # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
     dq_threads = "0xa0" if options.get("dq_wg") else "0x120"
@@ -340,6 +353,12 @@ def test_variants_resolve() -> None:
         causal = kind == "causal"
         assert bwd_variant(head_dim, causal, min_seqlen_k) == name in bwd_launch.VARIANTS
         assert bwd_variant(head_dim, causal, min_seqlen_k - 1) == hopper.BWD_VARIANT[head_dim, kind]
+        # Same tiles and the same arithmetic of the exponentials as the short variant, so the
+        # bits do not depend on the launch's longest key sequence (order invariance: a sequence
+        # packed with longer ones runs the long variant).
+        options = {n: bwd_launch.VARIANTS[n] for n in (name, hopper.BWD_VARIANT[head_dim, kind])}
+        for key in ("tiles", "exp_poly", "exp_poly_degree"):
+            assert len({repr(o.get(key)) for o in options.values()}) == 1, (key, options)
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
@@ -384,6 +403,19 @@ def test_unsupported_head_dim_raises() -> None:
         HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, block_m=128)
     with pytest.raises(NotImplementedError, match="block_m=32"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, block_m=32)
+
+
+def test_bad_kernel_options_raise() -> None:
+    import cutlass
+
+    for bad in ((2, 1), (-1, 4), (1, 0)):
+        with pytest.raises(ValueError, match="exp_poly"):
+            HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, exp_poly=bad)
+    with pytest.raises(ValueError, match="exp_poly_degree"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=False, deterministic=True, exp_poly=(1, 4),
+            exp_poly_degree=2,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", [None, "t128_smq", "t128_fq2"])

@@ -1,0 +1,105 @@
+"""How evenly the hopper backward's static schedules spread the sweep's work over the SMs.
+
+A persistent worker runs whole chains (one KV tile over its queries: dK/dV stay in its
+registers), so a launch takes at least as long as its busiest worker. For each config of the
+benchmark sweep (16384 tokens, hidden 2048, head dims 64 and 128, 512..16k tokens, full and
+causal; the hopper tiles) this prints the busiest worker's steps over the mean, for the
+schedule ``auto`` picks (dynamic ones: tickets in order, each to the first free worker) and
+for greedy longest-first dispatch of single chains (what FA4's
+deterministic backward does with its tiles: an LPT order over one CTA per KV tile).
+
+The sweep's shapes all have a power-of-two number of equal units (chains, or symmetric pairs
+of chains), which 132 workers cannot share evenly; single causal chains of different lengths
+can be packed almost perfectly.
+
+Pure CPU, from the repository root:
+``PYTHONPATH=. python tools/work_balance.py [--workers 132] [--out CSV]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from dash_attn.plan import Problem
+from dash_attn.schedule import Dispatch, Mask, Schedule, auto_schedule_name, make_schedule
+from dash_attn.schedule.report import analysis_spec
+
+TOKENS, HIDDEN = 16384, 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def worker_loads(schedule: Schedule) -> np.ndarray:
+    """Steps each worker runs: its list (static dispatch), or, dynamic, the chains in ticket
+    order each to the worker that is free first (one step = one unit of time)."""
+    steps = np.diff(schedule.chain_start)
+    workers = schedule.spec.workers
+    if schedule.dispatch == Dispatch.STATIC:
+        bounds = schedule.worker_start
+        return np.array(
+            [steps[schedule.order[bounds[w] : bounds[w + 1]]].sum() for w in range(workers)]
+        )
+    free = [(0, w) for w in range(workers)]
+    loads = np.zeros(workers, dtype=np.int64)
+    for chain in schedule.order:
+        time, w = heapq.heappop(free)
+        loads[w] += steps[chain]
+        heapq.heappush(free, (time + int(steps[chain]), w))
+    return loads
+
+
+def lpt_busiest_over_mean(chain_steps: np.ndarray, workers: int) -> float:
+    """Busiest worker over the mean when chains go, longest first, to the least busy worker."""
+    loads = [0] * workers
+    for steps in sorted(chain_steps.tolist(), reverse=True):
+        heapq.heappush(loads, heapq.heappop(loads) + steps)
+    return max(loads) / (sum(chain_steps) / workers)
+
+
+def rows(workers: int) -> list[dict]:
+    """One row per sweep config."""
+    out = []
+    for headdim in (64, 128):
+        heads = HIDDEN // headdim
+        for causal in (False, True):
+            for seqlen in SEQLENS:
+                problem = Problem(
+                    TOKENS // seqlen, seqlen, seqlen, heads, heads, headdim, Mask(causal=causal)
+                )
+                spec, shape = analysis_spec(problem, workers, backend="hopper")
+                name = auto_schedule_name(spec)
+                schedule = make_schedule(name, spec)
+                loads = worker_loads(schedule)
+                chain_steps = np.diff(schedule.chain_start)
+                chain_steps = chain_steps[chain_steps > 0]
+                out.append({
+                    "headdim": headdim, "mask": "causal" if causal else "full",
+                    "seqlen": seqlen, "tiles": f"{shape.block_m}x{shape.block_n}",
+                    "workers": workers, "schedule": name, "chains": len(chain_steps),
+                    "busiest_over_mean": round(float(loads.max() / loads.mean()), 4),
+                    "lpt_single_chains": round(lpt_busiest_over_mean(chain_steps, workers), 4),
+                })  # fmt: skip
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=132)
+    parser.add_argument("--out", type=Path, help="CSV to write (default: print only)")
+    args = parser.parse_args()
+    table = rows(args.workers)
+    with args.out.open("w", newline="") if args.out else nullcontext(sys.stdout) as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

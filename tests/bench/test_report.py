@@ -142,8 +142,8 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert generated in readme.read_text()
     # Session 18's hopper backward rounds and forward sweep (per config and summary), session
     # 19's backward sweep at the sustained clock and causal forward sweep, session 20's d128 full
-    # rows at both clocks and end-to-end blocks, session 21's d128 rows to 2k, and session 13's
-    # interleaved host-path table, from their own files.
+    # rows at both clocks and end-to-end blocks, session 21's d128 rows to 2k, session 22's d128
+    # full rows at both clocks, and session 13's interleaved host-path table, from their own files.
     text = readme.read_text()
     session18 = results / "session18-b97d714"
     session19 = results / "session19-c219362"
@@ -156,6 +156,8 @@ def test_readme_results_are_generated_from_the_committed_files(
         session20 / "sustained" / "bench.csv",
         session20 / "boost" / "bench.csv",
         results / "session21-ce675c5" / "call6-05d9da6" / "boost" / "bench.csv",
+        results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv",
+        results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv",
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text

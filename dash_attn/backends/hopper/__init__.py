@@ -47,7 +47,7 @@ _BWD_TILES = {
 # most at 512 tokens, session21-ce675c5 call5 ncu_ab.txt; at hd 64 0.93x in det mode at full
 # 16k, so not there). At hd 128 full one exponential in four by a polynomial on the FMA pipe
 # (exp_poly (1, 4), degree 5, as accurate as ex2.approx: kernel time at a fixed clock det
-# 1.017-1.025x from 8k keys in three runs, 0.996-1.005x to 4k, non-det 1.010-1.017x;
+# 1.017-1.025x from 8k keys in three runs, 0.994-1.005x to 4k, non-det 1.010-1.017x;
 # session22-cb74eeb call1-call3 poly_ab.txt; slower at hd 64 and no faster at hd 128 causal).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {

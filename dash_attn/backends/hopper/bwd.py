@@ -292,7 +292,9 @@ class HopperAttnBwd:
         #   are computed by a polynomial on the FMA pipe (exp2_poly.py, relative error 1.7e-7
         #   at degree 5, as ex2.approx's) instead of the MUFU unit, which takes 16 per SM and
         #   clock: at hd 64 a step's 16384 exponentials need ~1024 clocks of it against the
-        #   ~512 of the dP^T GEMM they overlap with.
+        #   ~512 of the dP^T GEMM they overlap with. Measured (session 22, fixed clock): slower
+        #   at hd 64 (1 of 4 0.97-0.99x, 1 of 2 0.91x), neutral at hd 128 causal, 1.02x at hd
+        #   128 full from 8k keys with 1 of 4 (shipped there).
         count, period = exp_poly
         if not 0 <= count <= period or period < 1:
             raise ValueError(f"exp_poly must be (k, n) with 0 <= k <= n and n >= 1, got {exp_poly}")
@@ -305,7 +307,9 @@ class HopperAttnBwd:
         # early_lse: each element's LSE2 row is read from shared memory into registers right
         #   after S^T and dP^T are issued, so the exponentials do not wait for those loads after
         #   the S^T wait (FA4 reads its LSE while S^T runs; session 21's profile of hd 128
-        #   causal 2k). Holds one more register per distinct row across the wait.
+        #   causal 2k). Holds one more register per distinct row across the wait: 0.92-0.97x
+        #   det at hd 128 at a fixed clock (session 22; before, without it, no faster at hd 128
+        #   and spills at hd 64).
         self.early_lse = early_lse
 
     # ------------------------------------------------------------------ host-side setup
@@ -1321,9 +1325,8 @@ class HopperAttnBwd:
                         rLSE[i] = sLSE[tScS[i][1], stage]
                 warpgroup.wait_group(1)
 
-                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs). Reading the LSE2 rows
-                # into registers before the wait (while S^T, dP^T run) measured no faster at
-                # hd 128 and spills at hd 64 (32 more live values).
+                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
+                # shared memory here unless early_lse read them before the wait.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
                 probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)

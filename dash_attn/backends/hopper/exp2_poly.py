@@ -3,9 +3,10 @@
 The backward computes one exponential per (key, query) pair of every step, 16384 per CTA and
 step at head dim 64 (128 x 128 tiles). The MUFU unit that runs ``ex2.approx`` takes 16 per SM
 and clock, so they need ~1024 clocks a step, against ~512 for the dP^T GEMM that they overlap
-with: the rest is exposed. The issue slots are not the limit there (an MMA warp issues about
-two instructions per exponential), so computing a share of the exponentials with FMAs
-shortens the exponential phase (FA4 does this in its Blackwell forward).
+with; computing a share of them with FMAs instead (FA4 does so in its Blackwell forward) frees
+that unit at the price of ~10 more instructions per exponential. Measured (benchmarks/NOTES.md
+item 99): slower at head dim 64, where the MUFU throughput turned out not to be the limit,
+neutral at head dim 128 causal, 2% faster at 128 full from 8k keys, where it ships.
 
 2^x = 2^floor(x) * 2^f with f = x - floor(x) in [0, 1): floor(x) comes from one addition of
 1.5 * 2^23 rounded toward minus infinity (the integer lands in the low mantissa bits), 2^f

@@ -12,8 +12,10 @@ neutral at head dim 128 causal, 2% faster at 128 full from 8k keys, where it shi
 1.5 * 2^23 rounded toward minus infinity (the integer lands in the low mantissa bits), 2^f
 from a polynomial in Horner form, and 2^floor(x) is added into the exponent field with one
 shift-add. x is first clamped to -127 (P = 0 there in practice; -inf, for rows past seqlen_q
-whose lse2 is +inf, would otherwise give NaN). One inline-PTX block per element so that
-nothing reassociates the rounding trick.
+whose lse2 is +inf, would otherwise give NaN). The clamp also turns a NaN x into a result of at
+most 2^-126 where ex2.approx gives NaN; the row's other exponentials, on the MUFU unit, still
+carry the NaN into dS. One inline-PTX block per element so that nothing reassociates the
+rounding trick.
 
 Coefficients: p(f) = 1 + c1 f + ... + cd f^d, minimax relative error on [0, 1) with p(0) = 1
 exact (continuous across integers), fitted with Lawson's iteratively reweighted least squares
@@ -86,7 +88,7 @@ def exp2_poly_ptx(degree: int) -> str:
 @dsl_user_op
 def exp2_poly(x: Float32, degree: int, *, loc: Any = None, ip: Any = None) -> Float32:
     """2^x on the FMA and ALU pipes (no MUFU), relative error EXP2_POLY_MAX_REL_ERROR[degree]
-    for x >= -126; 2^-127 or less below (x = -inf included)."""
+    for x >= -126; at most 2^-126 below, and for x = -inf or NaN."""
     return Float32(
         llvm.inline_asm(
             T.f32(),

@@ -1163,6 +1163,7 @@ class HopperAttnBwd:
         acc_S: cute.Tensor,
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
+        rLSE: cute.Tensor | None,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -1172,12 +1173,12 @@ class HopperAttnBwd:
         masked: cutlass.Constexpr,
         first: cutlass.Constexpr[int] = 0,
         end: cutlass.Constexpr[int | None] = None,
-        rLSE: cute.Tensor | None = None,
     ):
         """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
-        lse2 = +inf, so P = 0 there without a mask."""
+        lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from ``rLSE`` (one per
+        element, read by early_lse) when given, else from the stage's ``sLSE`` rows."""
         end = cute.size(acc_S) if const_expr(end is None) else end
         if const_expr(self.split_exp):
             for i in cutlass.range_constexpr(first, end):
@@ -1329,15 +1330,15 @@ class HopperAttnBwd:
                 # shared memory here unless early_lse read them before the wait.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if const_expr(self.joint_wait):
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
-                        self._probs(*probs_args, True, rLSE=rLSE)
+                        self._probs(*probs_args, True)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False, rLSE=rLSE)
+                        self._probs(*probs_args, False)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
@@ -1345,21 +1346,21 @@ class HopperAttnBwd:
                     # wgmma wait above every exponential of its own block.
                     split = max(cute.size(acc_S) - self.exp_tail, 0)
                     if edge != 0:
-                        self._probs(*probs_args, True, 0, split, rLSE=rLSE)
+                        self._probs(*probs_args, True, 0, split)
                     else:
-                        self._probs(*probs_args, False, 0, split, rLSE=rLSE)
+                        self._probs(*probs_args, False, 0, split)
                     warpgroup.wait_group(0)
                     if edge != 0:
-                        self._probs(*probs_args, True, split, rLSE=rLSE)
+                        self._probs(*probs_args, True, split)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False, split, rLSE=rLSE)
+                        self._probs(*probs_args, False, split)
                         self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 else:
                     if edge != 0:
-                        self._probs(*probs_args, True, rLSE=rLSE)
+                        self._probs(*probs_args, True)
                     else:
-                        self._probs(*probs_args, False, rLSE=rLSE)
+                        self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
                     self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 

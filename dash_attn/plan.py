@@ -16,12 +16,16 @@ Worked example: 8 query heads sharing 2 KV heads, 1000 queries and keys, causal,
     >>> plan = make_backward_plan(problem, device=H200, backend="triton")
     >>> plan.schedule.name, plan.tiles.label, plan.spec.q_tiles, plan.spec.kv_tiles
     ('symmetric_shift', '64x128w8s3a', 16, 8)
-    >>> plan.grid  # static dispatch: 2 batches x 2 KV heads x 4 pairs of KV tiles, one worker each
+    >>> plan.gqa_split, plan.spec.kv_heads  # one chain per q head: the schedule of 8 kv heads
+    (True, 8)
+    >>> plan.grid  # static dispatch: 2 batches x 8 q heads x 4 pairs of KV tiles, one worker each
+    64
+    >>> make_backward_plan(problem, device=H200, backend="triton", gqa_split=False).grid
     16
 
 (``auto`` is ``symmetric_shift`` for every causal shape: with ``invariant=True``, the default, it
-depends on the mask only. ``invariant=False`` lets the DAG model pick with the worker count: it
-takes ``descending`` here, which keeps all 32 chains on their own workers.)
+depends on the mask only. ``invariant=False`` lets the DAG model pick with the worker count.
+With ``gqa_split=False`` a chain walks the 4 q heads of its kv head, 2 x 2 x 4 pairs of chains.)
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ __all__ = [
     "backward_spec",
     "first_blocked_program",
     "make_backward_plan",
+    "resolve_gqa_split",
 ]
 
 # A correct schedule waits microseconds; the bound only turns a deadlock (SMs taken by a
@@ -245,6 +250,12 @@ class BackwardPlan:
         dq_reduce: ``"tma"`` (bulk reductions, Hopper) or ``"atomic"``: same bits either way.
         grid: programs launched (static dispatch: the busy workers; dynamic: min(workers, chains)).
         timeout_s: bound of every dQ wait.
+        gqa_split: grouped-query attention run as one chain per (q head, KV tile) instead of
+            per (kv head, KV tile): the schedule is the one of ``heads`` kv heads, every chain
+            reads its q head's K/V (``h // group``) and writes its own dK/dV partial, and the
+            ``group`` partials of each kv head are added after the kernel in q-head order (fp32
+            sum of the 16-bit partials). ``group`` times more chains fill the GPU where a few
+            kv heads leave SMs idle; the partials cost ``group`` times dK/dV's memory.
     """
 
     problem: Problem
@@ -257,6 +268,7 @@ class BackwardPlan:
     dq_reduce: str
     grid: int
     timeout_s: float
+    gqa_split: bool = False
 
     @property
     def spec(self) -> ScheduleSpec:
@@ -286,10 +298,11 @@ class BackwardPlan:
         mode = "det" if self.deterministic else "non-det"
         order = "invariant" if self.invariant else "worker-dependent"
         shape = f"varlen {p.batch} seqs max" if p.is_varlen else f"b{p.batch}"
+        split = ", dk/dv per q head" if self.gqa_split else ""
         return (
             f"{self.backend} backward, schedule {self.schedule.name!r} ({self.dispatch.value}, "
             f"{self.grid} programs of {self.workers} workers, {order} order), tiles "
-            f"{self.tiles.label}, dq {self.dq_reduce}, {mode}; {shape} sq{p.seqlen_q} "
+            f"{self.tiles.label}, dq {self.dq_reduce}{split}, {mode}; {shape} sq{p.seqlen_q} "
             f"sk{p.seqlen_k} h{p.heads}/{p.kv_heads} d{p.headdim} {p.mask.name} {p.dtype}"
         )
 
@@ -300,9 +313,16 @@ def analysis_device(workers: int) -> DeviceInfo:
 
 
 def backward_spec(
-    problem: Problem, tiles: BackwardTiles, workers: int, invariant: bool = True
+    problem: Problem,
+    tiles: BackwardTiles,
+    workers: int,
+    invariant: bool = True,
+    gqa_split: bool = False,
 ) -> ScheduleSpec:
-    """The tile-level problem a backward with ``tiles`` runs on ``workers`` SMs."""
+    """The tile-level problem a backward with ``tiles`` runs on ``workers`` SMs; with
+    ``gqa_split`` that of one kv head per q head (``BackwardPlan.gqa_split``)."""
+    if gqa_split:
+        problem = dataclasses.replace(problem, kv_heads=problem.heads)
     if problem.seqlens is not None:
         return ScheduleSpec.from_seqlens(
             seqlens=problem.seqlens,
@@ -326,6 +346,18 @@ def backward_spec(
         workers=workers,
     )
     return spec if spec.invariant == invariant else dataclasses.replace(spec, invariant=invariant)
+
+
+def resolve_gqa_split(heads: int, kv_heads: int, gqa_split: bool | None = None) -> bool:
+    """Whether a backward runs one chain per q head (``BackwardPlan.gqa_split``): ``gqa_split``
+    (None: yes) wherever there is a group to split, ``heads > kv_heads``.
+
+    >>> resolve_gqa_split(28, 4), resolve_gqa_split(28, 4, False), resolve_gqa_split(8, 8, True)
+    (True, False, False)
+    """
+    if gqa_split is not None and not isinstance(gqa_split, bool):
+        raise TypeError(f"gqa_split must be a bool or None, got {type(gqa_split).__name__}")
+    return heads > kv_heads and gqa_split is not False
 
 
 def _auto_fallback(spec: ScheduleSpec) -> str:
@@ -386,6 +418,7 @@ def make_backward_plan(
     dq_reduce: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> BackwardPlan:
     """The plan of one backward (cached: the same arguments give the same plan object).
 
@@ -404,6 +437,11 @@ def make_backward_plan(
             schedule name: not on the batch, the other sequences of a pack, the heads, the
             worker count or ``sm_margin`` (the default). False lets the shift schedules follow
             the worker count (the order changes with sm_margin and the GPU's SM count).
+        gqa_split: grouped-query attention with one chain per q head (``BackwardPlan.gqa_split``
+            says what that does). None (the default) splits whenever ``heads > kv_heads``: a
+            rule of the head counts alone, so it keeps the order-invariance contract. False
+            keeps one chain per kv head (no partials: less memory, fewer chains); it changes
+            dk/dv's bits. Without GQA there is nothing to split and it has no effect.
 
     Raises:
         ValueError: sm_margin leaves no SM, an option out of range, or a schedule that does not
@@ -443,7 +481,8 @@ def make_backward_plan(
     tiles = default_tiles if tiles is None else tiles.for_dq_reduce(dq_reduce)
     if not isinstance(invariant, bool):
         raise TypeError(f"invariant must be a bool, got {type(invariant).__name__}")
-    spec = backward_spec(problem, tiles, workers, invariant)
+    split = resolve_gqa_split(problem.heads, problem.kv_heads, gqa_split)
+    spec = backward_spec(problem, tiles, workers, invariant, split)
     sched = make_schedule(_auto_fallback(spec) if schedule == "auto" else schedule, spec)
     if device.is_interpreter and deterministic:
         # The interpreter runs programs one after another, so a static worker that waits for a
@@ -471,4 +510,5 @@ def make_backward_plan(
         dq_reduce=dq_reduce,
         grid=_grid(sched),
         timeout_s=float(timeout_s),
+        gqa_split=split,
     )

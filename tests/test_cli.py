@@ -94,7 +94,8 @@ def subprocess_env() -> dict[str, str]:
         pytest.param(
             ["--seqlen", "1024", "--headdim", "128", "--heads", "4", "--kv-heads", "2",
              "--batch", "2", "--causal", "--workers", "16"],
-            ScheduleSpec(batch=2, q_heads=4, kv_heads=2, q_tiles=16, kv_tiles=8, mask=CAUSAL,
+            # The backward splits GQA by q head (BackwardPlan.gqa_split): 4 chain heads.
+            ScheduleSpec(batch=2, q_heads=4, kv_heads=4, q_tiles=16, kv_tiles=8, mask=CAUSAL,
                          tile_ratio=2, workers=16),
             "symmetric_shift",
             id="shape-causal-gqa",
@@ -126,6 +127,8 @@ def test_json_matches_engine(
     assert data["depth_monotone"] is report.depth_monotone
     for field in ("batch", "q_heads", "kv_heads", "q_tiles", "kv_tiles", "workers"):
         assert data[field] == getattr(spec, field)
+    if "--kv-heads" in argv:  # the tensors' kv heads, beside the split spec's
+        assert data["split_kv_heads"] == int(argv[argv.index("--kv-heads") + 1])
     assert data["mask"] == spec.mask.name and data["causal"] is spec.mask.causal
 
 

@@ -41,8 +41,29 @@ def test_plan_holds_what_the_kernel_runs() -> None:
     assert all(
         (getattr(plan.schedule, name) == getattr(expected, name)).all() for name in TABLE_FIELDS
     )
-    assert plan.grid == spec.num_chains == 2 * 2 * 6
+    # GQA 8/2 runs one chain per q head (gqa_split): 2 batches x 8 heads x 6 KV tiles.
+    assert plan.gqa_split and (spec.q_heads, spec.kv_heads) == (8, 8)
+    assert plan.grid == spec.num_chains == 2 * 8 * 6
     assert "shift" in plan.describe() and "b2 sq1000 sk700" in plan.describe()
+    assert "dk/dv per q head" in plan.describe() and "h8/2" in plan.describe()
+
+
+def test_gqa_split_is_a_rule_of_the_head_counts() -> None:
+    """Split by default whenever heads > kv_heads (batch, lengths and workers play no part, so
+    the order-invariance contract holds); False keeps one chain per kv head; MHA has nothing
+    to split; anything but a bool or None is refused."""
+    whole = make_backward_plan(PROBLEM, device=H200, backend="triton", gqa_split=False)
+    assert not whole.gqa_split and whole.spec.kv_heads == 2 and whole.grid == 2 * 2 * 6
+    assert "per q head" not in whole.describe()
+    for batch, workers in ((1, 132), (7, 132), (1, 40)):
+        problem = Problem(batch, 3000, 3000, heads=28, kv_heads=4, headdim=128, mask=CAUSAL)
+        plan = make_backward_plan(problem, device=analysis_device(workers), backend="triton")
+        assert plan.gqa_split and plan.spec.kv_heads == 28
+    mha = Problem(2, 1000, 700, heads=8, kv_heads=8, headdim=128)
+    for option in (None, True, False):
+        assert not make_backward_plan(mha, device=H200, gqa_split=option).gqa_split
+    with pytest.raises(TypeError, match="gqa_split"):
+        make_backward_plan(PROBLEM, device=H200, gqa_split=1)  # type: ignore[arg-type]
 
 
 def test_plans_are_cached_per_arguments() -> None:

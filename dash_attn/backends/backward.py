@@ -17,11 +17,13 @@ from ..plan import BackwardPlan
 from .tables import device_tables
 from .triton.bwd import INTERPRETER_MAX_POLLS, attn_bwd_preprocess, mask_window
 from .triton.dq_cast import scale_cast
+from .triton.group_sum import sum_kv_groups
 from .triton.varlen import varlen_rows
 
 # (plan, q, k, v, dout, lse2, delta, tables, softmax_scale) -> (dq_acc fp32 unscaled, dk, dv,
 # status int32[2]: ticket counter, error flag); a main kernel that runs packed sequences also
-# takes ``varlen=VarlenRows`` (the Triton one does, the Hopper one does not).
+# takes ``varlen=VarlenRows`` (the Triton one does, the Hopper one does not). With
+# ``plan.gqa_split`` dk and dv are the per-q-head partials (``dkv_heads``), summed here.
 MainKernel = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -90,9 +92,17 @@ def run_backward(
     if varlen is not None:
         # The accumulator pads every sequence to whole Q tiles: keep the real rows.
         dq_acc = dq_acc.index_select(0, varlen.row_index)
+    if plan.gqa_split:
+        dk, dv = sum_kv_groups(dk, dv, k.shape[-2])
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
     return cast_dq(dq_acc, softmax_scale, q.dtype), dk, dv
+
+
+def dkv_heads(plan: BackwardPlan) -> int:
+    """Heads of the main kernel's dk/dv: the q heads with ``plan.gqa_split`` (per-q-head
+    partials), else the kv heads."""
+    return plan.problem.heads if plan.gqa_split else plan.problem.kv_heads
 
 
 def check_padded_full_or_causal(plan: BackwardPlan, *, packed: bool) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..backends import choose_backend, hopper
 from ..backends.triton.tiles import SUPPORTED_HEADDIMS, backward_tiles
-from ..plan import H200, Problem, analysis_device, backward_spec
+from ..plan import H200, Problem, analysis_device, backward_spec, resolve_gqa_split
 from .generators import GENERATORS, applicable_schedules, auto_schedule_name, schedule_names
 from .render import render_ascii
 from .simulate import SimResult, simulate
@@ -87,6 +87,9 @@ class Shape:
     headdim: int
     block_m: int
     block_n: int
+    # The tensors' kv heads where the backward splits GQA by q head (one chain per q head: the
+    # spec then has ``q_heads`` kv heads); None without a split.
+    split_kv_heads: int | None = None
 
 
 def analysis_spec(
@@ -107,8 +110,12 @@ def analysis_spec(
         _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
     else:
         raise ValueError(f"backend must be 'triton' or 'hopper', got {backend!r}")
-    spec = replace(backward_spec(problem, tiles, workers), invariant=invariant)
-    shape = Shape(problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n)
+    split = resolve_gqa_split(problem.heads, problem.kv_heads)
+    spec = replace(backward_spec(problem, tiles, workers, gqa_split=split), invariant=invariant)
+    shape = Shape(
+        problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n,
+        problem.kv_heads if split else None,
+    )  # fmt: skip
     return spec, shape
 
 
@@ -127,17 +134,20 @@ def varlen_analysis_spec(
     longest_k = max(max(k for _, k in seqlens), 1)
     problem = Problem(len(seqlens), longest_q, longest_k, heads, kv_heads, headdim, mask)
     _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
+    split = resolve_gqa_split(heads, kv_heads)
     spec = ScheduleSpec.from_seqlens(
         seqlens=seqlens,
         q_heads=heads,
-        kv_heads=kv_heads,
+        # The plan's GQA split: one chain per q head, as if there were ``heads`` kv heads.
+        kv_heads=heads if split else kv_heads,
         block_m=tiles.block_m,
         block_n=tiles.block_n,
         mask=mask,
         workers=workers,
         invariant=invariant,
     )
-    return spec, Shape(longest_q, longest_k, headdim, tiles.block_m, tiles.block_n)
+    split_kv = kv_heads if split else None
+    return spec, Shape(longest_q, longest_k, headdim, tiles.block_m, tiles.block_n, split_kv)
 
 
 def square_spec(
@@ -274,9 +284,11 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int =
 def describe(spec: ScheduleSpec, shape: Shape | None) -> str:
     """A one-line description of the problem, for titles and headers."""
     mask = spec.mask.name
-    heads = f"{spec.q_heads} head{'s' if spec.q_heads > 1 else ''}" + (
-        f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.q_heads else ""
-    )
+    heads = f"{spec.q_heads} head{'s' if spec.q_heads > 1 else ''}"
+    if shape is not None and shape.split_kv_heads is not None:
+        heads += f" ({shape.split_kv_heads} kv, a chain per q head)"
+    elif spec.kv_heads != spec.q_heads:
+        heads += f" ({spec.kv_heads} kv)"
     if shape is not None:
         seq = f"seqlen {shape.seqlen_q}" + (
             f"/{shape.seqlen_k}" if shape.seqlen_k != shape.seqlen_q else ""

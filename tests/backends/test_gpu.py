@@ -188,6 +188,49 @@ def test_hopper_long_key_variant_gives_the_same_bits(monkeypatch):
             assert_close_to_ref(f"{name} [hopper, {variant}]", g, r, s, atol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):
+    """GQA runs one chain per q head (the plan's ``gqa_split``, the default): for every
+    schedule the gradients equal, bit for bit, the MHA backward of K/V repeated per q head
+    followed by the fixed-order group sum (the same tables). With ``gqa_split=False`` (one
+    chain per kv head) the backward still meets the flash-attn rule."""
+    from dash_attn.backends.triton.group_sum import sum_kv_groups
+
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = 2, 700, 1100, 6, 2, 128
+    q, k, v = make_qkv(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", 21
+    )
+    _skip_if_uncovered(backend, q, k, causal)
+    dout = torch.randn_like(q)
+    scale = headdim**-0.5
+    out, lse = dash_attn_func(q, k, v, causal=causal, return_lse=True, backend=backend)
+    k_rep, v_rep = (x.repeat_interleave(heads // kv_heads, dim=2) for x in (k, v))
+    run_backward = backend_module(backend).run_backward
+    device = device_info(q.device)
+    ref = _grads(functools.partial(_ref_out, causal=causal), q, k, v, dout)
+    same = _grads(functools.partial(_ref_out, causal=causal, upcast=False), q, k, v, dout)
+    for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
+        options = dict(device=device, schedule=schedule, backend=backend)
+        split = make_backward_plan(problem_of(q, k, Mask(causal=causal)), **options)
+        mha = make_backward_plan(problem_of(q, k_rep, Mask(causal=causal)), **options)
+        assert split.gqa_split and split.schedule.spec == mha.schedule.spec
+        got = run_backward(split, dout, q, k, v, out, lse, scale, sync_check=True)
+        dq, dk_heads, dv_heads = run_backward(
+            mha, dout, q, k_rep, v_rep, out, lse, scale, sync_check=True
+        )
+        want = (dq, *sum_kv_groups(dk_heads, dv_heads, kv_heads))
+        for name, x, y in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert torch.equal(x, y), f"{name}: split differs from repeated K/V [{schedule}]"
+        whole = make_backward_plan(
+            problem_of(q, k, Mask(causal=causal)), gqa_split=False, **options
+        )
+        assert not whole.gqa_split and whole.spec.kv_heads == kv_heads
+        grads = run_backward(whole, dout, q, k, v, out, lse, scale, sync_check=True)
+        for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref[1:], same[1:], strict=True):
+            assert_close_to_ref(f"{name} [{backend}, {schedule}, no split]", g, r, s, atol=1e-3)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nondeterministic_mode_is_correct_and_reported(backend):
     # Arrival order: usually differs in the low bits of dq. What must hold is that it is still

@@ -108,7 +108,9 @@ def test_describe() -> None:
     problem = Problem(2, 1000, 1500, 8, 2, 64, CAUSAL)
     spec, shape = rep.analysis_spec(problem, 16)
     text = rep.describe(spec, shape)
-    assert text.startswith("seqlen 1000/1500, hdim 64, batch 2, 8 heads (2 kv), causal;")
+    assert text.startswith(
+        "seqlen 1000/1500, hdim 64, batch 2, 8 heads (2 kv, a chain per q head), causal;"
+    )
     assert rep.describe(make_spec(q_tiles=4, kv_tiles=2, tile_ratio=2, workers=3), None) == (
         "4 Q x 2 KV tiles, tile ratio 2, batch 1, 1 head, full; 3 workers"
     )

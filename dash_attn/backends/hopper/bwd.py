@@ -3,9 +3,11 @@
 Same semantics, tables and error contract as the Triton kernel ``attn_bwd_kernel`` (see the
 glossary of ``dash_attn/backends/triton/bwd.py``): a persistent grid of workers, each running chains
 (one KV tile of one (batch, kv head): K, V loaded once, dK, dV kept in registers) made of steps
-(q head, Q tile, rank). The dQ partial of every step is added into an fp32 accumulator; in
-deterministic mode the addition of dQ tile (b, h, i) waits until its semaphore equals the step's
-rank and increments it afterwards.
+(q head, Q tile, rank). A grouped-query backward split by q head (``BackwardPlan.gqa_split``)
+passes dK/dV with q's heads: a chain is then one q head's, it loads K/V of kv head
+``head // group`` and writes its own dK/dV partial. The dQ partial of every step is added into
+an fp32 accumulator; in deterministic mode the addition of dQ tile (b, h, i) waits until its
+semaphore equals the step's rank and increments it afterwards.
 
 CTA layout (384 threads, 3 warpgroups)
 --------------------------------------
@@ -517,7 +519,10 @@ class HopperAttnBwd:
             q_tiles, kv_tiles, num_chains, dynamic,
             scale_log2, softmax_scale, timeout_ns,
             cute.size(mQ.shape[1]), cute.size(mK.shape[1]),
-            cute.size(mQ.shape[2]), cute.size(mK.shape[2]),
+            # Chains run dK/dV's heads: K/V's, or q's with per-q-head partials (GQA split),
+            # whose K/V are those of head // kv_group.
+            cute.size(mQ.shape[2]), cute.size(mdK.shape[2]),
+            cute.size(mdK.shape[2]) // cute.size(mK.shape[2]),
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout, sLSE_layout,
             mma_sdp, mma_dkv, mma_dq, Storage,
         ).launch(
@@ -567,6 +572,7 @@ class HopperAttnBwd:
         seqlen_k: Int32,
         heads: Int32,
         kv_heads: Int32,
+        kv_group: Int32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -628,7 +634,7 @@ class HopperAttnBwd:
                 self.producer(
                     mQ, mK, mV, mdO, mLSE, mDelta, tma_q, tma_k, tma_v, tma_do, tma_lse,
                     tma_delta, mFlags, mChainStart, mStepHead, mStepTile, mStepRank, mOrder,
-                    mWorkerStart, kv_tiles, num_chains, dynamic, heads, kv_heads,
+                    mWorkerStart, kv_tiles, num_chains, dynamic, heads, kv_heads, kv_group,
                     sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
                 )  # fmt: skip
             if warp_idx == 1:
@@ -671,6 +677,7 @@ class HopperAttnBwd:
         dynamic: Int32,
         heads: Int32,
         kv_heads: Int32,
+        kv_group: Int32,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
@@ -756,8 +763,9 @@ class HopperAttnBwd:
                     if lane == 0:
                         cute.arch.mbarrier_arrive_and_expect_tx(kv_full, self.bytes_kv)
                     cute.arch.sync_warp()
-                    gK = cute.local_tile(mK[None, None, kvh, b], (bn, hd), (kvt, 0))
-                    gV = cute.local_tile(mV[None, None, kvh, b], (bn, hd), (kvt, 0))
+                    kv_in = kvh // kv_group
+                    gK = cute.local_tile(mK[None, None, kv_in, b], (bn, hd), (kvt, 0))
+                    gV = cute.local_tile(mV[None, None, kv_in, b], (bn, hd), (kvt, 0))
                     self._tma_load_single(tma_k, gK, sK, kv_full)
                     self._tma_load_single(tma_v, gV, sV, kv_full)
                     kv_phase = kv_phase ^ 1

@@ -351,9 +351,12 @@ def hopper_bwd_main(
     dynamic: bool,
     timeout_ns: int,
     variant: str | None = None,
+    dkv_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
+    ``dkv_heads``: the heads of the chains and of dk/dv, k's (default) or q's (a GQA split:
+    per-q-head partials, each reading K/V of its group).
 
     Same contract as the Triton ``attn_bwd_main``: ``lse2``/``delta`` from the Triton
     preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
@@ -366,15 +369,20 @@ def hopper_bwd_main(
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
         variant = bwd_variant(q.shape[-1], causal, k.shape[1])
-    expected_chains = q.shape[0] * k.shape[2] * kv_tiles
+    if dkv_heads is None:
+        dkv_heads = k.shape[2]
+    if dkv_heads not in (k.shape[2], q.shape[2]):
+        raise ValueError(f"dkv_heads ({dkv_heads}) must be k's heads or q's heads")
+    expected_chains = q.shape[0] * dkv_heads * kv_tiles
     if num_chains != expected_chains:
         raise ValueError(
-            f"num_chains={num_chains} but batch * kv_heads * kv_tiles = {expected_chains}"
+            f"num_chains={num_chains} but batch * dkv_heads * kv_tiles = {expected_chains}"
         )
     launch = prepare_bwd(
         q.shape, q.dtype, tables, block_m=block_m, block_n=block_n, num_workers=num_workers,
         q_tiles=q_tiles, kv_tiles=kv_tiles, num_chains=num_chains, causal=causal,
         deterministic=deterministic, dynamic=dynamic, timeout_ns=timeout_ns, variant=variant,
+        dkv_heads=dkv_heads,
     )  # fmt: skip
     return launch(q, k, v, dout, lse2, delta, softmax_scale)
 
@@ -393,6 +401,7 @@ class BwdLaunch:
     dq_shape: tuple[int, ...]
     dq_size: int
     flag_count: int
+    dkv_heads: int  # of the chains and dk/dv: k's, or q's (GQA split: per-q-head partials)
 
     def __call__(
         self,
@@ -432,9 +441,12 @@ class BwdLaunch:
         flags: torch.Tensor,
         softmax_scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Launch the main kernel on zeroed ``dq_acc`` and ``flags``; returns (dk, dv)."""
-        dk = torch.empty(k.shape, device=k.device, dtype=q.dtype)
-        dv = torch.empty(v.shape, device=v.device, dtype=q.dtype)
+        """Launch the main kernel on zeroed ``dq_acc`` and ``flags``; returns (dk, dv) with
+        ``dkv_heads`` heads."""
+        batch, seqlen_k, _, head_dim = k.shape
+        dkv_shape = (batch, seqlen_k, self.dkv_heads, head_dim)
+        dk = torch.empty(dkv_shape, device=k.device, dtype=q.dtype)
+        dv = torch.empty(dkv_shape, device=v.device, dtype=q.dtype)
         # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
         # divisibility against the compiled signature); the stream is the current one.
         self.compiled(
@@ -461,9 +473,10 @@ def prepare_bwd(
     dynamic: bool,
     timeout_ns: int,
     variant: str,
+    dkv_heads: int,
 ) -> BwdLaunch:
     """The ``BwdLaunch`` of q's shape (b, s, h, d) and dtype: the table sizes and counts
-    checked, the kernel compiled (or fetched)."""
+    checked, the kernel compiled (or fetched). ``dkv_heads``: as ``hopper_bwd_main``'s."""
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     # Table sizes are metadata (no device sync); wrong sizes would make the kernel read past them.
@@ -495,6 +508,7 @@ def prepare_bwd(
         dq_shape=dq_shape,
         dq_size=math.prod(dq_shape),
         flag_count=2 + batch * heads * q_tiles,
+        dkv_heads=int(dkv_heads),
     )
 
 

@@ -17,6 +17,7 @@ from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
 from ..tables import device_tables
+from ..triton.group_sum import sum_kv_groups
 from . import FWD_3WG_MIN_SEQLEN, FWD_PERSISTENT_MAX_SEQLEN_K, bwd_variant
 from .bwd_launch import (
     BwdLaunch,
@@ -107,6 +108,8 @@ def run_backward(
         error_text = functools.partial(backward.timeout_error, plan)
         error_addr, launch_id = mapped_launch(error_text, q.device.index)
     dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
+    if plan.gqa_split:
+        dk, dv = sum_kv_groups(dk, dv, k.shape[2])
     if plan.deterministic:
         if launch_id == 0:  # no mapped word: the flag is copied and queued
             record_status(status[1], error_text, sync_check)
@@ -169,7 +172,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
         causal=spec.mask.causal, deterministic=plan.deterministic,
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
-        variant=variant,
+        variant=variant, dkv_heads=backward.dkv_heads(plan),
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant)):
         return main

@@ -198,7 +198,7 @@ def attn_bwd_kernel(
     stride_dqb, stride_dqm, stride_dqh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    q_heads, kv_heads, kv_tiles, q_tiles, num_chains,
+    q_heads, kv_heads, kv_group, kv_tiles, q_tiles, num_chains,
     seqlen_q, seqlen_k, causal_shift, window_left, window_right, rows_pad_total,
     qk_scale, softmax_scale, timeout,
     BLOCK_M: tl.constexpr,
@@ -267,13 +267,16 @@ def attn_bwd_kernel(
         offs_n = kv_tile * BLOCK_N + offs_n0
         n_valid = offs_n < seq_k
         kv_mask = n_valid[:, None] & d_mask
+        # The chain's head indexes dK/dV; K/V are its group's (kv_group > 1: one chain per q
+        # head of a GQA group, BackwardPlan.gqa_split).
+        kv_in = kvh // kv_group
         k = tl.load(
-            K + k_base + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+            K + k_base + kv_in * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
         )
         v = tl.load(
-            V + v_base + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+            V + v_base + kv_in * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
         )
@@ -552,7 +555,8 @@ def attn_bwd_main(
     varlen: VarlenRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent backward of ``plan``. Returns (dq_accum fp32 unscaled, dk, dv,
-    status).
+    status); with ``plan.gqa_split`` dk and dv have q's heads (per-q-head partials that
+    ``group_sum.sum_kv_groups`` adds).
 
     ``lse2`` and ``delta`` come from :func:`attn_bwd_preprocess` with ``q_tiles * block_m`` rows
     (varlen: with the same ``varlen``); ``tables`` are the plan's schedule tables on q's device.
@@ -596,8 +600,10 @@ def attn_bwd_main(
         strides = [(0, *t.stride()[:2]) for t in (q, k, v, dout, dq_acc)]
         cu_q, cu_k, cu_pad = varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.cu_rows_pad
         desc_view = dq_acc.unsqueeze(0)  # one "batch" of padded sequences
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # dK/dV per chain head: the kv heads, or the q heads with gqa_split (partials).
+    dkv_heads = heads if plan.gqa_split else kv_heads
+    dk = torch.empty((*k.shape[:-2], dkv_heads, headdim), device=k.device, dtype=k.dtype)
+    dv = torch.empty_like(dk)
     strides += [(0, *t.stride()[:2]) if varlen else t.stride()[:3] for t in (dk, dv)]
     # One zeroed buffer for the ticket, the error flag and every semaphore: a single memset.
     flags = torch.zeros(2 + batch * heads * q_tiles, device=q.device, dtype=torch.int32)
@@ -619,7 +625,7 @@ def attn_bwd_main(
         tables["order"], tables["worker_start"],
         cu_q, cu_k, cu_pad,
         *(stride for triple in strides for stride in triple),
-        heads, kv_heads, kv_tiles, q_tiles, num_chains,
+        heads, dkv_heads, dkv_heads // kv_heads, kv_tiles, q_tiles, num_chains,
         seqlen_q, seqlen_k, seqlen_k - seqlen_q, window_left, window_right,
         varlen.rows_pad_total if varlen else 0,
         softmax_scale * math.log2(math.e), softmax_scale, timeout,

@@ -484,6 +484,7 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
         dq_shape=bwd_launch.dq_acc_shape(tuple(q.shape), 2, 64, "t128_wg2"),
         dq_size=2 * 4 * 2 * 64 * 128,
         flag_count=2 + 2 * 4 * 2,
+        dkv_heads=k.shape[2],
     )
     dq_acc, dk, dv, status = launch(q, k, v, dout, lse2, delta, 0.125)
     (args,) = calls

@@ -157,6 +157,7 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     and runs first; the cast gets the scale, the error word and the launch number."""
     import inspect
 
+    from dash_attn.backends import backward
     from dash_attn.backends.hopper import bwd_launch
     from dash_attn.backends.hopper.bwd import HopperAttnBwd
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, DqFragmentCast
@@ -188,6 +189,7 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
         deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
+        dkv_heads=backward.dkv_heads(plan),
     )  # fmt: skip
     full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant)
     dq, dk, dv, status = full(q, q, k, k, q, lse, 0.125, 4096, 7)
@@ -220,7 +222,9 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     assert cast["mAcc"] is acc and cast["mdQ"] is dq and cast["mFlags"] is flags
     assert (cast["softmax_scale"], cast["error_addr"], cast["launch_id"]) == (0.125, 4096, 7)
     assert dq.shape == q.shape and dq.dtype == q.dtype
-    assert dk.shape == dv.shape == k.shape and mainargs["mdK"] is dk and mainargs["mdV"] is dv
+    # GQA 4/2: split by q head, so the main kernel writes per-q-head partials (summed later).
+    assert plan.gqa_split and dk.shape == dv.shape == (batch, seqlen, heads, head_dim)
+    assert mainargs["mdK"] is dk and mainargs["mdV"] is dv and mainargs["mK"] is k
     assert status.data_ptr() == flags.data_ptr() and status.numel() == 2
 
 

@@ -267,6 +267,70 @@ def test_tile_options_give_the_same_bits(shape, flags):
         assert bitwise_equal(optioned[name], plain[name]), f"{name}: tiles option {flags} differs"
 
 
+@pytest.mark.parametrize(
+    "shape, schedule",
+    [
+        pytest.param((2, 150, 150, 4, 2, 64, True), "descending", id="gqa4:2-d64-causal"),
+        pytest.param((1, 70, 150, 6, 2, 96, False), "fa3", id="gqa6:2-sq70-sk150-d96-full"),
+        pytest.param((2, 150, 70, 4, 1, 64, True), "descending", id="mqa4:1-sq150-sk70-causal"),
+    ],
+)
+def test_gqa_split_is_the_mha_backward_of_repeated_kv_summed_in_head_order(shape, schedule):
+    """A GQA backward split by q head (the default) is, bit for bit, the MHA backward of K/V
+    repeated per q head (the same tables: one chain per q head) followed by the fixed-order
+    group sum; and with the split off it still meets the rule (one chain per kv head)."""
+    from dash_attn.backends.triton.group_sum import sum_kv_groups
+
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal = shape
+    split = _plan(shape, schedule)
+    assert split.gqa_split and split.spec.kv_heads == heads
+    got = _run_plan(shape, split)
+
+    group = heads // kv_heads
+    q, k, v, dout = _inputs(shape)
+    mha_shape = (batch, seqlen_q, seqlen_k, heads, heads, headdim, causal)
+    mha = _plan(mha_shape, schedule)
+    assert not mha.gqa_split and mha.schedule.spec == split.schedule.spec
+    k_rep, v_rep = (x.repeat_interleave(group, dim=2) for x in (k, v))
+    out, lse = torch.ops.dash_attn.fwd(q, k_rep, v_rep, causal, headdim**-0.5)
+    dq, dk_heads, dv_heads = run_backward(
+        mha, dout, q, k_rep, v_rep, out, lse, headdim**-0.5, sync_check=True
+    )
+    dk, dv = sum_kv_groups(dk_heads, dv_heads, kv_heads)
+    for name, want in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert bitwise_equal(got[name], want), f"{name}: split differs from repeated K/V"
+
+    whole = _run_plan(shape, _plan(shape, schedule, gqa_split=False))
+    _assert_matches_reference(whole, shape, f"{schedule}, gqa_split=False")
+    assert not torch.equal(whole["dk"], got["dk"])  # another summation order, other bits
+
+
+def test_group_sum_adds_in_q_head_order():
+    """``sum_kv_groups``: fp32 sum of each group's 16-bit partials from q head 0 up, one
+    rounding: equal to that loop in torch, and not to the reverse order (one group is made so
+    that the orders differ: 2**-20 + 32768 - 32768 is 0 in fp32, -32768 + 32768 + 2**-20 is
+    not)."""
+    from dash_attn.backends.triton.group_sum import sum_kv_groups
+
+    gen = torch.Generator().manual_seed(5)
+    dk_part = torch.randn(2, 7, 6, 40, generator=gen).half()
+    dv_part = torch.randn(2, 7, 6, 40, generator=gen).half()
+    dk_part[1, 3, 3:6] = torch.tensor([2.0**-20, 32768.0, -32768.0]).half()[:, None]
+    dk, dv = sum_kv_groups(dk_part, dv_part, 2)
+    for part, got in ((dk_part, dk), (dv_part, dv)):
+        grouped = part.view(2, 7, 2, 3, 40).float()
+        want = grouped[:, :, :, 0] + grouped[:, :, :, 1] + grouped[:, :, :, 2]
+        assert got.dtype == torch.float16 and got.shape == (2, 7, 2, 40)
+        assert bitwise_equal(got, want.half())
+    reverse = dk_part.view(2, 7, 2, 3, 40).float().flip(3)
+    reverse = (reverse[:, :, :, 0] + reverse[:, :, :, 1] + reverse[:, :, :, 2]).half()
+    assert (dk[1, 3, 1] == 0).all() and (reverse[1, 3, 1] == 2.0**-20).all()
+    with pytest.raises(ValueError, match="kv_heads"):
+        sum_kv_groups(dk_part, dv_part, 4)
+    with pytest.raises(ValueError, match="dv_part"):
+        sum_kv_groups(dk_part, dv_part[..., :20].contiguous(), 2)
+
+
 def test_broadcast_dout_gives_the_bits_of_its_copy():
     """A gradient with zero strides (a headdim vector broadcast over batch, seqlen and heads, as
     the gradient of ``out.sum((0, 1, 2))``) is read through its strides: same bits as a copy."""

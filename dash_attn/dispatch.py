@@ -199,6 +199,7 @@ def _run_plan(
     sm_margin: int,
     backend: str,
     invariant: bool,
+    gqa_split: bool | None,
     varlen: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     global _last_plan
@@ -212,6 +213,7 @@ def _run_plan(
         sm_margin=sm_margin,
         backend=backend,
         invariant=invariant,
+        gqa_split=gqa_split,
     )
     _last_plan = plan
     return backend_module(plan.backend).run_backward(plan, *tensors, softmax_scale, **varlen)
@@ -234,13 +236,14 @@ def backward(
     window_left: int = -1,
     window_right: int = -1,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv by the plan of this shape (made once per shape and options, then cached)."""
     mask = _mask(causal, window_left, window_right)
     return _run_plan(
         problem_of(q, k, mask, v, dout), q.device, (dout, q, k, v, out, lse), softmax_scale,
         deterministic=deterministic, schedule=schedule, sm_margin=sm_margin, backend=backend,
-        invariant=invariant, varlen={},
+        invariant=invariant, gqa_split=gqa_split, varlen={},
     )  # fmt: skip
 
 
@@ -265,6 +268,7 @@ def varlen_backward(
     window_left: int = -1,
     window_right: int = -1,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of packed sequences (the tables are cached by the sequence lengths)."""
     mask = _mask(causal, window_left, window_right)
@@ -278,5 +282,6 @@ def varlen_backward(
     return _run_plan(
         problem, q.device, (dout, q, k, v, out, lse), softmax_scale,
         deterministic=deterministic, schedule=schedule, sm_margin=sm_margin, backend=backend,
-        invariant=invariant, varlen={"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
+        invariant=invariant, gqa_split=gqa_split,
+        varlen={"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
     )  # fmt: skip

@@ -43,6 +43,7 @@ class DashAttnFunction(torch.autograd.Function):
         sm_margin: int,
         backend: str,
         invariant: bool,
+        gqa_split: bool | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = ops.call("fwd", q, k, v, causal, softmax_scale, backend, *window)
         # lse has no gradient: without this, autograd passes a zero tensor of its shape to
@@ -50,20 +51,20 @@ class DashAttnFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
-        ctx.window, ctx.invariant = window, invariant
+        ctx.window, ctx.invariant, ctx.gqa_split = window, invariant, gqa_split
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor | None, dlse: torch.Tensor | None):
         if dout is None:  # out did not reach the loss: no gradient
-            return (None,) * 11
+            return (None,) * 12
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ops.call(
             "bwd", _maybe_contiguous(dout), q, k, v, out, lse, *ctx.options, *ctx.window,
-            ctx.invariant,
+            ctx.invariant, ctx.gqa_split,
         )  # fmt: skip
-        return dq, dk, dv, *([None] * 8)
+        return dq, dk, dv, *([None] * 9)
 
 
 class DashAttnVarlenFunction(torch.autograd.Function):
@@ -85,6 +86,7 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         sm_margin: int,
         backend: str,
         invariant: bool,
+        gqa_split: bool | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # cu_seqlens_k is None when it is cu_seqlens_q (self-attention): torch.compile cannot
         # trace an autograd.Function that gets one tensor twice.
@@ -99,21 +101,21 @@ class DashAttnVarlenFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, *(() if same_k else (cu_k,)))
         ctx.lengths = (max_seqlen_q, max_seqlen_k)
         ctx.options = (causal, softmax_scale, deterministic, schedule, sm_margin, backend)
-        ctx.window, ctx.invariant = window, invariant
+        ctx.window, ctx.invariant, ctx.gqa_split = window, invariant, gqa_split
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor | None, dlse: torch.Tensor | None):
         if dout is None:
-            return (None,) * 15
+            return (None,) * 16
         q, k, v, out, lse, cu_q, *rest = ctx.saved_tensors
         cu_k = cu_q if ctx.same_k else rest[0]
         dq, dk, dv = ops.call(
             "varlen_bwd", _maybe_contiguous(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.lengths,
-            *ctx.options, *ctx.window, ctx.invariant,
+            *ctx.options, *ctx.window, ctx.invariant, ctx.gqa_split,
         )  # fmt: skip
-        return dq, dk, dv, *([None] * 12)
+        return dq, dk, dv, *([None] * 13)
 
 
 _SHARED_ARGS_DOC = """
@@ -151,10 +153,20 @@ _SHARED_ARGS_DOC = """
             ``invariant=False`` lets the shift schedules follow the worker count (what the
             DASH paper's tables do); gradients are then reproducible only for the same batch,
             heads, GPU model and ``sm_margin``. Cost: the invariant shift schedules give each
-            (sequence, kv head) group at most 16 SMs, so with fewer than ~8 groups (batch 1
-            with few KV heads) ``auto`` leaves SMs idle on causal masks and short full-mask
-            sequences; pass ``schedule="descending"`` (also invariant) or ``invariant=False``
-            there.
+            (sequence, chain head) group at most 16 SMs (a chain head is a q head with the GQA
+            split below, else a kv head), so with fewer than ~8 groups (batch 1 with few
+            heads) ``auto`` leaves SMs idle on causal masks and short full-mask sequences;
+            pass ``schedule="descending"`` (also invariant) or ``invariant=False`` there.
+        gqa_split: with fewer kv heads than q heads, run the backward as one chain per q head
+            (``None``, the default, and ``True``): every chain reads its group's K/V and writes
+            its own dK/dV partial, and the partials of each kv head are added in q-head order
+            after the kernel (fp32 sum of the 16-bit partials, one rounding). That gives a
+            launch ``heads / kv_heads`` times more chains: batch 1 with a few kv heads fills
+            the GPU (Qwen2.5-7B's 28/4 heads at 8k: 1.5x faster than one chain per kv head).
+            The price is the partials' memory, ``heads / kv_heads`` times dk's and dv's for the
+            duration of the backward. ``False``: one chain per kv head walks all its q heads
+            (dK/dV summed in registers; no partials). The two give different dk/dv bits; both
+            keep every promise above. No effect without GQA.
 """
 
 
@@ -176,6 +188,7 @@ def dash_attn_func(
     sm_margin: int = 0,
     return_lse: bool = False,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with a bitwise-reproducible backward.
 
@@ -244,7 +257,7 @@ def dash_attn_func(
         q, k, v,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
-        window_size=window_size, invariant=invariant,
+        window_size=window_size, invariant=invariant, gqa_split=gqa_split,
     )  # fmt: skip
     alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_func")
     _needs_cuda(q, "dash_attn_func")
@@ -252,7 +265,7 @@ def dash_attn_func(
         softmax_scale = 1.0 / math.sqrt(shape.headdim)
     out, lse = DashAttnFunction.apply(
         q, k, v, shape.causal, shape.window, float(softmax_scale), deterministic,
-        schedule, sm_margin, backend, invariant,
+        schedule, sm_margin, backend, invariant, gqa_split,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -279,6 +292,7 @@ def dash_attn_varlen_func(
     sm_margin: int = 0,
     return_lse: bool = False,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed variable-length sequences, with a bitwise-reproducible backward.
 
@@ -325,7 +339,7 @@ def dash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         schedule=schedule, sm_margin=sm_margin, return_lse=return_lse, backend=backend,
-        window_size=window_size, invariant=invariant,
+        window_size=window_size, invariant=invariant, gqa_split=gqa_split,
     )  # fmt: skip
     alert_nondeterministic_backward(deterministic, _needs_grad(q, k, v), "dash_attn_varlen_func")
     _needs_cuda(q, "dash_attn_varlen_func")
@@ -335,7 +349,7 @@ def dash_attn_varlen_func(
         q, k, v, cu_seqlens_q, None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k,
         int(max_seqlen_q), int(max_seqlen_k),
         shape.causal, shape.window, float(softmax_scale), deterministic, schedule,
-        sm_margin, backend, invariant,
+        sm_margin, backend, invariant, gqa_split,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

@@ -58,12 +58,14 @@ def _bwd_body(
     window_left: int = -1,
     window_right: int = -1,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return dispatch.backward(
         dout, q, k, v, out, lse,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         schedule=schedule, sm_margin=sm_margin, backend=backend,
         window_left=window_left, window_right=window_right, invariant=invariant,
+        gqa_split=gqa_split,
     )  # fmt: skip
 
 
@@ -127,12 +129,14 @@ def _varlen_bwd_body(
     window_left: int,
     window_right: int,
     invariant: bool,
+    gqa_split: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return dispatch.varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         schedule=schedule, sm_margin=sm_margin, backend=backend,
         window_left=window_left, window_right=window_right, invariant=invariant,
+        gqa_split=gqa_split,
     )  # fmt: skip
 
 

@@ -296,6 +296,7 @@ def band_plan(
         dq_reduce=dq_reduce,
         timeout_s=timeout_s,
         dispatch=dispatch,
+        gqa_split=False,  # one chain per kv head, walking its group's q heads
         grid=static_workers or min(device.sm_count, max(len(order), 1)),
         describe=lambda: f"test tables {name} (dash_attn.testing.band_plan)",
     )

@@ -200,10 +200,13 @@ def _check_options(
     return_lse: bool,
     backend: str,
     invariant: bool,
+    gqa_split: bool | None,
 ) -> None:
     _check_bool("deterministic", deterministic)
     _check_bool("return_lse", return_lse)
     _check_bool("invariant", invariant)
+    if gqa_split is not None:
+        _check_bool("gqa_split", gqa_split)
     _check_real_scale(softmax_scale)
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral):
         raise TypeError(
@@ -274,6 +277,7 @@ def check_inputs(
     backend: str = "auto",
     window_size: tuple[int, int] = (-1, -1),
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> AttnShape:
     """Validate the arguments of ``dash_attn_func`` and return the problem size.
 
@@ -290,6 +294,7 @@ def check_inputs(
         backend: "auto", "triton" or "hopper".
         window_size: (left, right) ints >= -1.
         invariant: bool.
+        gqa_split: None or a bool.
     Return:
         AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal, window).
     Raises:
@@ -332,6 +337,7 @@ def check_inputs(
     _check_options(
         window=window, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
         sm_margin=sm_margin, return_lse=return_lse, backend=backend, invariant=invariant,
+        gqa_split=gqa_split,
     )  # fmt: skip
     return AttnShape(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, q.dtype, causal, window)
 
@@ -369,6 +375,7 @@ def check_varlen_inputs(
     backend: str = "auto",
     window_size: tuple[int, int] = (-1, -1),
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> AttnShape:
     """Validate the arguments of ``dash_attn_varlen_func`` (everything the host can see without
     reading ``cu_seqlens``; :func:`check_cu_seqlens_values` checks those values).
@@ -420,6 +427,7 @@ def check_varlen_inputs(
     _check_options(
         window=window, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
         sm_margin=sm_margin, return_lse=return_lse, backend=backend, invariant=invariant,
+        gqa_split=gqa_split,
     )  # fmt: skip
     return AttnShape(
         cu_q.numel() - 1, total_q, total_k, heads, kv_heads, headdim, q.dtype, causal, window

@@ -166,6 +166,8 @@ BAD = [
     ),
     ("sm-margin-float", _set(sm_margin=1.5), TypeError, r"sm_margin must be an int >= 0, got flo"),
     ("sm-margin-bool", _set(sm_margin=True), TypeError, r"sm_margin .* got bool"),
+    ("gqa-split-int", _set(gqa_split=1), TypeError, r"gqa_split must be a bool"),
+    ("gqa-split-str", _set(gqa_split="auto"), TypeError, r"gqa_split must be a bool"),
     # schedule
     ("schedule-none", _set(schedule=None), TypeError, r"schedule must be a str, got NoneType"),
     (
@@ -282,5 +284,5 @@ def test_backward_without_an_output_gradient_returns_no_gradients() -> None:
     # that did not reach the loss; the backward then returns no gradient instead of failing.
     from dash_attn.interface import DashAttnFunction, DashAttnVarlenFunction
 
-    assert DashAttnFunction.backward(None, None, None) == (None,) * 11
-    assert DashAttnVarlenFunction.backward(None, None, None) == (None,) * 15
+    assert DashAttnFunction.backward(None, None, None) == (None,) * 12
+    assert DashAttnVarlenFunction.backward(None, None, None) == (None,) * 16

@@ -84,6 +84,7 @@ BAD = [
     ("window-float", _set(window_size=(1.0, 0)), TypeError, r"window_size must be a pair of int"),
     ("window-neg", _set(window_size=(-2, 0)), ValueError, r"window_size entries must be >= -1"),
     ("invariant-int", _set(invariant=1), TypeError, r"invariant must be a bool"),
+    ("gqa-split-int", _set(gqa_split=0), TypeError, r"gqa_split must be a bool"),
     (
         "shift-window",
         _set(schedule="shift", window_size=(8, 8), causal=False),

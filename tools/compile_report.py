@@ -128,7 +128,7 @@ def _signature(fn, constexprs: dict, dtype: str) -> tuple[dict[str, str], dict]:
         elif name.startswith("stride_") or name in ("seqlen_q", "seqlen_k", "rows_pad_total"):
             kind = "i32"
         elif name in (
-            "q_heads", "kv_heads", "kv_tiles", "q_tiles", "num_chains", "causal_shift",
+            "q_heads", "kv_heads", "kv_group", "kv_tiles", "q_tiles", "num_chains", "causal_shift",
             "window_left", "window_right",
         ):  # fmt: skip
             kind = "i32"

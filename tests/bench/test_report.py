@@ -164,6 +164,15 @@ def test_readme_results_are_generated_from_the_committed_files(
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     e2e = report.e2e_table(report.read_csv(session20 / "e2e" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in text
+    # Session 23: the GQA split's probe table and end-to-end blocks.
+    session23 = results / "session23-87322f7"
+    e2e = report.read_csv(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")
+    assert report.e2e_table(e2e, markdown=True).strip() in text
+    gqa = _load_tool(repo / "tools" / "gqa_split_table.py")
+    probe = (session23 / "call1-87322f7" / "gqa_split_probe.txt").read_text()
+    rows = gqa.parse(probe)
+    assert len(rows) == 10 and all(row["equal"] == "True" for row in rows)
+    assert gqa.markdown_table(rows) in text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:

@@ -305,6 +305,21 @@ def test_gqa_split_is_the_mha_backward_of_repeated_kv_summed_in_head_order(shape
     assert not torch.equal(whole["dk"], got["dk"])  # another summation order, other bits
 
 
+@pytest.mark.parametrize("gqa_split", [None, True, False])
+def test_gqa_split_option_of_the_api(gqa_split):
+    """``dash_attn_func(gqa_split=...)`` reaches the plan (None and True split, False keeps one
+    chain per kv head), each meets the rule, and the split's bits are the plan-level run's."""
+    shape = (2, 150, 150, 4, 2, 64, True)
+    got = _run_dash(shape, schedule="descending", gqa_split=gqa_split)
+    plan = dash_attn.last_launch_info()
+    assert plan.gqa_split is (gqa_split is not False)
+    assert plan.spec.kv_heads == (4 if plan.gqa_split else 2)
+    _assert_matches_reference(got, shape, f"gqa_split={gqa_split}")
+    direct = _run_plan(shape, _plan(shape, "descending", gqa_split=gqa_split))
+    for name in ("dq", "dk", "dv"):
+        assert bitwise_equal(got[name], direct[name]), f"{name}: API and plan differ"
+
+
 def test_group_sum_adds_in_q_head_order():
     """``sum_kv_groups``: fp32 sum of each group's 16-bit partials from q head 0 up, one
     rounding: equal to that loop in torch, and not to the reverse order (one group is made so
@@ -512,7 +527,9 @@ def test_last_launch_info(schedule, deterministic, causal, expected, monkeypatch
     assert (info.schedule_name, info.dispatch) == expected
     assert info.deterministic is deterministic
     assert info.spec.mask.causal is causal
-    assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 2)
+    # GQA 4/2 split by q head (the default): the schedule of 4 chain heads.
+    assert (info.spec.batch, info.spec.q_heads, info.spec.kv_heads) == (2, 4, 4)
+    assert info.gqa_split and info.problem.kv_heads == 2
     assert info.backend == "triton" and info.device == INTERPRETER
     assert info.backend_reason.startswith("auto: hopper needs an sm_90 GPU")
     forward_backend, why = dash_attn.last_forward_backend()

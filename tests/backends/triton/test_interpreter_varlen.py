@@ -39,6 +39,7 @@ from dash_attn.plan import (
     Problem,
     first_blocked_program,
     make_backward_plan,
+    resolve_gqa_split,
 )
 from dash_attn.reference.attention import attention_ref
 from dash_attn.schedule import Dispatch, Mask, ScheduleSpec, applicable_schedules, make_schedule
@@ -324,8 +325,10 @@ def _engine_plan(
     problems carry seqlens), or None for a static schedule that would block in the interpreter's
     program order."""
     tiles = backward_tiles(headdim, "atomic")
+    split = resolve_gqa_split(heads, kv_heads)  # the planner's rule: a chain per q head
     spec = ScheduleSpec.from_seqlens(
-        seqlens=seqlens, q_heads=heads, kv_heads=kv_heads, block_m=tiles.block_m,
+        seqlens=seqlens, q_heads=heads, kv_heads=heads if split else kv_heads,
+        block_m=tiles.block_m,
         block_n=tiles.block_n, mask=_engine_mask(mask), workers=INTERPRETER.sm_count,
     )  # fmt: skip
     sched = make_schedule(schedule, spec)
@@ -341,7 +344,8 @@ def _engine_plan(
         mask=spec.mask, dtype="float16",
     )  # fmt: skip
     return BackwardPlan(
-        problem, INTERPRETER, sched, tiles, "triton", "test", True, "atomic", max(grid, 1), 10.0
+        problem, INTERPRETER, sched, tiles, "triton", "test", True, "atomic", max(grid, 1), 10.0,
+        gqa_split=split,
     )
 
 

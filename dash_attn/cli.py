@@ -215,6 +215,14 @@ def _add_schedule_arguments(p: argparse.ArgumentParser) -> None:
         "only on its lengths, tiles and mask, never on workers, batch or heads; --no-invariant "
         "keeps the worker-dependent shift rules",
     )
+    common.add_argument(
+        "--gqa-split",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --kv-heads below --heads, one chain per q head as the backward runs it "
+        "(default); --no-gqa-split analyses one chain per kv head (gqa_split=False). Shapes in "
+        "tokens only",
+    )
     workers = f"persistent workers (SMs) of the backward (default {rep.DEFAULT_WORKERS})"
     size(common, "--workers", "P", MAX_WORKERS, workers, rep.DEFAULT_WORKERS)
     cost = p.add_argument_group(
@@ -269,6 +277,7 @@ _SINGLE_SHAPE_FLAGS = (
     "causal",
     "window",
     "invariant",
+    "gqa_split",
     "schedule",
     "ascii",
     "plot",
@@ -319,7 +328,9 @@ def resolve_spec(
                 parser.error(f"{shape_flags[0]} needs {missing} too")
             seqlen_k = args.seqlen_k or args.seqlen
             problem = Problem(batch, args.seqlen, seqlen_k, heads, kv_heads, args.headdim, mask)
-            spec, shape = rep.analysis_spec(problem, args.workers, invariant)
+            spec, shape = rep.analysis_spec(
+                problem, args.workers, invariant, gqa_split=args.gqa_split
+            )
         else:
             if args.q_tiles is None and args.kv_tiles is None:
                 parser.error("--tile-ratio needs --q-tiles or --kv-tiles")
@@ -371,7 +382,7 @@ def _varlen_spec(
         )
     seqlens = list(zip(args.seqlens, lengths_k, strict=True))
     return rep.varlen_analysis_spec(
-        seqlens, heads, kv_heads, args.headdim, mask, args.workers, invariant
+        seqlens, heads, kv_heads, args.headdim, mask, args.workers, invariant, args.gqa_split
     )
 
 

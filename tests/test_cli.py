@@ -132,6 +132,21 @@ def test_json_matches_engine(
     assert data["mask"] == spec.mask.name and data["causal"] is spec.mask.causal
 
 
+def test_gqa_split_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """GQA shapes are analysed as the backward runs them, one chain per q head; --no-gqa-split
+    analyses one chain per kv head (the plan's gqa_split=False)."""
+    shape = ["schedule", "--seqlen", "1024", "--headdim", "128", "--heads", "8", "--kv-heads",
+             "2", "--causal", "--json"]  # fmt: skip
+    status, out, _ = run_cli(shape, capsys)
+    split = json.loads(out)
+    status_whole, out, _ = run_cli([*shape, "--no-gqa-split"], capsys)
+    whole = json.loads(out)
+    assert status == status_whole == 0
+    assert (split["kv_heads"], split["split_kv_heads"]) == (8, 2)
+    assert (whole["kv_heads"], whole["split_kv_heads"]) == (2, None)
+    assert split["chains"] == 4 * whole["chains"]
+
+
 def test_json_shape_fields(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_cli(
         ["schedule", "--seqlen", "1000", "--seqlen-k", "1500", "--headdim", "64", "--causal",

@@ -6,9 +6,11 @@ For each shape, the peak of ``torch.cuda.max_memory_allocated()`` during
 providers return dq, dk and dv of the same sizes, so the difference between the two columns is
 the difference of their workspaces (dash-attn: LSE2, delta, the fp32 dQ accumulator in
 fragment order and one semaphore per dQ tile; FA4: the same kinds, plus fp32 dK/dV
-accumulators and their semaphores under GQA). Schedule tables (dash-attn, kept on the device per
-schedule) are uploaded by a warm-up call and are not in the peak; their size is a column of its
-own. Run from the repository root on an sm_90 GPU with the CuTe-DSL/FA4 kit installed::
+accumulators and their semaphores under GQA; dash-attn's GQA split adds its 16-bit dK/dV
+partials, and a column without the split shows the difference). Schedule tables (dash-attn,
+kept on the device per schedule) are uploaded by a warm-up call and are not in the peak; their
+size is a column of its own. Run from the repository root on an sm_90 GPU with the
+CuTe-DSL/FA4 kit installed::
 
     OUT=out PYTHONPATH=$PWD python3 tools/probe_bwd_memory.py   # writes out/bwd_memory.csv
 """
@@ -66,6 +68,13 @@ def measure(
     )
     tables = device_tables(last_launch_info().schedule, q.device)
     row["dash_tables_bytes"] = sum(t.numel() * t.element_size() for t in tables.values())
+    # GQA: the default splits by q head (16-bit dK/dV partials); without the split, no partials.
+    row["dash_hopper_det_nosplit_bytes"] = ""
+    if heads != kv_heads:
+        whole = dash_attn_func(q, k, v, causal=causal, backend="hopper", gqa_split=False)
+        row["dash_hopper_det_nosplit_bytes"] = peak_extra_bytes(
+            lambda: torch.autograd.grad(whole, (q, k, v), dout, retain_graph=True)
+        )
     row["fa4_det_bytes"] = ""
     if fa4 is not None:
         out4 = fa4(q, k, v, causal=causal, deterministic=True)

@@ -93,12 +93,16 @@ class Shape:
 
 
 def analysis_spec(
-    problem: Problem, workers: int, invariant: bool = True, backend: str = "triton"
+    problem: Problem,
+    workers: int,
+    invariant: bool = True,
+    backend: str = "triton",
+    gqa_split: bool | None = None,
 ) -> tuple[ScheduleSpec, Shape]:
     """The spec the ``backend`` backward ("triton" or "hopper") runs for ``problem`` on a
-    ``workers``-SM Hopper GPU, and the shape it was tiled from. Raises ValueError /
-    NotImplementedError (e.g. an unknown head dim). The hopper tiles are a table, so no CuTe DSL
-    is needed to analyse them."""
+    ``workers``-SM Hopper GPU, and the shape it was tiled from (``gqa_split`` as
+    ``make_backward_plan``'s). Raises ValueError / NotImplementedError (e.g. an unknown head
+    dim). The hopper tiles are a table, so no CuTe DSL is needed to analyse them."""
     if backend == "hopper":
         if problem.headdim not in hopper.BWD_HEADDIMS:
             raise NotImplementedError(
@@ -110,7 +114,7 @@ def analysis_spec(
         _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
     else:
         raise ValueError(f"backend must be 'triton' or 'hopper', got {backend!r}")
-    split = resolve_gqa_split(problem.heads, problem.kv_heads)
+    split = resolve_gqa_split(problem.heads, problem.kv_heads, gqa_split)
     spec = replace(backward_spec(problem, tiles, workers, gqa_split=split), invariant=invariant)
     shape = Shape(
         problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n,
@@ -127,6 +131,7 @@ def varlen_analysis_spec(
     mask: Mask,
     workers: int,
     invariant: bool = True,
+    gqa_split: bool | None = None,
 ) -> tuple[ScheduleSpec, Shape]:
     """``analysis_spec`` of packed sequences: the tiles of the longest, then
     ``ScheduleSpec.from_seqlens``. The shape holds the longest lengths."""
@@ -134,7 +139,7 @@ def varlen_analysis_spec(
     longest_k = max(max(k for _, k in seqlens), 1)
     problem = Problem(len(seqlens), longest_q, longest_k, heads, kv_heads, headdim, mask)
     _, _, tiles = choose_backend(problem, analysis_device(workers), "triton", "tma")
-    split = resolve_gqa_split(heads, kv_heads)
+    split = resolve_gqa_split(heads, kv_heads, gqa_split)
     spec = ScheduleSpec.from_seqlens(
         seqlens=seqlens,
         q_heads=heads,

@@ -8,6 +8,7 @@ protocol only in deterministic mode, and no local-memory spills in the MMA warpg
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import shutil
@@ -442,6 +443,11 @@ def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
         bwd_launch.hopper_bwd_main(
             q, k, v, dout, lse2, delta, tables, **{**kwargs, "num_chains": 5}
         )
+    with pytest.raises(ValueError, match="dkv_heads \\(3\\)"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs, dkv_heads=3)
+    # Split by q head: 2 batches x 4 q heads x 1 KV tile = 8 chains, so 4 is refused.
+    with pytest.raises(ValueError, match="num_chains=4 but batch \\* dkv_heads"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs, dkv_heads=4)
     with pytest.raises(ValueError, match="num_chains \\+ 1"):
         bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs)
     with pytest.raises(ValueError, match="chain_start"):
@@ -499,6 +505,13 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
     assert flags.dtype == torch.int32 and flags.numel() == 18 and not flags.any()
     assert status.data_ptr() == flags.data_ptr() and status.numel() == 2
     assert dk.shape == k.shape and dk.dtype == q.dtype
+    # A GQA split launch (dkv_heads = q's heads): the kernel gets per-q-head dK/dV partials
+    # beside k and v with their own heads (it reads K/V of head // group).
+    split = dataclasses.replace(launch, dkv_heads=q.shape[2])
+    _, dk, dv, _ = split(q, k, v, dout, lse2, delta, 0.125)
+    named = dict(zip(params, calls[-1], strict=True))
+    assert named["mK"] is k and named["mdK"] is dk and named["mdV"] is dv
+    assert dk.shape == dv.shape == (*k.shape[:2], q.shape[2], k.shape[3])
 
 
 def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:

@@ -23,7 +23,8 @@ from .triton.varlen import varlen_rows
 # (plan, q, k, v, dout, lse2, delta, tables, softmax_scale) -> (dq_acc fp32 unscaled, dk, dv,
 # status int32[2]: ticket counter, error flag); a main kernel that runs packed sequences also
 # takes ``varlen=VarlenRows`` (the Triton one does, the Hopper one does not). With
-# ``plan.gqa_split`` dk and dv are the per-q-head partials (``dkv_heads``), summed here.
+# ``plan.gqa_split`` dk and dv are the per-q-head partials (the spec's kv heads are the chain
+# heads: q's), summed here.
 MainKernel = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -97,12 +98,6 @@ def run_backward(
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).
     return cast_dq(dq_acc, softmax_scale, q.dtype), dk, dv
-
-
-def dkv_heads(plan: BackwardPlan) -> int:
-    """Heads of the main kernel's dk/dv: the q heads with ``plan.gqa_split`` (per-q-head
-    partials), else the kv heads."""
-    return plan.problem.heads if plan.gqa_split else plan.problem.kv_heads
 
 
 def check_padded_full_or_causal(plan: BackwardPlan, *, packed: bool) -> None:

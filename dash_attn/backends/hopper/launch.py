@@ -172,7 +172,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
         causal=spec.mask.causal, deterministic=plan.deterministic,
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
-        variant=variant, dkv_heads=backward.dkv_heads(plan),
+        variant=variant, dkv_heads=spec.kv_heads,
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant)):
         return main

@@ -600,8 +600,8 @@ def attn_bwd_main(
         strides = [(0, *t.stride()[:2]) for t in (q, k, v, dout, dq_acc)]
         cu_q, cu_k, cu_pad = varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.cu_rows_pad
         desc_view = dq_acc.unsqueeze(0)  # one "batch" of padded sequences
-    # dK/dV per chain head: the kv heads, or the q heads with gqa_split (partials).
-    dkv_heads = heads if plan.gqa_split else kv_heads
+    # dK/dV per chain head: the spec's kv heads (q's with gqa_split: per-q-head partials).
+    dkv_heads = spec.kv_heads
     dk = torch.empty((*k.shape[:-2], dkv_heads, headdim), device=k.device, dtype=k.dtype)
     dv = torch.empty_like(dk)
     strides += [(0, *t.stride()[:2]) if varlen else t.stride()[:3] for t in (dk, dv)]

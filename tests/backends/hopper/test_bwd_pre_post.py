@@ -157,7 +157,6 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     and runs first; the cast gets the scale, the error word and the launch number."""
     import inspect
 
-    from dash_attn.backends import backward
     from dash_attn.backends.hopper import bwd_launch
     from dash_attn.backends.hopper.bwd import HopperAttnBwd
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, DqFragmentCast
@@ -189,7 +188,7 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
         deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
-        dkv_heads=backward.dkv_heads(plan),
+        dkv_heads=spec.kv_heads,
     )  # fmt: skip
     full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant)
     dq, dk, dv, status = full(q, q, k, k, q, lse, 0.125, 4096, 7)

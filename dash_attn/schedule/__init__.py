@@ -22,7 +22,7 @@ from .types import (
     Schedule,
     ScheduleSpec,
 )
-from .validate import ValidationReport, rank_predecessors, validate
+from .validate import ValidationReport, dkv_predecessors, rank_predecessors, validate
 
 __all__ = [
     "CAUSAL",
@@ -44,6 +44,7 @@ __all__ = [
     "dq_orders",
     "invariance_errors",
     "make_schedule",
+    "dkv_predecessors",
     "rank_predecessors",
     "render_ascii",
     "schedule_from_json",

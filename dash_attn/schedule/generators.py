@@ -231,6 +231,14 @@ def range_walk_schedule(name: str, spec: ScheduleSpec, *, descending: bool) -> S
     step_batch = batch[step_chain]
     step_rank = kv_tile[step_chain] - tables.kv_lo[step_batch, step_q_tile]
     order = spec.live_chains()
+    if spec.dkv_sum_group > 1:
+        # Tickets rank-major (ScheduleSpec.dkv_placement); each head's chains keep KV order, so
+        # every rank predecessor still holds a smaller ticket.
+        chain_batch, chain_head = (
+            order // (spec.kv_heads * spec.kv_tiles),
+            (order // spec.kv_tiles) % spec.kv_heads,
+        )
+        order = order[np.argsort(spec.dkv_placement(chain_batch, chain_head), kind="stable")]
     return Schedule(
         name=name,
         spec=spec,

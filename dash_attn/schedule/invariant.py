@@ -110,6 +110,7 @@ def sequence_spec(spec: ScheduleSpec, batch: int, lanes: int) -> ScheduleSpec:
         workers=lanes,
         seqlens=seqlens,
         invariant=False,
+        dkv_sum_group=1,
     )
 
 
@@ -331,6 +332,8 @@ def _place_shift_groups(
     chains to ``per_worker`` in placement order (round-major, as ``place_rounds`` goes)."""
     group = spec.group_size
     groups = [(b, g) for b in batches for g in range(spec.kv_heads)]
+    if spec.dkv_sum_group > 1:
+        groups.sort(key=lambda bg: int(spec.dkv_placement(bg[0], bg[1])))
     lengths_of = [
         [[layouts[b].unit_steps(unit) * group for unit in units] for units in layouts[b].rounds]
         for b, _ in groups

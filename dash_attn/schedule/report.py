@@ -22,7 +22,14 @@ from typing import Any
 
 from ..backends import choose_backend, hopper
 from ..backends.triton.tiles import SUPPORTED_HEADDIMS, backward_tiles
-from ..plan import H200, Problem, analysis_device, backward_spec, resolve_gqa_split
+from ..plan import (
+    H200,
+    Problem,
+    analysis_device,
+    backward_spec,
+    kernel_sums_dkv,
+    resolve_gqa_split,
+)
 from .generators import GENERATORS, applicable_schedules, auto_schedule_name, schedule_names
 from .render import render_ascii
 from .simulate import SimResult, simulate
@@ -115,7 +122,12 @@ def analysis_spec(
     else:
         raise ValueError(f"backend must be 'triton' or 'hopper', got {backend!r}")
     split = resolve_gqa_split(problem.heads, problem.kv_heads, gqa_split)
-    spec = replace(backward_spec(problem, tiles, workers, gqa_split=split), invariant=invariant)
+    # The model analyses the deterministic backward, whose hopper kernel sums dK/dV in order.
+    dkv_sum = kernel_sums_dkv(backend, True, split)
+    spec = replace(
+        backward_spec(problem, tiles, workers, gqa_split=split, dkv_sum=dkv_sum),
+        invariant=invariant,
+    )
     shape = Shape(
         problem.seqlen_q, problem.seqlen_k, problem.headdim, tiles.block_m, tiles.block_n,
         problem.kv_heads if split else None,

@@ -4,16 +4,18 @@ Model (paper section 2). Every step of a chain is a compute edge of cost ``c`` (
 dK/dV/dQ-partial matmuls) followed by a reduction edge of cost ``r`` (adding the dQ partial into
 global memory). A worker runs its steps back to back, ``C, R, C, R, ...``: a step's compute starts
 when the worker's previous reduction has ended. A reduction starts when its own compute has ended
-*and* the reduction holding the previous rank of the same dQ tile has ended (the semaphore wait).
-Nothing else is modelled (no memory contention, no launch cost), so the makespan isolates what a
-schedule and its summation order cost: the serialisation bubbles.
+*and* the reduction holding the previous rank of the same dQ tile has ended (the semaphore wait);
+with dK/dV sums (``ScheduleSpec.dkv_sum_group``) the last step of a chain also waits for the last
+reduction of the chain before it in its sum (the kernel's epilogue wait, modelled at no cost of
+its own). Nothing else is modelled (no memory contention, no launch cost), so the makespan
+isolates what a schedule and its summation orders cost: the serialisation bubbles.
 
 Dispatch. Static: worker ``w`` runs the chains of its list in ``schedule.order``. Dynamic: a worker
 that becomes free draws the next ticket (earliest-free worker first, ties to the lowest index), as
-the hardware block scheduler does for a non-persistent grid. A dynamic schedule's rank
-predecessors all hold smaller tickets (``validate`` proves it), so one pass in ticket order knows
-every time it needs; a static schedule's ranks may point to any worker, so workers are advanced
-until blocked and resumed when the step they wait on has run.
+the hardware block scheduler does for a non-persistent grid. A dynamic schedule's rank (and
+dK/dV) predecessors all hold smaller tickets (``validate`` proves it), so one pass in ticket
+order knows every time it needs; a static schedule's waits may point to any worker, so workers
+are advanced until blocked and resumed when the step they wait on has run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .types import Dispatch, Schedule
-from .validate import rank_predecessors, validate
+from .validate import dkv_predecessors, rank_predecessors, validate
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,10 +39,11 @@ class SimResult:
         critical_path: length of the longest path of the DAG (equal to ``makespan`` in this model,
             where every worker starts at 0 and never idles without a reason).
         critical_steps: ``[K]`` the steps of one longest path, in execution order. Consecutive
-            steps are linked either by the worker (the next compute waited for the previous
-            reduction) or by the dQ summation order (the reduction waited for the previous rank).
-        lower_bound: total work ``S (c + r)`` over the workers: the makespan of a perfectly packed
-            schedule without any wait.
+            steps are linked by the worker (the next compute waited for the previous
+            reduction), by the dQ summation order (the reduction waited for the previous rank)
+            or by a dK/dV sum (the chain's end waited for the previous chain of its sum).
+        lower_bound: total work ``S (c + r)`` (plus ``e`` per chain of a dK/dV sum) over the
+            workers: the makespan of a perfectly packed schedule without any wait.
         bubble_fraction: ``1 - busy / (workers * makespan)``: the share of worker time spent
             waiting or idle at the end (0 for a perfect schedule).
         worker: ``[S]`` the worker that ran each step.
@@ -70,6 +73,7 @@ def simulate(
     cost_reduce: float = 1.0,
     *,
     ordered: bool = True,
+    cost_dkv_sum: float = 0.0,
 ) -> SimResult:
     """Run ``schedule`` through the DAG model with compute cost ``c`` and reduction cost ``r``.
 
@@ -78,8 +82,13 @@ def simulate(
         cost_compute: ``c``, the time of one tile task's compute edge (>= 0): one number for every
             step, or an ``[S]`` array with one cost per step (to model noisy or uneven steps).
         cost_reduce: ``r``, the time of one dQ reduction (>= 0).
-        ordered: False drops the summation-order edges: the same tables executed the way the
-            non-deterministic kernel runs them (each reduction right after its compute).
+        ordered: False drops the summation-order edges (dQ and dK/dV): the same tables executed
+            the way the non-deterministic kernel runs them (each reduction right after its
+            compute).
+        cost_dkv_sum: ``e``, the time a chain of a dK/dV sum (``ScheduleSpec.dkv_sum_group``)
+            takes to add its dK/dV after its last step, modelled as part of that step's
+            reduction edge (``r + e``): the next chain of its worker and the next rank of its
+            sum wait for it. 0 (the default) prices the waits alone.
 
     Returns:
         A ``SimResult``.
@@ -100,18 +109,26 @@ def simulate(
     r = _cost("cost_reduce", cost_reduce)
     validate(schedule)
     pred = rank_predecessors(schedule)
+    dkv_pred = dkv_predecessors(schedule)
     if not ordered:
         pred = np.full_like(pred, -1)
+        dkv_pred = np.full_like(dkv_pred, -1)
     cost_list = costs.tolist()
+    preds = (pred.tolist(), dkv_pred.tolist())
+    reduce_costs = np.full(schedule.num_steps, r)
+    if schedule.spec.dkv_sum_group > 1:
+        start = schedule.chain_start.astype(np.int64)
+        reduce_costs[start[1:][start[1:] > start[:-1]] - 1] += _cost("cost_dkv_sum", cost_dkv_sum)
+    rcost = reduce_costs.tolist()
     if schedule.dispatch is Dispatch.STATIC:
-        times = _run_static(schedule, pred.tolist(), cost_list, r)
+        times = _run_static(schedule, preds, cost_list, rcost)
     else:
-        times = _run_dynamic(schedule, pred.tolist(), cost_list, r)
-    worker, compute_start, reduce_start, prev, via_rank = times
+        times = _run_dynamic(schedule, preds, cost_list, rcost)
+    worker, compute_start, reduce_start, prev, via = times
 
     compute_start_a = np.asarray(compute_start, dtype=np.float64)
     reduce_start_a = np.asarray(reduce_start, dtype=np.float64)
-    reduce_end = reduce_start_a + r
+    reduce_end = reduce_start_a + reduce_costs
     num_steps = schedule.num_steps
     workers = schedule.spec.workers
     makespan = float(reduce_end.max()) if num_steps else 0.0
@@ -122,14 +139,14 @@ def simulate(
         step = int(np.argmax(reduce_end))
         while step >= 0:
             path.append(step)
-            if via_rank[step]:
-                length += r
-                step = pred[step]
+            if via[step]:
+                length += rcost[step]
+                step = preds[via[step] - 1][step]
             else:
-                length += cost_list[step] + r
+                length += cost_list[step] + rcost[step]
                 step = prev[step]
         path.reverse()
-    busy = float(costs.sum()) + num_steps * r
+    busy = float(costs.sum()) + float(reduce_costs.sum())
     return SimResult(
         makespan=makespan,
         critical_path=length,
@@ -169,9 +186,29 @@ def _step_costs(value: float | np.ndarray, num_steps: int) -> np.ndarray:
 
 
 _Times = tuple[list[int], list[float], list[float], list[int], bytearray]
+# (rank predecessor, dK/dV predecessor) of every step, -1 for none.
+_Preds = tuple[list[int], list[int]]
 
 
-def _run_static(schedule: Schedule, pred: list[int], cost: list[float], r: float) -> _Times:
+def _ready(
+    step: int, ready: float, preds: _Preds, reduce_end: list[float], via: bytearray
+) -> float:
+    """When ``step``'s reduction may start: ``ready`` (its compute's end) or the end of the
+    later of its predecessors' reductions, recorded in ``via`` (1 rank, 2 dK/dV); -1.0 when a
+    predecessor has not run yet."""
+    for kind in (0, 1):
+        p = preds[kind][step]
+        if p >= 0:
+            done = reduce_end[p]
+            if done < 0:
+                return -1.0
+            if done > ready:
+                ready = done
+                via[step] = kind + 1
+    return ready
+
+
+def _run_static(schedule: Schedule, preds: _Preds, cost: list[float], rcost: list[float]) -> _Times:
     """Advance each worker until a reduction waits on a step not yet run; resume it after.
 
     A step's times depend only on its two predecessors, so the order in which blocked workers are
@@ -196,8 +233,10 @@ def _run_static(schedule: Schedule, pred: list[int], cost: list[float], r: float
     reduce_start = [0.0] * num_steps
     reduce_end = [-1.0] * num_steps  # -1: not run yet (times are >= 0)
     prev = [-1] * num_steps
-    via_rank = bytearray(num_steps)
-    waiter = [-1] * num_steps  # the worker blocked on this step, if any
+    via = bytearray(num_steps)
+    # The workers blocked on each step (a step is the rank predecessor of one step and the
+    # dK/dV predecessor of at most one more).
+    waiters: dict[int, list[int]] = {}
     position = [0] * spec.workers
     free_at = [0.0] * spec.workers
     last = [-1] * spec.workers
@@ -209,34 +248,29 @@ def _run_static(schedule: Schedule, pred: list[int], cost: list[float], r: float
         end = len(steps)
         while index < end:
             step = steps[index]
-            ready = t + cost[step]
-            p = pred[step]
-            if p >= 0:
-                done = reduce_end[p]
-                if done < 0:
-                    waiter[p] = w
-                    break
-                if done > ready:
-                    ready = done
-                    via_rank[step] = 1
+            ready = _ready(step, t + cost[step], preds, reduce_end, via)
+            if ready < 0:
+                missing = [p[step] for p in preds if p[step] >= 0 and reduce_end[p[step]] < 0]
+                waiters.setdefault(missing[0], []).append(w)
+                break
             compute_start[step] = t
             reduce_start[step] = ready
             prev[step] = before
-            t = ready + r
+            t = ready + rcost[step]
             reduce_end[step] = t
-            blocked = waiter[step]
-            if blocked >= 0:
-                runnable.append(blocked)
+            runnable.extend(waiters.pop(step, ()))
             before = step
             index += 1
         position[w], free_at[w], last[w] = index, t, before
     if any(position[w] < len(sequences[w]) for w in range(spec.workers)):
         # validate() proves acyclicity first, so this is an internal error.
         raise RuntimeError("static simulation stalled on a validated schedule")
-    return worker, compute_start, reduce_start, prev, via_rank
+    return worker, compute_start, reduce_start, prev, via
 
 
-def _run_dynamic(schedule: Schedule, pred: list[int], cost: list[float], r: float) -> _Times:
+def _run_dynamic(
+    schedule: Schedule, preds: _Preds, cost: list[float], rcost: list[float]
+) -> _Times:
     """Deal chains in ticket order to the earliest-free worker and run each one to its end."""
     spec = schedule.spec
     num_steps = schedule.num_steps
@@ -246,29 +280,23 @@ def _run_dynamic(schedule: Schedule, pred: list[int], cost: list[float], r: floa
     reduce_start = [0.0] * num_steps
     reduce_end = [-1.0] * num_steps
     prev = [-1] * num_steps
-    via_rank = bytearray(num_steps)
+    via = bytearray(num_steps)
     last = [-1] * spec.workers
     free = [(0.0, w) for w in range(spec.workers)]  # a heap: (time free, worker)
     for chain in schedule.order.tolist():
         t, w = heapq.heappop(free)
         before = last[w]
         for step in range(chain_start[chain], chain_start[chain + 1]):
-            ready = t + cost[step]
-            p = pred[step]
-            if p >= 0:
-                done = reduce_end[p]
-                if done < 0:
-                    raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
-                if done > ready:
-                    ready = done
-                    via_rank[step] = 1
+            ready = _ready(step, t + cost[step], preds, reduce_end, via)
+            if ready < 0:
+                raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
             worker[step] = w
             compute_start[step] = t
             reduce_start[step] = ready
             prev[step] = before
-            t = ready + r
+            t = ready + rcost[step]
             reduce_end[step] = t
             before = step
         last[w] = before
         heapq.heappush(free, (t, w))
-    return worker, compute_start, reduce_start, prev, via_rank
+    return worker, compute_start, reduce_start, prev, via

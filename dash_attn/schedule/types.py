@@ -116,6 +116,12 @@ class ScheduleSpec:
             the tile sizes, the mask and the schedule name (never on the batch, the other
             sequences, the heads or the workers). False keeps the worker-dependent shift rules
             (see ``generators``).
+        dkv_sum_group: 1, or the group size G of a grouped-query backward split by q head
+            (``plan.BackwardPlan.gqa_split``, with ``q_heads == kv_heads`` here) whose kernel
+            adds the dK/dV of the G chains ``(b, G g + r, j)``, ``r = 0 .. G - 1``, into one
+            accumulator in the order of ``r``: the chain of rank ``r`` ends only after the one
+            of rank ``r - 1`` has ended (``validate.dkv_predecessors``), a dependency the
+            validator and the simulator include. 1: every chain writes its own dK/dV.
 
     Ids are on the padded grid: chain ``(b * kv_heads + g) * N + j``, dQ tile
     ``(b * H + h) * M + i``. Chains with ``j >= kv_tiles_b`` and dQ tiles with ``i >= q_tiles_b``
@@ -135,6 +141,7 @@ class ScheduleSpec:
     block_m: int | None = None
     invariant: bool = True
     block_n: int | None = None
+    dkv_sum_group: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -145,8 +152,16 @@ class ScheduleSpec:
             "kv_tiles",
             "tile_ratio",
             "workers",
+            "dkv_sum_group",
         ):
             _check_int(name, getattr(self, name), 1)
+        if self.dkv_sum_group > 1 and (
+            self.q_heads != self.kv_heads or self.kv_heads % self.dkv_sum_group
+        ):
+            raise ValueError(
+                f"dkv_sum_group={self.dkv_sum_group} needs one chain per q head (q_heads == "
+                f"kv_heads, got {self.q_heads} and {self.kv_heads}) and kv_heads a multiple of it"
+            )
         if not isinstance(self.mask, Mask):
             raise TypeError(f"mask must be a Mask, got {type(self.mask).__name__}")
         if isinstance(self.causal_offset, bool) or not isinstance(
@@ -392,6 +407,22 @@ class ScheduleSpec:
     def dq_tile_id(self, batch: int, q_head: int, q_tile: int) -> int:
         """Index of the semaphore (and the dQ accumulator tile) of ``(batch, q_head, q_tile)``."""
         return (batch * self.q_heads + q_head) * self.q_tiles + q_tile
+
+    def dkv_placement(self, batch: np.ndarray, kv_head: np.ndarray) -> np.ndarray:
+        """Where the chains of (``batch``, ``kv_head``) go in placement or ticket order under
+        dK/dV sums (``dkv_sum_group`` = G > 1): rank in the sum first, then sequence, then sum
+        (``kv_head % G``, ``batch``, ``kv_head // G``), as one integer each.
+
+        A chain of rank ``r`` adds its dK/dV only after the chain of rank ``r - 1`` of its
+        sequence and KV tile, so consecutive ranks that run side by side and end together wait
+        for each other's epilogue in turn: up to G - 1 epilogues one after another if a sum's
+        heads were placed together, as in (batch, head) order. Rank-major order puts the ranks
+        of a sum as far apart as the launch allows. It changes the dispatch only, no bit.
+        """
+        group = self.dkv_sum_group
+        batch, kv_head = np.asarray(batch, np.int64), np.asarray(kv_head, np.int64)
+        sums = self.kv_heads // group
+        return ((kv_head % group) * self.batch + batch) * sums + kv_head // group
 
     def live_chains(self) -> np.ndarray:
         """Chain ids with ``kv_tile < kv_tiles_b``, ascending: the chains ``order`` lists."""

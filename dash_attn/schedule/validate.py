@@ -19,10 +19,13 @@ tables alone (numpy, no device):
    sequence; ``worker_start`` is a partition of it (``P + 1`` non-decreasing offsets from 0 to
    ``len(order)`` for static dispatch, ``[0, len(order)]`` for dynamic).
 4. *Deadlock freedom.* A step waits on two things: the previous step of its worker and the step
-   holding rank ``k - 1`` of its dQ tile. Static dispatch (all workers co-resident): this wait
+   holding rank ``k - 1`` of its dQ tile; with ``spec.dkv_sum_group > 1`` the last step of a
+   chain also waits for the last step of the chain whose dK/dV it adds to
+   (``dkv_predecessors``). Static dispatch (all workers co-resident): this wait
    graph must be acyclic. Dynamic dispatch (tickets handed out in ``order``; a ticket is only
    drawn when a worker is free, so nothing can be assumed about co-residency): every rank
-   predecessor must sit in a chain with a smaller ticket, or earlier in the same chain; then the
+   predecessor (and dK/dV predecessor) must sit in a chain with a smaller ticket, or earlier in
+   the same chain; then the
    unfinished chain with the smallest ticket can always make progress. The static check is exact
    (it runs the workers until they block), so it needs no time model: the order-invariant
    schedules, whose units start at nominal times with gaps, are checked like any other.
@@ -144,11 +147,15 @@ def validate(schedule: Schedule, *, raise_on_error: bool = True) -> ValidationRe
     if errors or pred is None:
         return _finish(errors, raise_on_error)
 
+    dkv_pred = _dkv_links(schedule, errors)
+    if errors:
+        return _finish(errors, raise_on_error)
+    waits = _Waits.of(schedule, pred, dkv_pred, batch, q_head, q_tile)
     depth, worker = step_depth_and_worker(schedule)
     if schedule.dispatch is Dispatch.STATIC:
-        _check_static_deadlock(schedule, errors, pred, depth, worker, batch, q_head, q_tile)
+        _check_static_deadlock(schedule, errors, waits, depth, worker)
     else:
-        _check_dynamic_deadlock(schedule, errors, pred, step_chain, batch, q_head, q_tile)
+        _check_dynamic_deadlock(schedule, errors, waits, step_chain)
 
     has_pred = pred >= 0
     num_edges = int(np.count_nonzero(has_pred))
@@ -169,6 +176,45 @@ def rank_predecessors(schedule: Schedule) -> np.ndarray:
     is linked to the one before it.
     """
     pred, _ = _rank_links(schedule.step_dq_tile(), schedule.step_rank.astype(np.int64))
+    return pred
+
+
+def dkv_predecessors(schedule: Schedule) -> np.ndarray:
+    """``[S]`` for the last step of every chain of rank ``r > 0`` in its dK/dV sum (see
+    ``ScheduleSpec.dkv_sum_group``), the last step of the chain of rank ``r - 1``; ``-1`` for
+    every other step (and everywhere when ``dkv_sum_group`` is 1).
+
+    Assumes valid tables (``validate`` checks that the two chains of every link both have steps
+    or both have none)."""
+    errors = _Errors()
+    pred = _dkv_links(schedule, errors)
+    if errors:
+        raise ValueError(f"invalid schedule: {errors.messages[0]}")
+    return pred
+
+
+def _dkv_links(schedule: Schedule, errors: _Errors) -> np.ndarray:
+    """``dkv_predecessors``, reporting a link between a chain with steps and one without."""
+    spec = schedule.spec
+    group = spec.dkv_sum_group
+    pred = np.full(schedule.num_steps, -1, dtype=np.int64)
+    if group == 1:
+        return pred
+    start = schedule.chain_start.astype(np.int64)
+    chains = np.arange(spec.num_chains, dtype=np.int64)
+    head = (chains // spec.kv_tiles) % spec.kv_heads
+    linked = chains[head % group != 0]
+    before = linked - spec.kv_tiles  # the same (batch, KV tile), the previous head
+    has_steps = start[1:] > start[:-1]
+    mixed = has_steps[linked] != has_steps[before]
+    for chain in linked[mixed][:MAX_ERRORS].tolist():
+        b, h, j = schedule.chain_coords(chain)
+        errors.add(
+            f"dK/dV sum of (b={b}, kv={j}): chain of head {h} and chain of head {h - 1} must "
+            "both have steps or both have none (every chain of a sum adds into it)"
+        )
+    live = has_steps[linked] & ~mixed
+    pred[start[linked[live] + 1] - 1] = start[before[live] + 1] - 1
     return pred
 
 
@@ -410,83 +456,120 @@ def _dq_name(b: int, h: int, q: int) -> str:
     return f"dQ tile (b={b}, h={h}, q={q})"
 
 
+@dataclass(frozen=True)
+class _Waits:
+    """Every wait of a step on another step: ``after[e]`` waits for ``before[e]`` (rank edges,
+    then dK/dV edges), with the names the error messages use."""
+
+    before: np.ndarray
+    after: np.ndarray
+    is_rank: np.ndarray
+    schedule: Schedule
+    batch: np.ndarray
+    q_head: np.ndarray
+    q_tile: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        schedule: Schedule,
+        pred: np.ndarray,
+        dkv_pred: np.ndarray,
+        batch: np.ndarray,
+        q_head: np.ndarray,
+        q_tile: np.ndarray,
+    ) -> _Waits:
+        rank_steps = np.flatnonzero(pred >= 0)
+        dkv_steps = np.flatnonzero(dkv_pred >= 0)
+        return cls(
+            before=np.concatenate([pred[rank_steps], dkv_pred[dkv_steps]]),
+            after=np.concatenate([rank_steps, dkv_steps]),
+            is_rank=np.r_[np.ones(len(rank_steps), bool), np.zeros(len(dkv_steps), bool)],
+            schedule=schedule,
+            batch=batch,
+            q_head=q_head,
+            q_tile=q_tile,
+        )
+
+    def describe(self, edge: int, where: dict[str, np.ndarray]) -> str:
+        """``after[edge]`` waits on ``before[edge]``, each step named with ``where``'s facts."""
+        v, u = int(self.after[edge]), int(self.before[edge])
+
+        def facts(step: int) -> str:
+            return ", ".join(f"{key} {int(values[step])}" for key, values in where.items())
+
+        if self.is_rank[edge]:
+            name = _dq_name(int(self.batch[v]), int(self.q_head[v]), int(self.q_tile[v]))
+            rank = int(self.schedule.step_rank[v])
+            return f"{name}: rank {rank} ({facts(v)}) waits on rank {rank - 1} ({facts(u)})"
+        b, h, j = self.schedule.chain_coords(int(self.schedule.step_chain()[v]))
+        rank = h % self.schedule.spec.dkv_sum_group
+        return (
+            f"dK/dV sum of (b={b}, kv={j}): the chain of head {h} (rank {rank}, last step "
+            f"{v}, {facts(v)}) waits on head {h - 1}'s (last step {u}, {facts(u)})"
+        )
+
+
 def _check_dynamic_deadlock(
-    schedule: Schedule,
-    errors: _Errors,
-    pred: np.ndarray,
-    step_chain: np.ndarray,
-    batch: np.ndarray,
-    q_head: np.ndarray,
-    q_tile: np.ndarray,
+    schedule: Schedule, errors: _Errors, waits: _Waits, step_chain: np.ndarray
 ) -> None:
-    """Every rank predecessor must be dispensed first: smaller ticket, or earlier in the chain."""
+    """Every awaited step must be dispensed first: smaller ticket, or earlier in the chain."""
     # Padded chains hold no step, so their (absent) ticket is never read.
     ticket = np.zeros(schedule.num_chains, dtype=np.int64)
     ticket[schedule.order] = np.arange(len(schedule.order))
-    steps = np.flatnonzero(pred >= 0)
-    before = pred[steps]
-    own, other = step_chain[steps], step_chain[before]
-    late = (ticket[other] > ticket[own]) | ((other == own) & (before > steps))
-    for index in np.flatnonzero(late)[:MAX_ERRORS].tolist():
-        v, u = int(steps[index]), int(before[index])
-        name = _dq_name(int(batch[v]), int(q_head[v]), int(q_tile[v]))
-        rank = int(schedule.step_rank[v])
+    own, other = step_chain[waits.after], step_chain[waits.before]
+    late = (ticket[other] > ticket[own]) | ((other == own) & (waits.before > waits.after))
+    steps = np.arange(len(step_chain))
+    where = {"step": steps, "chain": step_chain, "ticket": ticket[step_chain]}
+    for edge in np.flatnonzero(late)[:MAX_ERRORS].tolist():
         errors.add(
-            f"{name}: rank {rank} (step {v}, chain {int(own[index])}, ticket "
-            f"{int(ticket[own[index]])}) waits on rank {rank - 1} (step {u}, chain "
-            f"{int(other[index])}, ticket {int(ticket[other[index]])}), which dynamic dispatch "
-            f"may not have started: deadlock when the grid does not fit on the device"
+            f"{waits.describe(edge, where)}, which dynamic dispatch may not have started: "
+            "deadlock when the grid does not fit on the device"
         )
 
 
 def _check_static_deadlock(
     schedule: Schedule,
     errors: _Errors,
-    pred: np.ndarray,
+    waits: _Waits,
     depth: np.ndarray,
     worker: np.ndarray,
-    batch: np.ndarray,
-    q_head: np.ndarray,
-    q_tile: np.ndarray,
 ) -> None:
-    """The wait graph (worker order + rank order) of a co-resident static grid must be acyclic.
+    """The wait graph (worker order + rank order + dK/dV order) of a co-resident static grid
+    must be acyclic.
 
-    Fast path: if every rank edge goes to an equal or larger depth, there is no cycle. Along a
+    Fast path: if every wait edge goes to an equal or larger depth, there is no cycle. Along a
     cycle the depth would never decrease, so it could hold no worker edge (those add one) and
-    would be made of rank edges only, whose ranks strictly increase: impossible. Otherwise run the
-    workers: each advances until it reaches a step whose rank predecessor (on another worker) has
-    not run; a worker blocked that way resumes when that predecessor runs. Only those cross-worker
-    steps cost Python work; whatever is left when nobody can move is deadlocked.
+    would be made of wait edges only. A rank edge keeps the head (with dK/dV sums a chain's
+    steps are all of its own head) and strictly increases the rank of one dQ tile; a dK/dV edge
+    increases the head: no cycle closes. Otherwise run the workers: each advances until it
+    reaches a step that waits for a step (on another worker) that has not run; a worker blocked
+    that way resumes when that step runs. Only those cross-worker steps cost Python work;
+    whatever is left when nobody can move is deadlocked.
     """
-    steps = np.flatnonzero(pred >= 0)
-    before = pred[steps]
+    steps, before = waits.after, waits.before
     if np.all(depth[before] <= depth[steps]):
         return
     spec = schedule.spec
-
-    def describe(v: int) -> str:
-        name = _dq_name(int(batch[v]), int(q_head[v]), int(q_tile[v]))
-        u = int(pred[v])
-        return (
-            f"{name}: rank {int(schedule.step_rank[v])} (worker {int(worker[v])}, depth "
-            f"{int(depth[v])}) waits on rank {int(schedule.step_rank[u])} (worker "
-            f"{int(worker[u])}, depth {int(depth[u])})"
-        )
+    where = {"worker": worker, "depth": depth}
 
     same = worker[before] == worker[steps]
     backwards = same & (depth[before] > depth[steps])
     if backwards.any():
-        v = int(steps[np.flatnonzero(backwards)[0]])
-        errors.add(f"static dispatch deadlocks: {describe(v)}, later on the same worker")
+        edge = int(np.flatnonzero(backwards)[0])
+        errors.add(
+            f"static dispatch deadlocks: {waits.describe(edge, where)}, later on the same worker"
+        )
         return
 
-    # Blockers: steps whose rank predecessor runs on another worker, sorted by (worker, depth).
-    cross = steps[~same]
-    cross = cross[np.lexsort((depth[cross], worker[cross]))]
+    # Blockers: waits on a step of another worker, sorted by (worker, depth).
+    cross = np.flatnonzero(~same)
+    cross = cross[np.lexsort((depth[steps[cross]], worker[steps[cross]]))]
+    cross_steps = steps[cross]
     lengths = np.bincount(worker, minlength=spec.workers)
-    blocker_start = np.searchsorted(worker[cross], np.arange(spec.workers + 1)).tolist()
-    blocker_depth = depth[cross].tolist()
-    blocker_pred = pred[cross].tolist()
+    blocker_start = np.searchsorted(worker[cross_steps], np.arange(spec.workers + 1)).tolist()
+    blocker_depth = depth[cross_steps].tolist()
+    blocker_pred = before[cross].tolist()
     cross_list = cross.tolist()
     step_worker = worker.tolist()
     step_depth = depth.tolist()
@@ -512,9 +595,9 @@ def _check_static_deadlock(
 
     stuck = [w for w in range(spec.workers) if done_upto[w] < lengths[w]]
     if stuck:
-        v = cross_list[next_blocker[stuck[0]]]
+        edge = cross_list[next_blocker[stuck[0]]]
         shown = ", ".join(map(str, stuck[:8])) + (", ..." if len(stuck) > 8 else "")
         errors.add(
             f"static dispatch deadlocks: {len(stuck)} worker(s) ({shown}) can never finish; "
-            f"first: {describe(v)}"
+            f"first: {waits.describe(edge, where)}"
         )

@@ -54,6 +54,7 @@ __all__ = [
     "analysis_device",
     "backward_spec",
     "first_blocked_program",
+    "kernel_sums_dkv",
     "make_backward_plan",
     "resolve_gqa_split",
 ]
@@ -251,11 +252,14 @@ class BackwardPlan:
         grid: programs launched (static dispatch: the busy workers; dynamic: min(workers, chains)).
         timeout_s: bound of every dQ wait.
         gqa_split: grouped-query attention run as one chain per (q head, KV tile) instead of
-            per (kv head, KV tile): the schedule is the one of ``heads`` kv heads, every chain
-            reads its q head's K/V (``h // group``) and writes its own dK/dV partial, and the
-            ``group`` partials of each kv head are added after the kernel in q-head order (fp32
-            sum of the 16-bit partials). ``group`` times more chains fill the GPU where a few
-            kv heads leave SMs idle; the partials cost ``group`` times dK/dV's memory.
+            per (kv head, KV tile): the schedule is the one of ``heads`` kv heads and every
+            chain reads its q head's K/V (``h // group``). ``group`` times more chains fill the
+            GPU where a few kv heads leave SMs idle. The ``group`` chains of one (kv head, KV
+            tile) are added in q-head order: by the deterministic hopper kernel itself, each
+            chain adding its fp32 dK/dV into an fp32 accumulator after the previous one
+            (``spec.dkv_sum_group``, FA4-det's memory: dK/dV of the kv heads in fp32); else
+            each chain writes a 16-bit partial and a pass after the kernel sums each kv head's
+            ``group`` partials in fp32 (``group`` times dK/dV's memory).
     """
 
     problem: Problem
@@ -273,6 +277,11 @@ class BackwardPlan:
     @property
     def spec(self) -> ScheduleSpec:
         return self.schedule.spec
+
+    @property
+    def dkv_sum(self) -> bool:
+        """The kernel adds a GQA group's dK/dV in q-head order itself (``gqa_split``)."""
+        return self.spec.dkv_sum_group > 1
 
     @property
     def schedule_name(self) -> str:
@@ -298,7 +307,9 @@ class BackwardPlan:
         mode = "det" if self.deterministic else "non-det"
         order = "invariant" if self.invariant else "worker-dependent"
         shape = f"varlen {p.batch} seqs max" if p.is_varlen else f"b{p.batch}"
-        split = ", dk/dv per q head" if self.gqa_split else ""
+        split = ""
+        if self.gqa_split:
+            split = ", dk/dv summed in the kernel" if self.dkv_sum else ", dk/dv per q head"
         return (
             f"{self.backend} backward, schedule {self.schedule.name!r} ({self.dispatch.value}, "
             f"{self.grid} programs of {self.workers} workers, {order} order), tiles "
@@ -318,11 +329,19 @@ def backward_spec(
     workers: int,
     invariant: bool = True,
     gqa_split: bool = False,
+    dkv_sum: bool = False,
 ) -> ScheduleSpec:
     """The tile-level problem a backward with ``tiles`` runs on ``workers`` SMs; with
-    ``gqa_split`` that of one kv head per q head (``BackwardPlan.gqa_split``)."""
+    ``gqa_split`` that of one kv head per q head (``BackwardPlan.gqa_split``), whose dK/dV the
+    kernel adds per group with ``dkv_sum`` (``ScheduleSpec.dkv_sum_group``)."""
+    group = problem.heads // problem.kv_heads
+    if dkv_sum and not (gqa_split and group > 1):
+        raise ValueError("dkv_sum adds the dK/dV of a GQA split: it needs gqa_split and GQA")
     if gqa_split:
         problem = dataclasses.replace(problem, kv_heads=problem.heads)
+    if dkv_sum:
+        spec = backward_spec(problem, tiles, workers, invariant, gqa_split=False)
+        return dataclasses.replace(spec, dkv_sum_group=group)
     if problem.seqlens is not None:
         return ScheduleSpec.from_seqlens(
             seqlens=problem.seqlens,
@@ -358,6 +377,17 @@ def resolve_gqa_split(heads: int, kv_heads: int, gqa_split: bool | None = None) 
     if gqa_split is not None and not isinstance(gqa_split, bool):
         raise TypeError(f"gqa_split must be a bool or None, got {type(gqa_split).__name__}")
     return heads > kv_heads and gqa_split is not False
+
+
+def kernel_sums_dkv(backend: str, deterministic: bool, gqa_split: bool) -> bool:
+    """Whether the kernel adds a split GQA group's dK/dV itself (``BackwardPlan.dkv_sum``):
+    the deterministic hopper kernel does; the non-deterministic one and the Triton kernels
+    write per-q-head partials that a pass after the kernel adds.
+
+    >>> kernel_sums_dkv("hopper", True, True), kernel_sums_dkv("triton", True, True)
+    (True, False)
+    """
+    return gqa_split and deterministic and backend == "hopper"
 
 
 def _auto_fallback(spec: ScheduleSpec) -> str:
@@ -482,7 +512,8 @@ def make_backward_plan(
     if not isinstance(invariant, bool):
         raise TypeError(f"invariant must be a bool, got {type(invariant).__name__}")
     split = resolve_gqa_split(problem.heads, problem.kv_heads, gqa_split)
-    spec = backward_spec(problem, tiles, workers, invariant, split)
+    dkv_sum = kernel_sums_dkv(chosen, deterministic, split)
+    spec = backward_spec(problem, tiles, workers, invariant, split, dkv_sum)
     sched = make_schedule(_auto_fallback(spec) if schedule == "auto" else schedule, spec)
     if device.is_interpreter and deterministic:
         # The interpreter runs programs one after another, so a static worker that waits for a

@@ -66,6 +66,28 @@ def test_gqa_split_is_a_rule_of_the_head_counts() -> None:
         make_backward_plan(PROBLEM, device=H200, gqa_split=1)  # type: ignore[arg-type]
 
 
+def test_deterministic_hopper_plan_sums_dkv_in_the_kernel() -> None:
+    """The deterministic hopper kernel adds a split group's dK/dV itself, in q-head order
+    (``spec.dkv_sum_group``); its non-deterministic kernel and the Triton one write per-q-head
+    partials. The tables' steps are the same either way (only the placement moves)."""
+    summed = make_backward_plan(PROBLEM, device=H200, backend="hopper")
+    assert summed.dkv_sum and summed.spec.dkv_sum_group == 4
+    assert "dk/dv summed in the kernel" in summed.describe()
+    for options in (
+        dict(backend="hopper", deterministic=False),
+        dict(backend="triton"),
+        dict(backend="hopper", gqa_split=False),
+    ):
+        plan = make_backward_plan(PROBLEM, device=H200, **options)
+        assert not plan.dkv_sum and plan.spec.dkv_sum_group == 1, options
+    partials = make_backward_plan(PROBLEM, device=H200, backend="hopper", deterministic=False)
+    assert (summed.schedule.step_rank == partials.schedule.step_rank).all()
+    mha = Problem(2, 1000, 700, heads=8, kv_heads=8, headdim=128)
+    assert not make_backward_plan(mha, device=H200, backend="hopper").dkv_sum
+    with pytest.raises(ValueError, match="dkv_sum adds the dK/dV of a GQA split"):
+        dash_attn.plan.backward_spec(mha, summed.tiles, 132, gqa_split=True, dkv_sum=True)
+
+
 def test_plans_are_cached_per_arguments() -> None:
     assert make_backward_plan(PROBLEM, device=H200) is make_backward_plan(PROBLEM, device=H200)
     other = make_backward_plan(PROBLEM, device=H200, sm_margin=8, backend="triton")

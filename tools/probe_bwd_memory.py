@@ -6,8 +6,10 @@ For each shape, the peak of ``torch.cuda.max_memory_allocated()`` during
 providers return dq, dk and dv of the same sizes, so the difference between the two columns is
 the difference of their workspaces (dash-attn: LSE2, delta, the fp32 dQ accumulator in
 fragment order and one semaphore per dQ tile; FA4: the same kinds, plus fp32 dK/dV
-accumulators and their semaphores under GQA; dash-attn's GQA split adds its 16-bit dK/dV
-partials, and a column without the split shows the difference). Schedule tables (dash-attn,
+accumulators and their semaphores under GQA. dash-attn's GQA split adds, deterministic, fp32
+dK/dV accumulators of the kv heads and two semaphores per (kv head, KV tile), as FA4; the
+non-deterministic backward's split writes 16-bit dK/dV partials per q head instead (a column of
+its own), and a column without the split shows what either costs). Schedule tables (dash-attn,
 kept on the device per schedule) are uploaded by a warm-up call and are not in the peak; their
 size is a column of its own. Run from the repository root on an sm_90 GPU with the
 CuTe-DSL/FA4 kit installed::
@@ -33,7 +35,7 @@ SHAPES = [
     for d in (64, 128)
     for causal in (False, True)
     for b, s in ((32, 512), (8, 2048), (2, 8192))
-] + [(1, 8192, 32, 8, 128, True), (4, 2048, 16, 4, 128, False)]
+] + [(1, 8192, 32, 8, 128, True), (1, 8192, 28, 4, 128, True), (4, 2048, 16, 4, 128, False)]
 
 
 def peak_extra_bytes(backward: Callable[[], object]) -> int:
@@ -68,9 +70,15 @@ def measure(
     )
     tables = device_tables(last_launch_info().schedule, q.device)
     row["dash_tables_bytes"] = sum(t.numel() * t.element_size() for t in tables.values())
-    # GQA: the default splits by q head (16-bit dK/dV partials); without the split, no partials.
+    # GQA: the default splits by q head (deterministic: fp32 dK/dV sums in the kernel; non-det:
+    # 16-bit partials per q head); without the split, neither.
     row["dash_hopper_det_nosplit_bytes"] = ""
+    row["dash_hopper_nondet_bytes"] = ""
     if heads != kv_heads:
+        nondet = dash_attn_func(q, k, v, causal=causal, backend="hopper", deterministic=False)
+        row["dash_hopper_nondet_bytes"] = peak_extra_bytes(
+            lambda: torch.autograd.grad(nondet, (q, k, v), dout, retain_graph=True)
+        )
         whole = dash_attn_func(q, k, v, causal=causal, backend="hopper", gqa_split=False)
         row["dash_hopper_det_nosplit_bytes"] = peak_extra_bytes(
             lambda: torch.autograd.grad(whole, (q, k, v), dout, retain_graph=True)

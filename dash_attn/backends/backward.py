@@ -93,7 +93,7 @@ def run_backward(
     if varlen is not None:
         # The accumulator pads every sequence to whole Q tiles: keep the real rows.
         dq_acc = dq_acc.index_select(0, varlen.row_index)
-    if plan.gqa_split:
+    if plan.gqa_split and not plan.dkv_sum:
         dk, dv = sum_kv_groups(dk, dv, k.shape[-2])
     # The scale is applied once here rather than to every partial in the kernel (dK, which stays
     # in registers for a whole chain, is scaled in the kernel).

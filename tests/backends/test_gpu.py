@@ -193,8 +193,11 @@ def test_hopper_long_key_variant_gives_the_same_bits(monkeypatch):
 def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):
     """GQA runs one chain per q head (the plan's ``gqa_split``, the default): for every
     schedule the gradients equal, bit for bit, the MHA backward of K/V repeated per q head
-    followed by the fixed-order group sum (the same tables). With ``gqa_split=False`` (one
-    chain per kv head) the backward still meets the flash-attn rule."""
+    followed by the fixed-order group sum (the same tables). Where the kernel adds the group's
+    dK/dV itself (``plan.dkv_sum``: the deterministic hopper kernel, fp32 partials summed in
+    q-head order and rounded once) dq is still that one bit for bit and dk/dv are at least as
+    close to the fp32 reference as the sum of the 16-bit partials, and within the flash-attn
+    rule. With ``gqa_split=False`` (one chain per kv head) the backward still meets the rule."""
     from dash_attn.backends.triton.group_sum import sum_kv_groups
 
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = 2, 700, 1100, 6, 2, 128
@@ -214,14 +217,22 @@ def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):
         options = dict(device=device, schedule=schedule, backend=backend)
         split = make_backward_plan(problem_of(q, k, Mask(causal=causal)), **options)
         mha = make_backward_plan(problem_of(q, k_rep, Mask(causal=causal)), **options)
-        assert split.gqa_split and split.schedule.spec == mha.schedule.spec
+        # The same tables up to the dK/dV sums' placement, which changes no bit of dq.
+        assert split.gqa_split and dataclasses.replace(split.spec, dkv_sum_group=1) == mha.spec
         got = run_backward(split, dout, q, k, v, out, lse, scale, sync_check=True)
         dq, dk_heads, dv_heads = run_backward(
             mha, dout, q, k_rep, v_rep, out, lse, scale, sync_check=True
         )
         want = (dq, *sum_kv_groups(dk_heads, dv_heads, kv_heads))
-        for name, x, y in zip(("dq", "dk", "dv"), got, want, strict=True):
-            assert torch.equal(x, y), f"{name}: split differs from repeated K/V [{schedule}]"
+        assert split.dkv_sum == (backend == "hopper")
+        for name, x, y, r, s in zip(("dq", "dk", "dv"), got, want, ref[1:], same[1:], strict=True):
+            if name == "dq" or not split.dkv_sum:
+                assert torch.equal(x, y), f"{name}: split differs from repeated K/V [{schedule}]"
+                continue
+            label = f"{name} [{backend}, {schedule}, dK/dV summed in the kernel]"
+            assert_close_to_ref(label, x, r, s, atol=1e-3)
+            err, err_partials = ((t.float() - r.float()).abs().max().item() for t in (x, y))
+            assert err <= err_partials, f"{label}: error {err} > partials' {err_partials}"
         whole = make_backward_plan(
             problem_of(q, k, Mask(causal=causal)), gqa_split=False, **options
         )
@@ -266,6 +277,38 @@ def test_broken_table_raises_instead_of_hanging(backend):
         run_backward(broken, torch.randn_like(q), q, k, v, out, lse, headdim**-0.5, sync_check=True)
     # The GPU is still usable afterwards.
     again = dash_attn_func(q, k, v, backend=backend)
+    assert torch.isfinite(again.float()).all()
+
+
+def test_hopper_dkv_sum_wait_times_out_with_nan_and_flag():
+    """The GQA split's in-kernel dK/dV sums wait for their turn like the dQ adds: a turn that
+    never comes (the dK/dV semaphores set past every rank before the launch) gives up after the
+    plan's bound, raises the error flag and stores NaN, and the GPU stays usable."""
+    from dash_attn.backends.hopper.launch import _prepare
+    from dash_attn.backends.triton.bwd import attn_bwd_preprocess
+
+    batch, seqlen, heads, kv_heads, headdim = 1, 512, 4, 2, 128
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, kv_heads, headdim, torch.bfloat16, "cuda", 5)
+    _skip_if_uncovered("hopper", q, k, True)
+    out, lse = dash_attn_func(q, k, v, causal=True, return_lse=True, backend="hopper")
+    plan = make_backward_plan(
+        problem_of(q, k, CAUSAL), device=device_info(q.device), backend="hopper", timeout_s=0.2
+    )
+    assert plan.dkv_sum
+    launch = _prepare(plan, q)
+    main = getattr(launch, "main", launch)
+    dout = torch.randn_like(q)
+    lse2, delta = attn_bwd_preprocess(out, dout, lse, plan.spec.q_tiles * plan.tiles.block_m)
+    zeroed = torch.zeros(main.dq_size + main.flag_count, device="cuda", dtype=torch.float32)
+    dq_acc, flags = main.split_zeroed(zeroed)
+    dq_sems = 2 + batch * heads * plan.spec.q_tiles
+    flags[dq_sems:] = 1 << 20  # no dK/dV turn ever comes
+    dk, dv = main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, headdim**-0.5)
+    torch.cuda.synchronize()
+    assert int(flags[1]) == 1
+    assert torch.isnan(dk.float()).all() and torch.isnan(dv.float()).all()
+    assert torch.isfinite(dq_acc).all()
+    again = dash_attn_func(q, k, v, causal=True, backend="hopper")
     assert torch.isfinite(again.float()).all()
 
 

@@ -1,13 +1,18 @@
-"""Small CuTe-DSL helpers for the Hopper kernels (layout views and a WGMMA issue loop).
+"""Small CuTe-DSL helpers for the Hopper kernels (layout views, a WGMMA issue loop, a pair cvt).
 
 Everything here runs at trace time inside ``cute.jit`` code; nothing touches a GPU at import.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import cutlass
 import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -82,3 +87,24 @@ def wgmma(
         cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
+
+
+@dsl_user_op
+def pack_16bit_pair(
+    lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None
+) -> Int32:
+    """Two fp32 -> one register of two 16-bit values (``lo`` in the low half), one ``cvt``."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{kind}.f32 $0, $1, $2;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )

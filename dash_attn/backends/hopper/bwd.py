@@ -5,7 +5,9 @@ glossary of ``dash_attn/backends/triton/bwd.py``): a persistent grid of workers,
 (one KV tile of one (batch, kv head): K, V loaded once, dK, dV kept in registers) made of steps
 (q head, Q tile, rank). A grouped-query backward split by q head (``BackwardPlan.gqa_split``)
 passes dK/dV with q's heads: a chain is then one q head's, it loads K/V of kv head
-``head // group`` and writes its own dK/dV partial. The dQ partial of every step is added into
+``head // group`` and writes its own dK/dV partial; or, with ``dkv_sum``, the kernel adds the
+group's chains into fp32 dK/dV accumulators itself, in q-head order (see the epilogue below).
+The dQ partial of every step is added into
 an fp32 accumulator; in deterministic mode the addition of dQ tile (b, h, i) waits until its
 semaphore equals the step's rank and increments it afterwards.
 
@@ -30,6 +32,15 @@ WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              the masks, dS^T = P^T (dP^T - delta), dV += P^T dO and dK += dS^T Q (RS WGMMA from
              registers), dS to shared memory, dQ = dS K (SS, the two WGs split the head dim or
              the rows), then each WG's half of the dQ partial goes to the dQ writer's buffer.
+
+Chain epilogue with ``dkv_sum`` (GQA split, dK/dV of the kv heads): each MMA warpgroup owns its
+64 rows of the chain's dK/dV and a semaphore per (batch, kv head, KV tile, warpgroup). The chain
+of the group's q head r (its rank) waits until that semaphore equals r (bounded, as the dQ
+waits), then rank 0 stores its fp32 dK/dV into the accumulator, ranks 1 .. G-2 add theirs
+(``red.add.v2.f32``), and each releases (fence, warpgroup barrier, ``red.release``); rank G-1
+reads the sum, adds its own and writes dK/dV in 16 bits. So every element is
+((p0 + p1) + ...) + p_{G-1} in fp32, rounded once: the order of the q heads, whatever the
+schedule. A timed-out wait raises status[1] and stores NaN.
 
 Synchronisation: mbarriers for the load ring (full: 1 arrival + TMA bytes; empty: 256 MMA
 threads + the dQ writer) and for K/V; named barriers for dS (the 256 MMA threads) and for the
@@ -72,6 +83,7 @@ pointwise work.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -83,8 +95,15 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import dq_fragment
-from ._cute_utils import acc_to_operand_a, select_modes, transpose_view, wgmma
+from ._cute_utils import (
+    acc_to_operand_a,
+    pack_16bit_pair,
+    select_modes,
+    transpose_view,
+    wgmma,
+)
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
+from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -96,6 +115,7 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
 # and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
+_BAR_DKV = 12  # dkv_sum: + w, warpgroup w's chain epilogue (its 128 threads)
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -103,6 +123,18 @@ _I_BATCH, _I_KVH, _I_KVT, _I_QH, _I_QT, _I_RANK, _I_FLAGS = range(7)
 _F_FIRST = 1  # first step of its chain: K/V of the chain arrive with it
 _F_LAST = 2  # last step of its chain: epilogue and K/V release after it
 _F_DONE = 4  # no more work: leave the loop
+
+
+class _DkvSums(NamedTuple):
+    """What the chain epilogue of ``dkv_sum`` needs beyond the chain (runtime values)."""
+
+    acc: cute.Tensor  # fp32 [2 * b * seqlen_k * kv_heads * hd]: dK's accumulator, then dV's
+    flags: cute.Tensor  # int32: [1] the error flag, from [sem_base] the dK/dV semaphores
+    fail: cute.Tensor  # shared int32 [4]: [2 + w] warpgroup w's wait gave up
+    kv_group: Int32  # q heads per kv head
+    kv_tiles: Int32
+    sem_base: Int32
+    timeout_ns: Int64
 
 
 def _pair_rows(coords0, pairs: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -155,6 +187,7 @@ class HopperAttnBwd:
         exp_poly: tuple[int, int] = (0, 1),
         exp_poly_degree: int = 5,
         early_lse: bool = False,
+        dkv_sum: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -313,6 +346,11 @@ class HopperAttnBwd:
         #   det at hd 128 at a fixed clock (session 22; before, without it, no faster at hd 128
         #   and spills at hd 64).
         self.early_lse = early_lse
+        # dkv_sum: a GQA split's chains (one per q head) add their dK/dV into fp32
+        #   accumulators of the kv heads in q-head order (the chain epilogue in the module
+        #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
+        #   kernel: FA4-det's memory (dK/dV of the kv heads in fp32) instead of G partials.
+        self.dkv_sum = dkv_sum
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -374,7 +412,10 @@ class HopperAttnBwd:
         mdQacc: cute.Tensor,  # (b, seqlen_q, heads, hd) fp32; dq_frag: (b, heads, q_tiles, bm * hd)
         mdK: cute.Tensor,
         mdV: cute.Tensor,
-        mFlags: cute.Tensor,  # int32 [2 + b * heads * q_tiles]: ticket, error, semaphores
+        mdKVacc: cute.Tensor,  # dkv_sum: fp32 [2 * b * seqlen_k * kv_heads * hd], dK then dV
+        # int32 [2 + b * heads * q_tiles (+ 2 * b * kv_heads * kv_tiles with dkv_sum)]: ticket,
+        # error, dQ semaphores (then dK/dV semaphores)
+        mFlags: cute.Tensor,
         mChainStart: cute.Tensor,
         mStepHead: cute.Tensor,
         mStepTile: cute.Tensor,
@@ -391,7 +432,7 @@ class HopperAttnBwd:
         stream: cuda.CUstream,
     ):
         self._host(
-            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mFlags,
+            mQ, mK, mV, mdO, mLSE, mDelta, mdQacc, mdK, mdV, mdKVacc, mFlags,
             mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
             q_tiles, kv_tiles, num_chains, num_workers, dynamic, softmax_scale, timeout_ns,
             stream,
@@ -409,6 +450,7 @@ class HopperAttnBwd:
         mdQacc: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
+        mdKVacc: cute.Tensor,
         mFlags: cute.Tensor,
         mChainStart: cute.Tensor,
         mStepHead: cute.Tensor,
@@ -511,18 +553,19 @@ class HopperAttnBwd:
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd * self.dq_bufs], 1024]
 
         scale_log2 = softmax_scale * math.log2(math.e)
+        # Chains run dK/dV's heads: K/V's, or q's with per-q-head partials (GQA split), or q's
+        # adding into dK/dV of K/V's heads (dkv_sum); their K/V are those of head // kv_group.
+        chain_heads = cute.size((mQ if self.dkv_sum else mdK).shape[2])
         self.kernel(
             tma_tQ, tma_tK, tma_tV, tma_tdO, tma_tLSE, tma_tDelta, tma_tdQ,
             tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq,
-            mdK, mdV, mFlags,
+            mdK, mdV, mdKVacc, mFlags,
             mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
             q_tiles, kv_tiles, num_chains, dynamic,
             scale_log2, softmax_scale, timeout_ns,
             cute.size(mQ.shape[1]), cute.size(mK.shape[1]),
-            # Chains run dK/dV's heads: K/V's, or q's with per-q-head partials (GQA split),
-            # whose K/V are those of head // kv_group.
-            cute.size(mQ.shape[2]), cute.size(mdK.shape[2]),
-            cute.size(mdK.shape[2]) // cute.size(mK.shape[2]),
+            cute.size(mQ.shape[2]), chain_heads, chain_heads // cute.size(mK.shape[2]),
+            cute.size(mQ.shape[0]),
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout, sLSE_layout,
             mma_sdp, mma_dkv, mma_dq, Storage,
         ).launch(
@@ -554,6 +597,7 @@ class HopperAttnBwd:
         tma_dq: cute.CopyAtom,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
+        mdKVacc: cute.Tensor,
         mFlags: cute.Tensor,
         mChainStart: cute.Tensor,
         mStepHead: cute.Tensor,
@@ -573,6 +617,7 @@ class HopperAttnBwd:
         heads: Int32,
         kv_heads: Int32,
         kv_group: Int32,
+        batch: Int32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -644,10 +689,15 @@ class HopperAttnBwd:
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
+            # The dK/dV semaphores (dkv_sum) follow the dQ tiles' in mFlags.
+            dkv_sums = _DkvSums(
+                mdKVacc, mFlags, sDqFail, kv_group, kv_tiles,
+                2 + batch * heads * q_tiles, timeout_ns,
+            )  # fmt: skip
             self.mma(
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
                 sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, storage,
-                mma_sdp, mma_dkv, mma_dq, tidx - 128,
+                mma_sdp, mma_dkv, mma_dq, tidx - 128, dkv_sums,
             )  # fmt: skip
 
     @cute.jit
@@ -999,6 +1049,93 @@ class HopperAttnBwd:
         self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
 
     @cute.jit
+    def _sum_chain_epilogue(
+        self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
+        seqlen_k, sums: _DkvSums, tidx, wg,
+    ):  # fmt: skip
+        """The last step of a chain of a GQA split with ``dkv_sum``: release the stage and K/V,
+        then add this warpgroup's rows of dK/dV into the kv head's sum at this q head's turn
+        (module docstring, "Chain epilogue")."""
+        b = sInfo[_I_BATCH, stage]
+        q_head = sInfo[_I_KVH, stage]  # the chain's head: a q head (GQA split)
+        kvt = sInfo[_I_KVT, stage]
+        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+        kv_heads = cute.size(mdK.shape[2])
+        kvh = q_head // sums.kv_group
+        rank = q_head - kvh * sums.kv_group
+        last = sums.kv_group - 1
+        sem = sums.sem_base + ((b * kv_heads + kvh) * sums.kv_tiles + kvt) * 2 + wg
+        sem_ptr = sums.flags.iterator + sem
+        bar = _BAR_DKV + wg
+        if tidx % 128 == 0:
+            failed = Int32(0)
+            if rank > 0:
+                failed = self._wait_turn(sem_ptr, rank, sums.timeout_ns)
+            if failed != 0:
+                # Never a silent wrong result: the error flag, and NaN into the sum below.
+                sums.flags[1] = Int32(1)
+            sums.fail[2 + wg] = failed
+        cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+        if sums.fail[2 + wg] != 0:
+            acc_dK.fill(Float32(float("nan")))
+            acc_dV.fill(Float32(float("nan")))
+        # Accumulator element (b, row, kvh, d) of dK at (((b s_k + row) kv_heads + kvh) hd + d),
+        # dV's a whole dK later; 64-bit byte addresses.
+        hd = self.head_dim
+        acc_addr = sums.acc.iterator.toint()
+        dv_offset = Int64(cute.size(mdK)) * 4
+        coords0 = mma_dkv.get_slice(0).partition_C(cute.make_identity_tensor((self.block_n, hd)))
+        pairs = cute.size(acc_dK) // 2
+        rows0 = _pair_rows(coords0, pairs)
+        assert coords0[0] == (0, 0)
+        n_t, d_t = tKcK[0]
+        gdK = mdK[b, None, kvh, None]
+        gdV = mdV[b, None, kvh, None]
+        bf16 = const_expr(self.dtype == cutlass.BFloat16)
+        for i in cutlass.range_constexpr(len(rows0)):
+            row = kvt * self.block_n + n_t + rows0[i][0]
+            if row < seqlen_k:
+                row_addr = acc_addr + (Int64((b * seqlen_k + row) * kv_heads + kvh) * hd + d_t) * 4
+                dk_row = gdK.iterator + cute.crd2idx((row, d_t), gdK.layout)
+                dv_row = gdV.iterator + cute.crd2idx((row, d_t), gdV.layout)
+                for k in cutlass.range_constexpr(len(rows0[i][1])):
+                    j, d0 = rows0[i][1][k]
+                    k0 = acc_dK[2 * j] * softmax_scale
+                    k1 = acc_dK[2 * j + 1] * softmax_scale
+                    v0, v1 = acc_dV[2 * j], acc_dV[2 * j + 1]
+                    addr_k = row_addr + d0 * 4
+                    addr_v = addr_k + dv_offset
+                    if rank == last:
+                        # The sum so far plus this chain's, rounded once (rank 0 only when
+                        # the group has one head, which a split never has).
+                        if rank > 0:
+                            k0 = load_f32_cg(addr_k) + k0
+                            k1 = load_f32_cg(addr_k + 4) + k1
+                            v0 = load_f32_cg(addr_v) + v0
+                            v1 = load_f32_cg(addr_v + 4) + v1
+                        for out, lo, hi in ((dk_row, k0, k1), (dv_row, v0, v1)):
+                            ptr = cute.make_ptr(
+                                Int32, (out + d0).toint(), cute.AddressSpace.gmem,
+                                assumed_align=4,
+                            )  # fmt: skip
+                            cute.make_tensor(ptr, cute.make_layout(1))[0] = pack_16bit_pair(
+                                lo, hi, bf16
+                            )
+                    elif rank == 0:
+                        store_f32x2(addr_k, k0, k1)
+                        store_f32x2(addr_v, v0, v1)
+                    else:
+                        red_add_f32x2(addr_k, k0, k1)
+                        red_add_f32x2(addr_v, v0, v1)
+        if rank != last:
+            # This warpgroup's adds are performed (every thread's fence) before the turn passes.
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            if tidx % 128 == 0:
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+
+    @cute.jit
     def _store_pairs(
         self,
         frag: cute.Tensor,
@@ -1236,6 +1373,7 @@ class HopperAttnBwd:
         mma_dkv: cute.TiledMma,
         mma_dq: cute.TiledMma,
         tidx: Int32,
+        dkv_sums: _DkvSums,
     ):
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -1430,7 +1568,15 @@ class HopperAttnBwd:
                     buf = buf ^ 1
 
                 warpgroup.wait_group(0)
-                if const_expr(self.dkv_row_ptr):
+                if const_expr(self.dkv_sum):
+                    if flags & _F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
+                        self._sum_chain_epilogue(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k, dkv_sums, tidx, wg,
+                        )  # fmt: skip
+                elif const_expr(self.dkv_row_ptr):
                     # The chain's (batch, kv head, kv tile) are read at its last step only:
                     # read at every step, ptxas moves them into uniform registers before the
                     # branch, and every step waits there for the shared load (queued behind

@@ -169,14 +169,16 @@ _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Fl
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
     """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
     dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 (4-D, last
-    dim ``dq_last``: the head dim, or block_m * head_dim in fragment order) and dk, dv like q
-    and k, flags and the six int32 tables (1-D). The head dim is static (the kernel is
-    compiled per head dim; a tensor with another one is refused by TVM-FFI)."""
+    dim ``dq_last``: the head dim, or block_m * head_dim in fragment order), dk, dv like q
+    and k, the dK/dV accumulator (1-D fp32), flags and the six int32 tables (1-D). The head dim
+    is static (the kernel is compiled per head dim; a tensor with another one is refused by
+    TVM-FFI)."""
     return [
         *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(4)),
         *(fake_tensor(Float32, 2, cute.sym_int(), 16) for _ in range(2)),
         fake_tensor(Float32, 4, dq_last, 16),
         *(fake_tensor(dtype, 4, head_dim, 16) for _ in range(2)),
+        fake_tensor(Float32, 1, cute.sym_int(), 16),
         *(fake_tensor(Int32, 1, cute.sym_int(), 4) for _ in range(1 + len(TABLE_FIELDS))),
     ]
 
@@ -265,8 +267,10 @@ def compile_bwd(
     arch: str = "sm_90a",
     extra_options: str = "",
     variant: str | None = None,
+    dkv_sum: bool = False,
 ) -> Any:
-    """Compile (or fetch) the kernel for q's ``dtype`` and ``head_dim``, the mask and the mode.
+    """Compile (or fetch) the kernel for q's ``dtype`` and ``head_dim``, the mask and the mode
+    (``dkv_sum``: the GQA split's in-kernel dK/dV sums, ``HopperAttnBwd``'s option).
 
     Shapes, strides and schedule tables are runtime values, so the same kernel serves every
     problem; it is compiled from symbolic stand-ins, without a GPU. ``variant`` defaults to the
@@ -282,6 +286,8 @@ def compile_bwd(
     tiles = variant_tiles(variant, head_dim)
     block_m, block_n = block_m or tiles[0], block_n or tiles[1]
     options = _variant_options(variant)
+    if dkv_sum:
+        options["dkv_sum"] = True
     key = (
         "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
         extra_options, tuple(sorted(options.items())),
@@ -352,11 +358,13 @@ def hopper_bwd_main(
     timeout_ns: int,
     variant: str | None = None,
     dkv_heads: int | None = None,
+    dkv_sum: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
     ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
-    ``dkv_heads``: the heads of the chains and of dk/dv, k's (default) or q's (a GQA split:
-    per-q-head partials, each reading K/V of its group).
+    ``dkv_heads``: the heads of the chains, k's (default) or q's (a GQA split: each chain reads
+    K/V of its group). dk/dv have ``dkv_heads`` heads (a split's per-q-head partials), or
+    with ``dkv_sum`` (a split whose kernel adds each group in q-head order) k's.
 
     Same contract as the Triton ``attn_bwd_main``: ``lse2``/``delta`` from the Triton
     preprocess with ``rows_pad >= q_tiles * block_m`` rows; static dispatch needs all
@@ -373,6 +381,11 @@ def hopper_bwd_main(
         dkv_heads = k.shape[2]
     if dkv_heads not in (k.shape[2], q.shape[2]):
         raise ValueError(f"dkv_heads ({dkv_heads}) must be k's heads or q's heads")
+    if dkv_sum and (dkv_heads != q.shape[2] or q.shape[2] == k.shape[2]):
+        raise ValueError(
+            "dkv_sum adds the per-q-head chains of a GQA split: it needs dkv_heads = q's "
+            f"heads ({q.shape[2]}) and fewer kv heads ({k.shape[2]})"
+        )
     expected_chains = q.shape[0] * dkv_heads * kv_tiles
     if num_chains != expected_chains:
         raise ValueError(
@@ -382,7 +395,7 @@ def hopper_bwd_main(
         q.shape, q.dtype, tables, block_m=block_m, block_n=block_n, num_workers=num_workers,
         q_tiles=q_tiles, kv_tiles=kv_tiles, num_chains=num_chains, causal=causal,
         deterministic=deterministic, dynamic=dynamic, timeout_ns=timeout_ns, variant=variant,
-        dkv_heads=dkv_heads,
+        dkv_heads=dkv_heads, dkv_sum=dkv_sum, kv_heads=k.shape[2], seqlen_k=k.shape[1],
     )  # fmt: skip
     return launch(q, k, v, dout, lse2, delta, softmax_scale)
 
@@ -401,7 +414,8 @@ class BwdLaunch:
     dq_shape: tuple[int, ...]
     dq_size: int
     flag_count: int
-    dkv_heads: int  # of the chains and dk/dv: k's, or q's (GQA split: per-q-head partials)
+    dkv_heads: int  # of the chains: k's, or q's (GQA split)
+    dkv_sum: bool  # a split whose kernel adds dK/dV per group (dk/dv with k's heads)
 
     def __call__(
         self,
@@ -416,7 +430,8 @@ class BwdLaunch:
         """(dq_acc fp32 unscaled, dk, dv, status) as ``hopper_bwd_main`` returns them; q, k,
         v, dout must have the shapes and dtype the launch was prepared for."""
         # One zeroed allocation (one fill launch) for the fp32 dQ accumulator and, after it,
-        # the int32 flags: ticket counter, error flag, then one semaphore per dQ tile.
+        # the int32 flags: ticket counter, error flag, one semaphore per dQ tile (and with
+        # dkv_sum two per (batch, kv head, KV tile)).
         zeroed = torch.zeros(self.dq_size + self.flag_count, device=q.device, dtype=torch.float32)
         dq_acc, flags = self.split_zeroed(zeroed)
         dk, dv = self.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
@@ -442,16 +457,21 @@ class BwdLaunch:
         softmax_scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Launch the main kernel on zeroed ``dq_acc`` and ``flags``; returns (dk, dv) with
-        ``dkv_heads`` heads."""
-        batch, seqlen_k, _, head_dim = k.shape
-        dkv_shape = (batch, seqlen_k, self.dkv_heads, head_dim)
+        ``dkv_heads`` heads, or k's with ``dkv_sum``."""
+        batch, seqlen_k, kv_heads, head_dim = k.shape
+        dkv_shape = (batch, seqlen_k, kv_heads if self.dkv_sum else self.dkv_heads, head_dim)
         dk = torch.empty(dkv_shape, device=k.device, dtype=q.dtype)
         dv = torch.empty(dkv_shape, device=v.device, dtype=q.dtype)
+        if self.dkv_sum:
+            # fp32 dK then dV of the kv heads: rank 0 of each sum stores, so no zero fill.
+            dkv_acc = torch.empty(2 * dk.numel(), device=k.device, dtype=torch.float32)
+        else:
+            dkv_acc = dq_acc.view(-1)  # not read: a stand-in of the right type
         # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride
         # divisibility against the compiled signature); the stream is the current one.
         self.compiled(
             tma_view(q), tma_view(k), tma_view(v), tma_view(dout), lse2, delta,
-            dq_acc, dk, dv, flags, *self.tables, *self.counts, float(softmax_scale),
+            dq_acc, dk, dv, dkv_acc, flags, *self.tables, *self.counts, float(softmax_scale),
             self.timeout_ns,
         )  # fmt: skip
         return dk, dv
@@ -474,9 +494,14 @@ def prepare_bwd(
     timeout_ns: int,
     variant: str,
     dkv_heads: int,
+    dkv_sum: bool = False,
+    kv_heads: int = 0,
+    seqlen_k: int = 0,
 ) -> BwdLaunch:
     """The ``BwdLaunch`` of q's shape (b, s, h, d) and dtype: the table sizes and counts
-    checked, the kernel compiled (or fetched). ``dkv_heads``: as ``hopper_bwd_main``'s."""
+    checked, the kernel compiled (or fetched). ``dkv_heads``, ``dkv_sum``: as
+    ``hopper_bwd_main``'s; ``dkv_sum`` needs k's ``kv_heads`` and ``seqlen_k`` (the dK/dV
+    semaphores are per (batch, kv head, KV tile))."""
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     # Table sizes are metadata (no device sync); wrong sizes would make the kernel read past them.
@@ -494,9 +519,14 @@ def prepare_bwd(
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
     batch, _, heads, head_dim = q_shape
     dq_shape = dq_acc_shape(tuple(q_shape), q_tiles, block_m, variant)
+    if dkv_sum and not (0 < kv_heads < heads and -(-seqlen_k // block_n) == kv_tiles):
+        raise ValueError(
+            f"dkv_sum needs k's kv_heads (got {kv_heads}, q has {heads} heads) and seqlen_k "
+            f"(got {seqlen_k}; {kv_tiles} KV tiles of {block_n})"
+        )
     compiled = compile_bwd(
         dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
-        block_n=block_n, variant=variant,
+        block_n=block_n, variant=variant, dkv_sum=dkv_sum,
     )  # fmt: skip
     # The kernel's trailing scalars in order; the softmax scale (scalars[5]) comes with each call.
     scalars = _scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, 1.0, timeout_ns)
@@ -507,8 +537,9 @@ def prepare_bwd(
         timeout_ns=scalars[6],
         dq_shape=dq_shape,
         dq_size=math.prod(dq_shape),
-        flag_count=2 + batch * heads * q_tiles,
+        flag_count=2 + batch * heads * q_tiles + (2 * batch * kv_heads * kv_tiles) * dkv_sum,
         dkv_heads=int(dkv_heads),
+        dkv_sum=bool(dkv_sum),
     )
 
 

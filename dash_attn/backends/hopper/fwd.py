@@ -53,15 +53,13 @@ import cutlass.utils.hopper_helpers as sm90
 import numpy as np
 import torch
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ...device import device_info
 from ..tables import upload_once
 from . import kernel_cache
-from ._cute_utils import gmem_tensor, select_modes
+from ._cute_utils import gmem_tensor, pack_16bit_pair, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 from .fwd_tiles import causal_tile_lists
 
@@ -160,25 +158,6 @@ def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.make_layout(shape, stride=stride))
 
 
-@dsl_user_op
-def _pack2(lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None) -> Int32:
-    """Two fp32 -> one register of two 16-bit values (lo in the low half), one cvt instruction."""
-    kind = "bf16x2" if bf16 else "f16x2"
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-            f"cvt.rn.{kind}.f32 $0, $1, $2;",
-            "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
-
-
 @cute.jit
 def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
     """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
@@ -189,7 +168,7 @@ def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
     bf16 = const_expr(dst.element_type == cutlass.BFloat16)
     dst32 = cute.recast_tensor(dst, Int32)
     for i in cutlass.range(cute.size(dst32), unroll_full=True):
-        dst32[i] = _pack2(src[2 * i], src[2 * i + 1], bf16)
+        dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)
 
 
 class HopperFwd:

@@ -108,7 +108,7 @@ def run_backward(
         error_text = functools.partial(backward.timeout_error, plan)
         error_addr, launch_id = mapped_launch(error_text, q.device.index)
     dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
-    if plan.gqa_split:
+    if plan.gqa_split and not plan.dkv_sum:
         dk, dv = sum_kv_groups(dk, dv, k.shape[2])
     if plan.deterministic:
         if launch_id == 0:  # no mapped word: the flag is copied and queued
@@ -172,7 +172,8 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains,
         causal=spec.mask.causal, deterministic=plan.deterministic,
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
-        variant=variant, dkv_heads=spec.kv_heads,
+        variant=variant, dkv_heads=spec.kv_heads, dkv_sum=plan.dkv_sum,
+        kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant)):
         return main

@@ -72,7 +72,7 @@ def _fake_inputs(
     )
 
 
-def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
+def _compile(config: tuple, dump_dir: Path, variant: str | None = None, dkv_sum: bool = False):
     head_dim, dtype, causal, det = config
     variant = variant or bwd_variant(head_dim, causal)
     dump_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +87,7 @@ def _compile(config: tuple, dump_dir: Path, variant: str | None = None):
         block_n=block_n,
         extra_options=f"--keep-ptx --keep-cubin --dump-dir {dump_dir}",
         variant=variant,
+        dkv_sum=dkv_sum,
     )
     COMPILE_TIMES[config] = time.perf_counter() - start
     return compiled
@@ -123,6 +124,38 @@ def _sass(compiled, tmp_path: Path) -> str | None:
     return subprocess.run(
         [nvdisasm, "-c", str(cubin_path)], capture_output=True, text=True, check=True
     ).stdout
+
+
+# The GQA split's in-kernel dK/dV sums (``dkv_sum``, deterministic plans) on every shipped
+# variant: both head dims and masks, the long-sequence one, both dtypes.
+DKV_SUM_CONFIGS = [
+    (bwd_variant(64, True), (64, torch.bfloat16, True, True)),
+    (bwd_variant(64, False), (64, torch.float16, False, True)),
+    (bwd_variant(128, True), (128, torch.bfloat16, True, True)),
+    (bwd_variant(128, False), (128, torch.float16, False, True)),
+    (bwd_variant(128, False, seqlen_k=1 << 30), (128, torch.bfloat16, False, True)),
+]
+
+
+@pytest.mark.parametrize(
+    "variant,config", DKV_SUM_CONFIGS, ids=[f"{v}-{_config_id(c)}" for v, c in DKV_SUM_CONFIGS]
+)
+def test_dkv_sum_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
+    """The chain epilogue of ``dkv_sum``: a bounded turn wait per warpgroup, rank 0's fp32
+    stores, the middle ranks' L2 reductions, the last rank's L2 reads and 16-bit pairs, and
+    the release after a GPU-scope fence; still no spills (``_check_kernel_code``)."""
+    head_dim = config[0]
+    ptx = _compile(config, tmp_path, variant, dkv_sum=True).__ptx__
+    pairs = 64 * head_dim // 128 // 2  # per thread and tensor: its 64-row slab's column pairs
+    assert ptx.count("st.global.v2.f32") == 2 * pairs
+    assert ptx.count("red.relaxed.gpu.global.add.v2.f32") == 2 * pairs
+    assert ptx.count("ld.global.cg.f32") == 4 * pairs
+    assert "fence.acq_rel.gpu" in ptx
+    # Two release sites: the dQ writer's and the chain epilogue's.
+    assert ptx.count("red.release.gpu") == 2
+    _, sass = _check_kernel_code(config, variant, tmp_path, dkv_sum=True)
+    mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
+    assert re.search(r"\bREDG\.E\.ADD\.F32x2\b|\bREDG\.E\.ADD\.64\b|REDG\.E\.ADD\.F32", mma_code)
 
 
 # The variants that are not shipped (hopper.BWD_VARIANT), at the configs where they differ most
@@ -198,14 +231,16 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     _check_kernel_code(config, variant, tmp_path)
 
 
-def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
+def _check_kernel_code(
+    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False
+) -> tuple[str, str]:
     """Compile ``variant`` at ``config`` and check its PTX and SASS: the GEMMs, the register
     split, the semaphore protocol (det only), the dQ staging and reduce, and, in the MMA
     warpgroups' code, stmatrix dS, 32-bit dK/dV stores, two copies of the exponential loop
-    and no local memory."""
+    and no local memory. Returns the PTX and the SASS (skips without nvdisasm)."""
     head_dim, _, _, det = config
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
-    compiled = _compile(config, tmp_path, variant)
+    compiled = _compile(config, tmp_path, variant, dkv_sum)
     ptx = compiled.__ptx__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
@@ -216,8 +251,8 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     assert "cp.async.bulk.tensor" in ptx  # TMA loads
     # The semaphore protocol exists in deterministic mode only.
     assert ("ld.acquire.gpu" in ptx) == det
-    assert ("red.release.gpu" in ptx) == det
-    assert ("%globaltimer" in ptx) == det
+    assert ("red.release.gpu" in ptx) == (det or dkv_sum)
+    assert ("%globaltimer" in ptx) == (det or dkv_sum)
     assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant)
     if bwd_launch.dq_fragment_order(variant):
@@ -254,7 +289,7 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     assert "STG.E.U16" not in mma_code
     stores = re.findall(r"\bSTG\.E\b[^;]*", mma_code)
     assert len(stores) >= head_dim // 2
-    if options.get("dkv_row_ptr"):
+    if options.get("dkv_row_ptr") and not dkv_sum:
         # Per fragment row (2 per thread and tensor) one address; the row's other pairs are
         # stored at constant offsets from it.
         offset_stores = [st for st in stores if re.search(r"\.64\+0x[0-9a-f]+\]", st)]
@@ -280,7 +315,7 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
     # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
     dq_threads = "0xa0" if options.get("dq_wg") else "0x120"
     if options.get("dq_wg"):
-        assert ", 0x120" not in sass
+        assert not re.search(r"\bBAR\.[A-Z_.]+ [^,;]+, 0x120\b", sass)
     if options.get("dq_double") or options.get("dq_wg"):
         # Barrier "free" of buffer b and half w is 2 + 2 (b + bufs w) ("written" the next id):
         # the dQ writer frees every one at its start with immediate ids, later ones come from
@@ -290,6 +325,7 @@ def _check_kernel_code(config: tuple, variant: str, tmp_path: Path) -> None:
         for index in range(halves * bufs):
             assert f"BAR.ARV {hex(2 + 2 * index)}, {dq_threads}" in sass
         assert re.search(rf"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, {dq_threads}", mma_code)
+    return ptx, sass
 
 
 def _exponentials_around_dp_wait(mma_code: str) -> tuple[int, int]:
@@ -324,9 +360,10 @@ def test_ffi_call_matches_the_kernel_signature() -> None:
         "timeout_ns",
     ]  # fmt: skip
     assert scalars[4] == 1 and isinstance(scalars[5], float)
-    # q, k, v, dout, dk, dv at hd 128 with a static head dim; lse2/delta 2-D; the rest 1-D.
+    # q, k, v, dout, dk, dv at hd 128 with a static head dim; lse2/delta 2-D; the rest (the
+    # dK/dV accumulator, the flags, the tables) 1-D.
     ranks = [len(f.shape) for f in fakes]
-    assert ranks == [4, 4, 4, 4, 2, 2, 4, 4, 4] + [1] * (1 + len(TABLE_FIELDS))
+    assert ranks == [4, 4, 4, 4, 2, 2, 4, 4, 4] + [1] * (2 + len(TABLE_FIELDS))
     assert all(fakes[i].shape[3] == 128 for i in (0, 1, 2, 3, 6, 7, 8))
 
 
@@ -448,6 +485,8 @@ def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
     # Split by q head: 2 batches x 4 q heads x 1 KV tile = 8 chains, so 4 is refused.
     with pytest.raises(ValueError, match="num_chains=4 but batch \\* dkv_heads"):
         bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs, dkv_heads=4)
+    with pytest.raises(ValueError, match="dkv_sum adds the per-q-head chains"):
+        bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs, dkv_sum=True)
     with pytest.raises(ValueError, match="num_chains \\+ 1"):
         bwd_launch.hopper_bwd_main(q, k, v, dout, lse2, delta, tables, **kwargs)
     with pytest.raises(ValueError, match="chain_start"):
@@ -491,6 +530,7 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
         dq_size=2 * 4 * 2 * 64 * 128,
         flag_count=2 + 2 * 4 * 2,
         dkv_heads=k.shape[2],
+        dkv_sum=False,
     )
     dq_acc, dk, dv, status = launch(q, k, v, dout, lse2, delta, 0.125)
     (args,) = calls
@@ -512,6 +552,14 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
     named = dict(zip(params, calls[-1], strict=True))
     assert named["mK"] is k and named["mdK"] is dk and named["mdV"] is dv
     assert dk.shape == dv.shape == (*k.shape[:2], q.shape[2], k.shape[3])
+    # With the kernel's own sums (dkv_sum): dK/dV of k's heads, and an fp32 accumulator of
+    # both beside them (not zeroed: rank 0 of every sum stores).
+    summed = dataclasses.replace(split, dkv_sum=True)
+    _, dk, dv, _ = summed(q, k, v, dout, lse2, delta, 0.125)
+    named = dict(zip(params, calls[-1], strict=True))
+    assert named["mdK"] is dk and dk.shape == dv.shape == k.shape
+    acc = named["mdKVacc"]
+    assert acc.dtype == torch.float32 and acc.shape == (2 * k.numel(),)
 
 
 def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:

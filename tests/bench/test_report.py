@@ -173,6 +173,21 @@ def test_readme_results_are_generated_from_the_committed_files(
     rows = gqa.parse(probe)
     assert len(rows) == 10 and all(row["equal"] == "True" for row in rows)
     assert gqa.markdown_table(rows) in text
+    # Session 24: the in-kernel dK/dV sums' probe table, end-to-end blocks and six sweep rows.
+    session24 = results / "session24-e3c9d1b"
+    dkv = _load_tool(repo / "tools" / "dkv_sum_table.py")
+    runs = [
+        dkv.parse((session24 / call / "dkv_sum_probe.txt").read_text())
+        for call in ("call2-e3c9d1b", "call3-e3c9d1b")
+    ]
+    rows = dkv.merge(runs)
+    assert len(rows) == 10 and all(row["equal"] == "True" for row in rows)
+    assert dkv.markdown_table(rows) in text
+    call4 = session24 / "call4-e3c9d1b"
+    assert report.e2e_table(report.read_csv(call4 / "e2e" / "e2e.csv"), markdown=True) in text
+    rows = report.read_csv(call4 / "sweep6" / "bench.csv")
+    assert report.readme_table(rows).strip() in text
+    assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:

@@ -175,14 +175,15 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert gqa.markdown_table(rows) in text
     # Session 24: the in-kernel dK/dV sums' probe table, end-to-end blocks and six sweep rows.
     session24 = results / "session24-e3c9d1b"
-    dkv = _load_tool(repo / "tools" / "dkv_sum_table.py")
     runs = [
-        dkv.parse((session24 / call / "dkv_sum_probe.txt").read_text())
+        gqa.parse((session24 / call / "dkv_sum_probe.txt").read_text())
         for call in ("call2-e3c9d1b", "call3-e3c9d1b")
     ]
-    rows = dkv.merge(runs)
+    assert [len(rows) for rows in runs] == [7, 5]
+    rows = gqa.merge(runs)
     assert len(rows) == 10 and all(row["equal"] == "True" for row in rows)
-    assert dkv.markdown_table(rows) in text
+    assert all(row["errors"] is not None for row in rows)
+    assert gqa.dkv_sum_markdown_table(rows) in text
     call4 = session24 / "call4-e3c9d1b"
     assert report.e2e_table(report.read_csv(call4 / "e2e" / "e2e.csv"), markdown=True) in text
     rows = report.read_csv(call4 / "sweep6" / "bench.csv")

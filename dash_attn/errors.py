@@ -1,4 +1,5 @@
-"""Errors that surface after a launch: a dQ wait that timed out inside the kernel.
+"""Errors that surface after a launch: an ordered wait (dQ, or in-kernel dK/dV) that timed out
+inside the kernel.
 
 Backward launches do not synchronise with the host. Each deterministic launch leaves an error
 flag on the device; an asynchronous copy of it into a slot of a pinned host buffer is queued here
@@ -102,10 +103,10 @@ def _mapped_failure() -> Description | None:
         text = _mapped_texts.pop(launch, None)
     if text is None:
         return (
-            f"dash-attn backward: a dQ wait timed out (launch {launch} on cuda:{device}, older "
-            f"than the last {_MAPPED_KEEP} backward launches); its gradients were poisoned with "
-            "NaN. Likely causes: SMs held by a concurrent kernel (raise sm_margin) or a broken "
-            "schedule."
+            f"dash-attn backward: an ordered wait (dQ, or dK/dV) timed out (launch {launch} on "
+            f"cuda:{device}, older than the last {_MAPPED_KEEP} backward launches); its gradients "
+            "were poisoned with NaN. Likely causes: SMs held by a concurrent kernel (raise "
+            "sm_margin) or a broken schedule."
         )
     return text
 

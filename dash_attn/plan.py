@@ -250,7 +250,7 @@ class BackwardPlan:
         deterministic: fixed-order dQ sums (else arrival order, same tables).
         dq_reduce: ``"tma"`` (bulk reductions, Hopper) or ``"atomic"``: same bits either way.
         grid: programs launched (static dispatch: the busy workers; dynamic: min(workers, chains)).
-        timeout_s: bound of every dQ wait.
+        timeout_s: bound of every dQ wait (and, with ``dkv_sum``, dK/dV wait).
         gqa_split: grouped-query attention run as one chain per (q head, KV tile) instead of
             per (kv head, KV tile): the schedule is the one of ``heads`` kv heads and every
             chain reads its q head's K/V (``h // group``). ``group`` times more chains fill the
@@ -461,7 +461,7 @@ def make_backward_plan(
         backend: ``"auto"``, ``"triton"`` or ``"hopper"``.
         tiles: other tiles than the backend's table (experiments: block sizes change the bits).
         dq_reduce: ``"auto"`` (``"tma"`` where the device has TMA), ``"tma"`` or ``"atomic"``.
-        timeout_s: bound of every dQ wait, in seconds.
+        timeout_s: bound of every dQ (and in-kernel dK/dV) wait, in seconds.
         invariant: the summation order of every dQ tile (and the visiting order of every KV
             tile) depends only on its own sequence's lengths, the mask, the tiles and the
             schedule name: not on the batch, the other sequences of a pack, the heads, the

@@ -110,7 +110,8 @@ def check_padded_full_or_causal(plan: BackwardPlan, *, packed: bool) -> None:
 
 
 def timeout_error(plan: BackwardPlan) -> str:
-    """The RuntimeError text of a deterministic launch whose dQ wait gave up."""
+    """The RuntimeError text of a deterministic launch whose dQ (or in-kernel dK/dV) wait gave
+    up."""
     if plan.device.is_interpreter:
         # No concurrent kernel here: the interpreter runs programs one after another, so a wait
         # for a later program can never be met (the plan refuses the static schedules that do
@@ -121,8 +122,10 @@ def timeout_error(plan: BackwardPlan) -> str:
             "interpreter runs programs one after another, so a wait for a contribution of a later "
             "program never ends: the schedule's tables do not fit that order (a broken schedule)."
         )
+    # With in-kernel dK/dV sums the kernel also waits for a q head's turn at a chain's end.
+    waits = "dQ or dK/dV" if plan.dkv_sum else "dQ"
     return (
-        f"dash-attn backward: a dQ wait timed out after {plan.timeout_s:g} s ({plan.describe()}); "
-        "its gradients were poisoned with NaN. Likely causes: SMs held by a concurrent kernel "
-        "(raise sm_margin) or a broken schedule."
+        f"dash-attn backward: a {waits} wait timed out after {plan.timeout_s:g} s "
+        f"({plan.describe()}); its gradients were poisoned with NaN. Likely causes: SMs held by "
+        "a concurrent kernel (raise sm_margin) or a broken schedule."
     )

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -309,6 +310,38 @@ def test_hopper_dkv_sum_wait_times_out_with_nan_and_flag():
     assert torch.isnan(dk.float()).all() and torch.isnan(dv.float()).all()
     assert torch.isfinite(dq_acc).all()
     again = dash_attn_func(q, k, v, causal=True, backend="hopper")
+    assert torch.isfinite(again.float()).all()
+
+
+def test_hopper_dkv_sum_out_of_order_raises_instead_of_hanging():
+    """A static table whose worker runs q head 1's chain of a KV tile before q head 0's (whose
+    dK/dV it must add after) on the same worker: the dK/dV wait gives up after the plan's bound,
+    and the backward raises a RuntimeError naming the schedule, as a broken dQ order does."""
+    batch, seqlen, heads, kv_heads, headdim = 1, 1024, 4, 2, 128
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, kv_heads, headdim, torch.bfloat16, "cuda", 9)
+    _skip_if_uncovered("hopper", q, k, False)
+    out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
+    good = make_backward_plan(
+        problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
+        backend="hopper", timeout_s=0.2,
+    )  # fmt: skip
+    assert good.dkv_sum
+    sched = good.schedule
+    lists = [sched.worker_chains(w) for w in range(sched.spec.workers)]
+    first, second = sched.spec.chain_id(0, 0, 0), sched.spec.chain_id(0, 1, 0)
+    lists = [[c for c in chains if c != first] for chains in lists]
+    host = next(w for w, chains in enumerate(lists) if second in chains)
+    lists[host].insert(lists[host].index(second) + 1, first)
+    order = [c for chains in lists for c in chains]
+    starts = np.cumsum([0] + [len(chains) for chains in lists])
+    broken = dataclasses.replace(
+        good,
+        schedule=dataclasses.replace(sched, name="broken", order=order, worker_start=starts),
+    )
+    run_backward = backend_module("hopper").run_backward
+    with pytest.raises(RuntimeError, match="dQ or dK/dV wait timed out.*'broken'"):
+        run_backward(broken, torch.randn_like(q), q, k, v, out, lse, headdim**-0.5, sync_check=True)
+    again = dash_attn_func(q, k, v, backend="hopper")
     assert torch.isfinite(again.float()).all()
 
 

@@ -158,15 +158,17 @@ _SHARED_ARGS_DOC = """
             heads) ``auto`` leaves SMs idle on causal masks and short full-mask sequences;
             pass ``schedule="descending"`` (also invariant) or ``invariant=False`` there.
         gqa_split: with fewer kv heads than q heads, run the backward as one chain per q head
-            (``None``, the default, and ``True``): every chain reads its group's K/V and writes
-            its own dK/dV partial, and the partials of each kv head are added in q-head order
-            after the kernel (fp32 sum of the 16-bit partials, one rounding). That gives a
-            launch ``heads / kv_heads`` times more chains: batch 1 with a few kv heads fills
-            the GPU (Qwen2.5-7B's 28/4 heads at 8k: 1.5x faster than one chain per kv head).
-            The price is the partials' memory, ``heads / kv_heads`` times dk's and dv's for the
+            (``None``, the default, and ``True``): every chain reads its group's K/V, and the
+            dK/dV of each kv head's chains are added in q-head order. That gives a launch
+            ``heads / kv_heads`` times more chains: batch 1 with a few kv heads fills the GPU
+            (Qwen2.5-7B's 28/4 heads at 8k: 1.5x faster than one chain per kv head). The
+            deterministic hopper kernel adds them itself, in fp32 accumulators of the kv heads
+            (FA4-det's memory; one rounding); the Triton backend and the non-deterministic
+            hopper kernel write a 16-bit partial per q head, added after the kernel (fp32 sum,
+            one rounding), whose memory is ``heads / kv_heads`` times dk's and dv's for the
             duration of the backward. ``False``: one chain per kv head walks all its q heads
-            (dK/dV summed in registers; no partials). The two give different dk/dv bits; both
-            keep every promise above. No effect without GQA.
+            (dK/dV summed in registers). They give different dk/dv bits; all keep every
+            promise above. No effect without GQA.
 """
 
 

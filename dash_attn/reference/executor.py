@@ -32,10 +32,19 @@ each sequence's own lengths for packed (varlen) input)::
 Deferring ``scale`` to the end of an accumulation is what flash-attn does (it multiplies dQaccum in
 its postprocess and dK at the epilogue). For 16-bit inputs the matmul operands are rounded to the
 input dtype, as ``tl.dot`` consumes them, and accumulated in float32.
+
+Grouped-query attention split by q head (a schedule whose spec has as many kv heads as q heads,
+``plan.BackwardPlan.gqa_split``): chain head ``h`` reads K/V of kv head ``h // group``. Its dK/dV
+are added per kv head in q-head order: with ``spec.dkv_sum_group > 1`` as the hopper kernel does
+(a chain's end waits until the (batch, kv head, KV tile) semaphore equals its q head's rank in
+the group, then adds its dK/dV into an accumulator in the compute dtype, rounded once at the
+end; the wait blocks its worker like a step's), otherwise from partials rounded to the input
+dtype, summed after the run in the compute dtype (``group_sum.sum_kv_groups``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -57,6 +66,8 @@ class ScheduleRun:
         dq, dk, dv: gradients, in the dtype of q, k, v.
         dq_additions: dQ tile id (``spec.dq_tile_id``) -> ``(chain, rank)`` of each addition, in
             the order the additions actually happened. Tiles that no step touches are absent.
+        dkv_additions: with dK/dV sums (``spec.dkv_sum_group > 1``), (batch, kv head, KV tile)
+            -> the q-head ranks of its chains in the order their dK/dV were added.
         rounds: simulated time, in steps of one worker.
         stalls: worker-rounds spent holding a chain whose next step had to wait on a semaphore.
         steps: number of steps executed (equals ``spec.num_tasks()``).
@@ -66,6 +77,7 @@ class ScheduleRun:
     dk: torch.Tensor
     dv: torch.Tensor
     dq_additions: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    dkv_additions: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
     rounds: int = 0
     stalls: int = 0
     steps: int = 0
@@ -200,7 +212,15 @@ def run_schedule_backward(
             workers=spec_in.workers,
             invariant=spec_in.invariant,
         )
+    # A GQA split's schedule has a chain per q head (as many "kv heads" as q heads).
+    split = spec_in.kv_heads == heads and kv_heads < heads
+    if split:
+        spec = dataclasses.replace(
+            spec, kv_heads=heads, dkv_sum_group=spec_in.dkv_sum_group
+        )  # a spec of the same tiles and lengths, one chain head per q head
     _check_matches(schedule, q, k, spec)
+    group = heads // kv_heads  # q heads per K/V head
+    sums = spec.dkv_sum_group > 1
     batch = spec.batch
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
 
@@ -233,8 +253,13 @@ def run_schedule_backward(
         lse_w = _pad_rows(lse_rows.transpose(1, 2), rows_q)  # (b, sq, h)
 
     dq_accum = torch.zeros((batch, rows_q, heads, headdim), dtype=work, device=q.device)
-    dk_out = torch.zeros((batch, rows_k, kv_heads, headdim), dtype=work, device=q.device)
+    # Per chain head: the kv heads', or with a GQA split the q heads' (partials or, with sums,
+    # unused: the sums go straight into dk_sum / dv_sum of the kv heads).
+    dk_out = torch.zeros((batch, rows_k, spec.kv_heads, headdim), dtype=work, device=q.device)
     dv_out = torch.zeros_like(dk_out)
+    dk_sum = torch.zeros((batch, rows_k, kv_heads, headdim), dtype=work, device=q.device)
+    dv_sum = torch.zeros_like(dk_sum)
+    dkv_semaphore: dict[tuple[int, int, int], int] = {}
 
     local_r = torch.arange(block_m, device=q.device).unsqueeze(1)
     local_c = torch.arange(block_n, device=q.device).unsqueeze(0)
@@ -258,8 +283,9 @@ def run_schedule_backward(
         rk = slice(kv_tile * block_n, (kv_tile + 1) * block_n)
         q_t = operand(qp[b, rq, q_head])
         do_t = operand(dop[b, rq, q_head])
-        k_t = operand(kp[b, rk, kv_head])
-        v_t = operand(vp[b, rk, kv_head])
+        kv_in = kv_head // group if split else kv_head
+        k_t = operand(kp[b, rk, kv_in])
+        v_t = operand(vp[b, rk, kv_in])
         s = (q_t @ k_t.T) * scale
         p = torch.exp(s - lse_w[b, rq, q_head].unsqueeze(1))
         p = torch.where(tile_mask(b, q_tile, kv_tile), p, 0.0)
@@ -276,16 +302,49 @@ def run_schedule_backward(
         run.dq_additions.setdefault(dq_id, []).append((chain, rank))
         run.steps += 1
 
+    def sum_turn(chain: int) -> tuple[tuple[int, int, int], int]:
+        """The (batch, kv head, KV tile) of a chain's dK/dV sum and its rank there."""
+        b, head, kv_tile = schedule.chain_coords(chain)
+        return (b, head // spec.dkv_sum_group, kv_tile), head % spec.dkv_sum_group
+
     def finish(chain: int) -> None:
         b, kv_head, kv_tile = schedule.chain_coords(chain)
         rk = slice(kv_tile * block_n, (kv_tile + 1) * block_n)
-        dk_out[b, rk, kv_head] = acc_dk.pop(chain) * scale
-        dv_out[b, rk, kv_head] = acc_dv.pop(chain)
+        if not sums:
+            dk_out[b, rk, kv_head] = acc_dk.pop(chain) * scale
+            dv_out[b, rk, kv_head] = acc_dv.pop(chain)
+            return
+        key, rank = sum_turn(chain)
+        if dkv_semaphore.get(key, 0) != rank:
+            raise RuntimeError(f"executor bug: the dK/dV of chain {chain} added before its turn")
+        dk_sum[b, rk, key[1]] += acc_dk.pop(chain) * scale
+        dv_sum[b, rk, key[1]] += acc_dv.pop(chain)
+        dkv_semaphore[key] = rank + 1
+        run.dkv_additions.setdefault(key, []).append(rank)
 
     def ready(chain: int, index: int) -> bool:
+        if index == len(chain_steps[chain]):  # a sum's chain, waiting to add its dK/dV
+            key, rank = sum_turn(chain)
+            return dkv_semaphore.get(key, 0) == rank
         b, _, _ = schedule.chain_coords(chain)
         q_head, q_tile, rank = chain_steps[chain][index]
         return semaphore[spec.dq_tile_id(b, q_head, q_tile)] == rank
+
+    def wait_text(w: int, chain: int, index: int) -> str:
+        if index == len(chain_steps[chain]):
+            key, rank = sum_turn(chain)
+            return (
+                f"worker {w} chain {chain} waits to add its dK/dV to (b, kv_head, kv_tile) = "
+                f"{key} at rank {rank}, semaphore is {dkv_semaphore.get(key, 0)}"
+            )
+        b, _, _ = schedule.chain_coords(chain)
+        q_head, q_tile, rank = chain_steps[chain][index]
+        dq_id = spec.dq_tile_id(b, q_head, q_tile)
+        return (
+            f"worker {w} chain {chain} step {index} waits for dQ tile {dq_id} "
+            f"(b={b}, q_head={q_head}, q_tile={q_tile}) at rank {rank}, "
+            f"semaphore is {semaphore[dq_id]}"
+        )
 
     workers = [_Worker() for _ in range(spec.workers)]
     if schedule.dispatch is Dispatch.STATIC:
@@ -317,17 +376,7 @@ def run_schedule_backward(
         # semaphore released in the same round (the model of equal-length steps).
         go = [w for w in active if ready(workers[w].chain, workers[w].step)]
         if not go:
-            waits = []
-            for w in active:
-                chain, index = workers[w].chain, workers[w].step
-                b, _, _ = schedule.chain_coords(chain)
-                q_head, q_tile, rank = chain_steps[chain][index]
-                dq_id = spec.dq_tile_id(b, q_head, q_tile)
-                waits.append(
-                    f"worker {w} chain {chain} step {index} waits for dQ tile {dq_id} "
-                    f"(b={b}, q_head={q_head}, q_tile={q_tile}) at rank {rank}, "
-                    f"semaphore is {semaphore[dq_id]}"
-                )
+            waits = [wait_text(w, workers[w].chain, workers[w].step) for w in active]
             raise RuntimeError(
                 f"deadlock in schedule {schedule.name!r} after {run.steps} of "
                 f"{sum(len(s) for s in chain_steps)} steps: " + "; ".join(waits)
@@ -339,20 +388,32 @@ def run_schedule_backward(
             go = chosen or [rng.choice(go)]
         for w in go:
             worker = workers[w]
-            execute(worker.chain, worker.step)
-            worker.step += 1
-            if worker.step == len(chain_steps[worker.chain]):
-                finish(worker.chain)
-                worker.chain = -1
+            steps = len(chain_steps[worker.chain])
+            if worker.step < steps:
+                execute(worker.chain, worker.step)
+                worker.step += 1
+                if worker.step < steps or sums:
+                    # A sum's chain keeps its worker after its last step: its dK/dV go in at
+                    # its turn, a step of its own (index ``steps``, see ready()).
+                    continue
+            finish(worker.chain)
+            worker.chain = -1
 
+    if split and not sums:
+        # The partials, rounded as the kernel stores them, added per kv head in q-head order.
+        for out_, partials in ((dk_sum, dk_out), (dv_sum, dv_out)):
+            rounded = partials.to(k.dtype).to(work)
+            for h in range(heads):
+                out_[:, :, h // group] += rounded[:, :, h]
+    dk_all, dv_all = (dk_sum, dv_sum) if split else (dk_out, dv_out)
     if varlen:
         run.dq = (_pack(dq_accum, lengths_q) * scale).to(q.dtype)
-        run.dk = _pack(dk_out, lengths_k).to(k.dtype)
-        run.dv = _pack(dv_out, lengths_k).to(v.dtype)
+        run.dk = _pack(dk_all, lengths_k).to(k.dtype)
+        run.dv = _pack(dv_all, lengths_k).to(v.dtype)
     else:
         run.dq = (dq_accum[:, : seqlens[0][0]] * scale).to(q.dtype)
-        run.dk = dk_out[:, : seqlens[0][1]].to(k.dtype)
-        run.dv = dv_out[:, : seqlens[0][1]].to(v.dtype)
+        run.dk = dk_all[:, : seqlens[0][1]].to(k.dtype)
+        run.dv = dv_all[:, : seqlens[0][1]].to(v.dtype)
     return run
 
 

@@ -418,3 +418,77 @@ def test_varlen_needs_both_offsets():
             block_n=case.block_n,
             cu_seqlens_q=torch.tensor([0, 50], dtype=torch.int32),
         )
+
+
+# ------------------------------------------------------------------ GQA split by q head
+
+_SPLIT_CASES = [case for case in CASES if case.heads > case.kv_heads]
+
+
+def _split_spec(case: Case, sums: bool) -> ScheduleSpec:
+    """The plan's GQA split: a chain per q head; with ``sums`` its dK/dV added in the kernel."""
+    spec = dataclasses.replace(case.spec(), kv_heads=case.heads)
+    return dataclasses.replace(spec, dkv_sum_group=case.heads // case.kv_heads) if sums else spec
+
+
+@pytest.mark.parametrize("case", _SPLIT_CASES, ids=[c.id for c in _SPLIT_CASES])
+def test_gqa_split_sums_and_partials_match_autograd_in_order(case: Case) -> None:
+    """Both ways of adding a split group's dK/dV give autograd's gradients (fp64: the same bits
+    either way, the partials' rounding being exact there); with the in-kernel sums every
+    (batch, kv head, KV tile) receives its chains in q-head order under any timing, and the
+    chain-end waits never deadlock, for every schedule."""
+    inputs, grads = _problem(case)
+    for name in applicable_schedules(case.spec()):
+        partials = make_schedule(name, _split_spec(case, sums=False))
+        summed = make_schedule(name, _split_spec(case, sums=True))
+        kwargs = dict(softmax_scale=None, block_m=case.block_m, block_n=case.block_n)
+        want = execute_schedule_backward(partials, *inputs, **kwargs)
+        for got, expected in zip(want, grads, strict=True):
+            torch.testing.assert_close(got, expected, **TOL)
+        group = case.heads // case.kv_heads
+        for seed in (None, 1, 2):
+            run = run_schedule_backward(summed, *inputs, timing_seed=seed, **kwargs)
+            got = (run.dq, run.dk, run.dv)
+            assert all(bitwise_equal(x, y) for x, y in zip(got, want, strict=True)), (name, seed)
+            assert run.dkv_additions and all(
+                ranks == list(range(group)) for ranks in run.dkv_additions.values()
+            ), (name, seed)
+
+
+def test_gqa_split_in_16_bits_sums_match_the_repeated_kv_backward_in_dq() -> None:
+    """bf16 inputs: dq of the split is the MHA backward's of K/V repeated per q head, bit for bit
+    (the same tables), and dk/dv of both ways stay close to fp32's."""
+    case = Case(2, 37, 45, 4, 2, 8, 16, 64, causal=True)
+    q, k, v = make_qkv(2, 37, 45, 4, 2, 8, torch.bfloat16, "cpu", seed=3)
+    out, lse = attention_ref(q, k, v, causal=True)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(q.dtype)
+    inputs = (q, k, v, out.to(q.dtype), lse, dout)
+    kwargs = dict(softmax_scale=None, block_m=8, block_n=16)
+    k_rep, v_rep = (x.repeat_interleave(2, dim=2) for x in (k, v))
+    mha = make_schedule("symmetric_shift", dataclasses.replace(case.spec(), kv_heads=4))
+    dq_rep, _, _ = execute_schedule_backward(mha, q, k_rep, v_rep, *inputs[3:], **kwargs)
+    ref = [g.to(torch.float32) for g in _fp32_grads(q, k, v, dout)]
+    for sums in (False, True):
+        split = make_schedule("symmetric_shift", _split_spec(case, sums))
+        dq, dk, dv = execute_schedule_backward(split, *inputs, **kwargs)
+        assert bitwise_equal(dq, dq_rep)
+        assert all(torch.isfinite(g.float()).all() for g in (dk, dv))
+        for got, r in zip((dk, dv), ref[1:], strict=True):
+            torch.testing.assert_close(got.float(), r, atol=3e-2, rtol=3e-2)
+
+
+def _fp32_grads(q, k, v, dout) -> tuple[torch.Tensor, ...]:
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    out, _ = attention_ref(qf, kf, vf, causal=True)
+    return torch.autograd.grad(out, (qf, kf, vf), dout.float())
+
+
+def test_gqa_split_sum_out_of_order_deadlocks() -> None:
+    """One worker runs q head 1's chain of a KV tile before q head 0's: q head 1's dK/dV wait
+    for q head 0's, which that worker never reaches."""
+    case = Case(1, 8, 8, 2, 1, 8, 8, 1, causal=False)
+    inputs, _ = _problem(case)
+    schedule = make_schedule("shift", _split_spec(case, sums=True))
+    broken = dataclasses.replace(schedule, order=schedule.order[::-1])
+    with pytest.raises(RuntimeError, match="deadlock .* waits to add its dK/dV .* at rank 1"):
+        run_schedule_backward(broken, *inputs, softmax_scale=None, block_m=8, block_n=8)

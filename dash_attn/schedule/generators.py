@@ -234,11 +234,7 @@ def range_walk_schedule(name: str, spec: ScheduleSpec, *, descending: bool) -> S
     if spec.dkv_sum_group > 1:
         # Tickets rank-major (ScheduleSpec.dkv_placement); each head's chains keep KV order, so
         # every rank predecessor still holds a smaller ticket.
-        chain_batch, chain_head = (
-            order // (spec.kv_heads * spec.kv_tiles),
-            (order // spec.kv_tiles) % spec.kv_heads,
-        )
-        order = order[np.argsort(spec.dkv_placement(chain_batch, chain_head), kind="stable")]
+        order = order[np.argsort(spec.dkv_placement(batch[order], kv_head[order]), kind="stable")]
     return Schedule(
         name=name,
         spec=spec,

@@ -114,7 +114,9 @@ def simulate(
         pred = np.full_like(pred, -1)
         dkv_pred = np.full_like(dkv_pred, -1)
     cost_list = costs.tolist()
-    preds = (pred.tolist(), dkv_pred.tolist())
+    # dK/dV predecessors are few (one per chain of a sum): a dict keeps the common step cheap.
+    has_dkv = np.flatnonzero(dkv_pred >= 0)
+    preds = (pred.tolist(), dict(zip(has_dkv.tolist(), dkv_pred[has_dkv].tolist(), strict=True)))
     reduce_costs = np.full(schedule.num_steps, r)
     if schedule.spec.dkv_sum_group > 1:
         start = schedule.chain_start.astype(np.int64)
@@ -141,7 +143,7 @@ def simulate(
             path.append(step)
             if via[step]:
                 length += rcost[step]
-                step = preds[via[step] - 1][step]
+                step = preds[0][step] if via[step] == 1 else preds[1][step]
             else:
                 length += cost_list[step] + rcost[step]
                 step = prev[step]
@@ -186,25 +188,23 @@ def _step_costs(value: float | np.ndarray, num_steps: int) -> np.ndarray:
 
 
 _Times = tuple[list[int], list[float], list[float], list[int], bytearray]
-# (rank predecessor, dK/dV predecessor) of every step, -1 for none.
-_Preds = tuple[list[int], list[int]]
+# The rank predecessor of every step (-1 for none), and the dK/dV predecessor of the steps that
+# have one.
+_Preds = tuple[list[int], dict[int, int]]
 
 
-def _ready(
-    step: int, ready: float, preds: _Preds, reduce_end: list[float], via: bytearray
+def _wait_on(
+    p: int, ready: float, step: int, kind: int, reduce_end: list[float], via: bytearray
 ) -> float:
-    """When ``step``'s reduction may start: ``ready`` (its compute's end) or the end of the
-    later of its predecessors' reductions, recorded in ``via`` (1 rank, 2 dK/dV); -1.0 when a
-    predecessor has not run yet."""
-    for kind in (0, 1):
-        p = preds[kind][step]
-        if p >= 0:
-            done = reduce_end[p]
-            if done < 0:
-                return -1.0
-            if done > ready:
-                ready = done
-                via[step] = kind + 1
+    """``ready`` pushed to the end of predecessor ``p``'s reduction (recorded in ``via`` as
+    ``kind``: 2, dK/dV); -1.0 when ``p`` has not run yet. The rank predecessor, which most
+    steps have, is the same test written inline in the loops."""
+    done = reduce_end[p]
+    if done < 0:
+        return -1.0
+    if done > ready:
+        via[step] = kind
+        return done
     return ready
 
 
@@ -215,6 +215,7 @@ def _run_static(schedule: Schedule, preds: _Preds, cost: list[float], rcost: lis
     resumed changes nothing: the result is the DAG's unique earliest-start schedule.
     """
     spec = schedule.spec
+    rank_pred, dkv_pred = preds
     num_steps = schedule.num_steps
     chain_start = schedule.chain_start.tolist()
     order = schedule.order.tolist()
@@ -248,11 +249,22 @@ def _run_static(schedule: Schedule, preds: _Preds, cost: list[float], rcost: lis
         end = len(steps)
         while index < end:
             step = steps[index]
-            ready = _ready(step, t + cost[step], preds, reduce_end, via)
-            if ready < 0:
-                missing = [p[step] for p in preds if p[step] >= 0 and reduce_end[p[step]] < 0]
-                waiters.setdefault(missing[0], []).append(w)
-                break
+            ready = t + cost[step]
+            p = rank_pred[step]
+            if p >= 0:  # inline: most steps have a rank predecessor
+                done = reduce_end[p]
+                if done < 0:
+                    waiters.setdefault(p, []).append(w)
+                    break
+                if done > ready:
+                    ready = done
+                    via[step] = 1
+            if step in dkv_pred:
+                p = dkv_pred[step]
+                ready = _wait_on(p, ready, step, 2, reduce_end, via)
+                if ready < 0:
+                    waiters.setdefault(p, []).append(w)
+                    break
             compute_start[step] = t
             reduce_start[step] = ready
             prev[step] = before
@@ -273,6 +285,7 @@ def _run_dynamic(
 ) -> _Times:
     """Deal chains in ticket order to the earliest-free worker and run each one to its end."""
     spec = schedule.spec
+    rank_pred, dkv_pred = preds
     num_steps = schedule.num_steps
     chain_start = schedule.chain_start.tolist()
     worker = [0] * num_steps
@@ -287,9 +300,19 @@ def _run_dynamic(
         t, w = heapq.heappop(free)
         before = last[w]
         for step in range(chain_start[chain], chain_start[chain + 1]):
-            ready = _ready(step, t + cost[step], preds, reduce_end, via)
-            if ready < 0:
-                raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
+            ready = t + cost[step]
+            p = rank_pred[step]
+            if p >= 0:  # inline: most steps have a rank predecessor
+                done = reduce_end[p]
+                if done < 0:
+                    raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
+                if done > ready:
+                    ready = done
+                    via[step] = 1
+            if step in dkv_pred:
+                ready = _wait_on(dkv_pred[step], ready, step, 2, reduce_end, via)
+                if ready < 0:
+                    raise RuntimeError("dynamic simulation met a later ticket on a valid schedule")
             worker[step] = w
             compute_start[step] = t
             reduce_start[step] = ready

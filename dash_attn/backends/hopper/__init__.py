@@ -49,12 +49,19 @@ _BWD_TILES = {
 # (exp_poly (1, 4), degree 5, as accurate as ex2.approx: kernel time at a fixed clock det
 # 1.017-1.025x from 8k keys in three runs, 0.994-1.005x to 4k, non-det 1.010-1.017x;
 # session22-cb74eeb call1-call3 poly_ab.txt; slower at hd 64 and no faster at hd 128 causal).
+# Everywhere the chain's dK/dV leave through shared memory (dkv_smem: stmatrix into the K/V
+# tiles, then 16-byte chunks of whole rows; the read-back loop unrolled by 2): kernel time at a
+# fixed clock 1.05-1.12x at hd 128 causal 512-2k, 1.01x at 8k-16k, 1.07x at hd 128 full 512,
+# 1.02-1.04x at 1k-4k, 1.03-1.10x at hd 64 to 4k and 1.01x at 16k (det; non-det up to 1.16x),
+# bits equal (session25-814acab call2/call3 ev_ab.txt, ev_check.txt); at hd 64 with
+# dkv_row_ptr, which it needs (one register then goes through local memory once per step at
+# hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys (0.94x).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_xm24",
-    (64, "causal"): "t128_xm24",
-    (128, "full"): "t80_wgr_p14",
-    (128, "causal"): "t128_wg2gr",
+    (64, "full"): "t128_xm24r_sm2",
+    (64, "causal"): "t128_xm24r_sm2",
+    (128, "full"): "t80_wgr_p14_sm2",
+    (128, "causal"): "t128_wg2gr_sm2",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every

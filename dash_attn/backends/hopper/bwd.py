@@ -59,7 +59,8 @@ warp-uniform test selects a masked or a plain copy of the exponential loop); dS^
 stmatrix; FA4's order around the dS barrier (dS stored, dV issued, dQ queued behind it); the
 dQ writer reads the step's metadata from the load-ring slot; the producer reads a step's tables
 before it waits for the free stage, and takes a dynamic ticket only once its CTA has finished
-the chain; dK/dV leave as 32-bit pairs. 128 x 128 tiles at hd 64; at hd 128 64 x 128, or
+the chain; dK/dV leave as 32-bit pairs, or (``dkv_smem``, shipped) through the K/V tiles in
+shared memory as 16-byte chunks of whole rows. 128 x 128 tiles at hd 64; at hd 128 64 x 128, or
 80 x 128 (FA4's tile for the full mask: dQ^T = K^T dS^T, since 80 rows are no multiple of the
 64-row WGMMA atom, dS in 32-byte swizzled rows of 160 bytes, 226 KiB of shared memory).
 
@@ -74,7 +75,9 @@ is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all o
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
-exponentials by a polynomial on the FMA pipe; ``stages`` is the depth of the Q/dO ring.
+exponentials by a polynomial on the FMA pipe; ``early_dv`` stores dV while the last step's dQ
+and dK GEMMs run; ``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors);
+``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -103,7 +106,7 @@ from ._cute_utils import (
     wgmma,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
-from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
+from .gmem_pairs import load_f32_cg, red_add_f32x2, store_b32_if, store_f32x2
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -115,7 +118,8 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
 # and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
-_BAR_DKV = 12  # dkv_sum: + w, warpgroup w's chain epilogue (its 128 threads)
+_BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
+_BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -188,6 +192,9 @@ class HopperAttnBwd:
         exp_poly_degree: int = 5,
         early_lse: bool = False,
         dkv_sum: bool = False,
+        early_dv: bool = False,
+        dkv_smem: bool = False,
+        dkv_smem_unroll: int = 1,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -351,6 +358,33 @@ class HopperAttnBwd:
         #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
         #   kernel: FA4-det's memory (dK/dV of the kv heads in fp32) instead of G partials.
         self.dkv_sum = dkv_sum
+        # early_dv: at a chain's last step dV leaves the registers as soon as its GEMM is done,
+        #   while the dQ and dK GEMMs run, and only dK is stored after them. Without it both
+        #   are stored once the step's GEMMs are done, with the tensor pipe idle until the next
+        #   chain's S^T (session 21's profile of hd 128 causal 2k: the chain epilogue 13% of the
+        #   stall samples, FA4's 2.7%). The stores take the row bound as a predicate: a
+        #   divergent branch while WGMMAs are in flight makes ptxas serialise them (C7518).
+        #   Needs dkv_row_ptr (the chain's indices read at its last step); not with dkv_sum,
+        #   whose turn wait is itself divergent.
+        if early_dv and not dkv_row_ptr:
+            raise ValueError("early_dv needs dkv_row_ptr")
+        self.early_dv = early_dv and not dkv_sum
+        # dkv_smem: the chain's dK/dV leave through shared memory: stmatrix into the K/V tiles
+        #   (free once both warpgroups' last GEMMs are done, a 256-thread barrier), then each
+        #   thread copies 16-byte chunks of whole rows to global memory, and K/V are released
+        #   after that. Without it each 32-bit store of a register pair writes 8 rows x 16
+        #   bytes (half sectors, 8 L2 requests per instruction, 64 instructions per thread at hd
+        #   128): removing the stores altogether made the kernel 1.10-1.56x faster at a fixed
+        #   clock from 512 to 8k tokens (session 25, call 1), far more than their bytes.
+        #   Needs dkv_row_ptr's epilogue; not with dkv_sum (its own epilogue) or early_dv.
+        if dkv_smem and (not dkv_row_ptr or early_dv):
+            raise ValueError("dkv_smem needs dkv_row_ptr and excludes early_dv")
+        self.dkv_smem = dkv_smem and not dkv_sum
+        # dkv_smem_unroll: the read-back loop's unroll (its loads of the next rows issued before
+        #   the stores of these).
+        if dkv_smem_unroll < 1:
+            raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
+        self.dkv_smem_unroll = dkv_smem_unroll
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1028,25 +1062,107 @@ class HopperAttnBwd:
     @cute.jit
     def _chain_epilogue(
         self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
-        seqlen_k,
+        seqlen_k, sK=None, sV=None, tidx=None, wg=None,
     ):  # fmt: skip
         """The last step of a chain: release its ring stage and K/V (after reading the chain's
         batch, kv head and kv tile from the stage's slot), then dK/dV from registers to
-        global memory."""
+        global memory (with dkv_smem through the K/V tiles, which are released after)."""
         b = sInfo[_I_BATCH, stage]
         kvh = sInfo[_I_KVH, stage]
         kvt = sInfo[_I_KVT, stage]
         # Q, dO, LSE2, delta and the metadata of this stage are no longer read; K/V are free
         # for the next chain.
         cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+        if const_expr(not self.dkv_smem):
+            cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
         rdK = cute.make_fragment_like(acc_dK, self.dtype)
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        bn = self.block_n
+        if const_expr(self.dkv_smem):
+            rdV = cute.make_fragment_like(acc_dV, self.dtype)
+            rdV.store(acc_dV.load().to(self.dtype))
+            self._store_dkv_staged(
+                rdK, rdV, sK, sV, mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt,
+                seqlen_k, mma_dkv, tidx, wg,
+            )  # fmt: skip
+            cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+            return
+        if const_expr(not self.early_dv):
+            rdV = cute.make_fragment_like(acc_dV, self.dtype)
+            rdV.store(acc_dV.load().to(self.dtype))
+        self._store_pairs(rdK, mdK[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+        if const_expr(not self.early_dv):
+            self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+
+    @cute.jit
+    def _store_dkv_staged(self, rdK, rdV, sK, sV, gK, gV, kvt, seqlen_k, mma_dkv, tidx, wg):
+        """dkv_smem: a chain's dK/dV (16-bit fragments) to global rows ``kvt * block_n + n``
+        through the K/V tiles in shared memory, written by stmatrix and read back as 16-byte
+        chunks of whole rows (full L2 sectors)."""
+        # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of K).
+        cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        st_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        st_copy = cute.make_tiled_copy_C(st_atom, mma_dkv)
+        thr_st = st_copy.get_slice(tidx)
+        cute.copy(st_copy, thr_st.retile(rdK), thr_st.partition_D(sK))
+        cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(sV))
+        # Each warpgroup reads back only its own 64 rows.
+        cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
+        hd = self.head_dim
+        chunks = hd // 8  # 16-byte chunks per row
+        ld_atom = cute.make_copy_atom(
+            cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128
+        )
+        ld_copy = cute.make_tiled_copy_tv(
+            ld_atom,
+            cute.make_layout((128 // chunks, chunks), stride=(chunks, 1)),
+            cute.make_layout((1, 8)),
+        )
+        thr_ld = ld_copy.get_slice(tidx % 128)
+        block = kvt * (self.block_n // 64) + wg
+        coords = cute.local_tile(cute.make_identity_tensor(gK.shape), (64, hd), (block, 0))
+        tC = thr_ld.partition_D(coords)
+        for s, g in ((sK, gK), (sV, gV)):
+            tS = thr_ld.partition_S(cute.local_tile(s, (64, hd), (wg, 0)))
+            tD = thr_ld.partition_D(cute.local_tile(g, (64, hd), (block, 0)))
+            # A loop, unrolled by dkv_smem_unroll only: its addresses are computed per pass
+            # (fully unrolled, ptxas hoists all of them out of the step loop and the step's
+            # registers spill).
+            for i in cutlass.range(cute.size(tS, mode=[1]), unroll=self.dkv_smem_unroll):
+                frag = cute.make_fragment_like(tS[None, i, None])
+                cute.autovec_copy(tS[None, i, None], frag)
+                if tC[0, i, 0][0] < seqlen_k:
+                    cute.copy(ld_atom, frag, tD[None, i, None])
+
+    @cute.jit
+    def _store_dv_early(self, sInfo, stage, acc_dV, mdV, tKcK, mma_dkv, seqlen_k):
+        """early_dv: the chain's dV (its GEMMs are done) to global memory while the last step's
+        dQ and dK GEMMs run."""
+        b = sInfo[_I_BATCH, stage]
+        kvh = sInfo[_I_KVH, stage]
+        kvt = sInfo[_I_KVT, stage]
         rdV = cute.make_fragment_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
-        bn = self.block_n
-        self._store_pairs(rdK, mdK[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
-        self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+        g = mdV[b, None, kvh, None]
+        coords0 = mma_dkv.get_slice(0).partition_C(cute.make_identity_tensor(g.shape))
+        words = cute.recast_tensor(rdV, Int32)
+        assert coords0[0] == (0, 0)
+        rows0 = _pair_rows(coords0, cute.size(words))
+        n_t, d_t = tKcK[0]
+        elem_bytes = self.dtype.width // 8
+        for i in cutlass.range_constexpr(len(rows0)):
+            row = kvt * self.block_n + n_t + rows0[i][0]
+            # The row bound as a predicate of each store (rows differ per thread: a branch
+            # would be divergent, and the dQ and dK GEMMs are in flight).
+            inside = Int32(0)
+            if row < seqlen_k:
+                inside = Int32(1)
+            row_start = (g.iterator + cute.crd2idx((row, d_t), g.layout)).toint()
+            for k in cutlass.range_constexpr(len(rows0[i][1])):
+                j, d0 = rows0[i][1][k]
+                store_b32_if(row_start + d0 * elem_bytes, words[j], inside)
 
     @cute.jit
     def _sum_chain_epilogue(
@@ -1544,6 +1660,9 @@ class HopperAttnBwd:
                     mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
                     zero_init=False,
                 )  # fmt: skip
+                if const_expr(self.early_dv):  # noqa: SIM102 (compile-time, then runtime test)
+                    if flags & _F_LAST != 0:
+                        self._store_dv_early(sInfo, stage, acc_dV, mdV, tKcK, mma_dkv, seqlen_k)
                 warpgroup.wait_group(1)  # dQ done, dK may still run
                 if const_expr(self.ds_guard):
                     cute.arch.barrier_arrive(
@@ -1586,7 +1705,7 @@ class HopperAttnBwd:
                     else:
                         self._chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                            softmax_scale, seqlen_k,
+                            softmax_scale, seqlen_k, sK, sV, tidx, wg,
                         )  # fmt: skip
                 else:
                     b = sInfo[_I_BATCH, stage]

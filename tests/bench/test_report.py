@@ -189,6 +189,18 @@ def test_readme_results_are_generated_from_the_committed_files(
     rows = report.read_csv(call4 / "sweep6" / "bench.csv")
     assert report.readme_table(rows).strip() in text
     assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
+    # Session 25: dK/dV through shared memory: the fixed-clock kernel-time table, the sweep and
+    # the end-to-end blocks.
+    session25 = results / "session25-814acab"
+    ab = _load_tool(repo / "tools" / "hopper" / "kernel_ab_table.py")
+    calls = [session25 / f"call{i}-814acab-wip" for i in (1, 2, 3)]
+    assert ab.markdown_table(calls) in text
+    rows = report.read_csv(session25 / "call5-2fbfb69" / "sweep" / "bench.csv")
+    assert len(rows) == 96
+    assert report.readme_table(rows).strip() in text
+    assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
+    e2e = report.read_csv(session25 / "call6-2fbfb69" / "e2e" / "e2e.csv")
+    assert report.e2e_table(e2e, markdown=True).strip() in text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:

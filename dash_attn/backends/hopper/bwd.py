@@ -374,7 +374,7 @@ class HopperAttnBwd:
         #   thread copies 16-byte chunks of whole rows to global memory, and K/V are released
         #   after that. Without it each 32-bit store of a register pair writes 8 rows x 16
         #   bytes (half sectors, 8 L2 requests per instruction, 64 instructions per thread at hd
-        #   128): removing the stores altogether made the kernel 1.10-1.56x faster at a fixed
+        #   128): removing the stores altogether made the kernel 1.02-1.57x faster at a fixed
         #   clock from 512 to 8k tokens (session 25, call 1), far more than their bytes.
         #   Needs dkv_row_ptr's epilogue; not with dkv_sum (its own epilogue) or early_dv.
         if dkv_smem and (not dkv_row_ptr or early_dv):

@@ -75,9 +75,8 @@ is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all o
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
-exponentials by a polynomial on the FMA pipe; ``early_dv`` stores dV while the last step's dQ
-and dK GEMMs run; ``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors);
-``stages`` is the depth of the Q/dO ring.
+exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/dV through
+shared memory (full sectors); ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -106,7 +105,7 @@ from ._cute_utils import (
     wgmma,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
-from .gmem_pairs import load_f32_cg, red_add_f32x2, store_b32_if, store_f32x2
+from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -192,7 +191,6 @@ class HopperAttnBwd:
         exp_poly_degree: int = 5,
         early_lse: bool = False,
         dkv_sum: bool = False,
-        early_dv: bool = False,
         dkv_smem: bool = False,
         dkv_smem_unroll: int = 1,
     ) -> None:
@@ -358,17 +356,6 @@ class HopperAttnBwd:
         #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
         #   kernel: FA4-det's memory (dK/dV of the kv heads in fp32) instead of G partials.
         self.dkv_sum = dkv_sum
-        # early_dv: at a chain's last step dV leaves the registers as soon as its GEMM is done,
-        #   while the dQ and dK GEMMs run, and only dK is stored after them. Without it both
-        #   are stored once the step's GEMMs are done, with the tensor pipe idle until the next
-        #   chain's S^T (session 21's profile of hd 128 causal 2k: the chain epilogue 13% of the
-        #   stall samples, FA4's 2.7%). The stores take the row bound as a predicate: a
-        #   divergent branch while WGMMAs are in flight makes ptxas serialise them (C7518).
-        #   Needs dkv_row_ptr (the chain's indices read at its last step); not with dkv_sum,
-        #   whose turn wait is itself divergent.
-        if early_dv and not dkv_row_ptr:
-            raise ValueError("early_dv needs dkv_row_ptr")
-        self.early_dv = early_dv and not dkv_sum
         # dkv_smem: the chain's dK/dV leave through shared memory: stmatrix into the K/V tiles
         #   (free once both warpgroups' last GEMMs are done, a 256-thread barrier), then each
         #   thread copies 16-byte chunks of whole rows to global memory, and K/V are released
@@ -376,9 +363,12 @@ class HopperAttnBwd:
         #   bytes (half sectors, 8 L2 requests per instruction, 64 instructions per thread at hd
         #   128): removing the stores altogether made the kernel 1.02-1.57x faster at a fixed
         #   clock from 512 to 8k tokens (session 25, call 1), far more than their bytes.
-        #   Needs dkv_row_ptr's epilogue; not with dkv_sum (its own epilogue) or early_dv.
-        if dkv_smem and (not dkv_row_ptr or early_dv):
-            raise ValueError("dkv_smem needs dkv_row_ptr and excludes early_dv")
+        #   Storing only dV early, while the last step's dQ and dK GEMMs run (predicated
+        #   stores: a divergent branch there makes ptxas serialise the GEMMs), measured
+        #   1.00-1.08x, less (session 25; code in git history at 2fbfb69, early_dv).
+        #   Needs dkv_row_ptr's epilogue; not with dkv_sum (its own epilogue).
+        if dkv_smem and not dkv_row_ptr:
+            raise ValueError("dkv_smem needs dkv_row_ptr")
         self.dkv_smem = dkv_smem and not dkv_sum
         # dkv_smem_unroll: the read-back loop's unroll (its loads of the next rows issued before
         #   the stores of these).
@@ -1062,7 +1052,7 @@ class HopperAttnBwd:
     @cute.jit
     def _chain_epilogue(
         self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
-        seqlen_k, sK=None, sV=None, tidx=None, wg=None,
+        seqlen_k, sK, sV, tidx, wg,
     ):  # fmt: skip
         """The last step of a chain: release its ring stage and K/V (after reading the chain's
         batch, kv head and kv tile from the stage's slot), then dK/dV from registers to
@@ -1087,12 +1077,10 @@ class HopperAttnBwd:
             )  # fmt: skip
             cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
             return
-        if const_expr(not self.early_dv):
-            rdV = cute.make_fragment_like(acc_dV, self.dtype)
-            rdV.store(acc_dV.load().to(self.dtype))
+        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
         self._store_pairs(rdK, mdK[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
-        if const_expr(not self.early_dv):
-            self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
+        self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
 
     @cute.jit
     def _store_dkv_staged(self, rdK, rdV, sK, sV, gK, gV, kvt, seqlen_k, mma_dkv, tidx, wg):
@@ -1135,34 +1123,6 @@ class HopperAttnBwd:
                 cute.autovec_copy(tS[None, i, None], frag)
                 if tC[0, i, 0][0] < seqlen_k:
                     cute.copy(ld_atom, frag, tD[None, i, None])
-
-    @cute.jit
-    def _store_dv_early(self, sInfo, stage, acc_dV, mdV, tKcK, mma_dkv, seqlen_k):
-        """early_dv: the chain's dV (its GEMMs are done) to global memory while the last step's
-        dQ and dK GEMMs run."""
-        b = sInfo[_I_BATCH, stage]
-        kvh = sInfo[_I_KVH, stage]
-        kvt = sInfo[_I_KVT, stage]
-        rdV = cute.make_fragment_like(acc_dV, self.dtype)
-        rdV.store(acc_dV.load().to(self.dtype))
-        g = mdV[b, None, kvh, None]
-        coords0 = mma_dkv.get_slice(0).partition_C(cute.make_identity_tensor(g.shape))
-        words = cute.recast_tensor(rdV, Int32)
-        assert coords0[0] == (0, 0)
-        rows0 = _pair_rows(coords0, cute.size(words))
-        n_t, d_t = tKcK[0]
-        elem_bytes = self.dtype.width // 8
-        for i in cutlass.range_constexpr(len(rows0)):
-            row = kvt * self.block_n + n_t + rows0[i][0]
-            # The row bound as a predicate of each store (rows differ per thread: a branch
-            # would be divergent, and the dQ and dK GEMMs are in flight).
-            inside = Int32(0)
-            if row < seqlen_k:
-                inside = Int32(1)
-            row_start = (g.iterator + cute.crd2idx((row, d_t), g.layout)).toint()
-            for k in cutlass.range_constexpr(len(rows0[i][1])):
-                j, d0 = rows0[i][1][k]
-                store_b32_if(row_start + d0 * elem_bytes, words[j], inside)
 
     @cute.jit
     def _sum_chain_epilogue(
@@ -1660,9 +1620,6 @@ class HopperAttnBwd:
                     mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
                     zero_init=False,
                 )  # fmt: skip
-                if const_expr(self.early_dv):  # noqa: SIM102 (compile-time, then runtime test)
-                    if flags & _F_LAST != 0:
-                        self._store_dv_early(sInfo, stage, acc_dV, mdV, tKcK, mma_dkv, seqlen_k)
                 warpgroup.wait_group(1)  # dQ done, dK may still run
                 if const_expr(self.ds_guard):
                     cute.arch.barrier_arrive(

@@ -113,11 +113,9 @@ for _name in ("t80_wgr", "t80_wg2r", "t128_wg2gr"):
     VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
     VARIANTS[_name + "_el"] = {**VARIANTS[_name], "early_lse": True}
     VARIANTS[_name + "_eml"] = {**VARIANTS[_name], "early_meta": True, "early_lse": True}
-# Session 25: dV stored at a chain's last step while its dQ and dK GEMMs run (early_dv), on
-# the shipped hd-128 kernels and on hd 64's with dkv_row_ptr (which it needs).
-for _name in ("t128_xm24r", "t80_wgr_p14", "t80_wg2r_p14", "t128_wg2gr"):
-    VARIANTS[_name + "_ev"] = {**VARIANTS[_name], "early_dv": True}
 # Session 25: dK/dV through shared memory (the K/V tiles) as 16-byte row chunks (dkv_smem).
+# (dV alone stored while the last step's dQ and dK GEMMs run, early_dv, "_ev", measured less:
+# git history, 2fbfb69.)
 for _name in ("t128_xm24r", "t80_wgr_p14", "t80_wg2r_p14", "t128_wg2gr"):
     VARIANTS[_name + "_sm"] = {**VARIANTS[_name], "dkv_smem": True}
     VARIANTS[_name + "_sm2"] = {**VARIANTS[_name + "_sm"], "dkv_smem_unroll": 2}

@@ -1,20 +1,17 @@
-"""Two neighbouring values to global memory in one instruction (inline PTX).
+"""Two neighbouring fp32 values to global memory in one instruction (inline PTX).
 
 The chain epilogue of a grouped-query backward that adds dK/dV in the kernel
 (``HopperAttnBwd(dkv_sum=True)``) stores, reduce-adds and re-packs the accumulator's column pairs:
 an MMA accumulator holds two neighbouring columns per register pair, so one 8-byte access per pair
 halves the instructions of element-wise ones. ``red.global.add.v2.f32`` (sm_90) adds both values
 at L2, as every reduction does, so a later adder on another SM never reads a stale L1 line.
-The early dV stores (``HopperAttnBwd(early_dv=True)``) write 16-bit pairs under a predicate
-instead of a branch (``store_b32_if``): a divergent branch while WGMMAs are in flight makes ptxas
-serialise them (C7518).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -68,14 +65,3 @@ def load_f32_cg(addr: Int64, *, loc: Any = None, ip: Any = None) -> Float32:
         )
     )
 
-
-@dsl_user_op
-def store_b32_if(
-    addr: Int64, value: Int32, pred: Int32, *, loc: Any = None, ip: Any = None
-) -> None:
-    """``addr[0] = value`` if ``pred != 0`` (global, 4-byte aligned ``addr``), predicated
-    rather than branched over."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    operands += [Int32(v).ir_value(loc=loc, ip=ip) for v in (value, pred)]
-    ptx = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
-    _side_effect(ptx, "l,r,r", operands, loc, ip)

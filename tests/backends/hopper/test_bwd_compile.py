@@ -217,15 +217,12 @@ VARIANT_CONFIGS = [
     ("t128_xm24_p25", (64, torch.bfloat16, True, True)),
     ("t80_wgr_p14d3", (128, torch.float16, False, False)),
     ("t128_wg2gr_el", (128, torch.bfloat16, True, True)),
-    # Session 22's shipped kernels (dK/dV stored from registers as 32-bit pairs) and session
-    # 25's dV stored while the last step's dQ/dK GEMMs run (early_dv: no faster than dkv_smem);
+    # Session 22's shipped kernels (dK/dV stored from registers as 32-bit pairs); session 25's
     # dkv_smem without the read-back unroll, and on the hd-128 full kernel for long keys (0.94x).
     ("t128_xm24", (64, torch.bfloat16, True, True)),
     ("t128_xm24", (64, torch.float16, False, False)),
     ("t80_wgr_p14", (128, torch.bfloat16, False, True)),
     ("t128_wg2gr", (128, torch.bfloat16, True, True)),
-    ("t128_wg2gr_ev", (128, torch.bfloat16, True, True)),
-    ("t128_xm24r_ev", (64, torch.float16, False, True)),
     ("t80_wgr_p14_sm", (128, torch.bfloat16, False, False)),
     ("t80_wg2r_p14_sm2", (128, torch.bfloat16, False, True)),
 ]
@@ -485,12 +482,10 @@ def test_bad_kernel_options_raise() -> None:
             cutlass.BFloat16, 64, causal=False, deterministic=True, exp_poly=(1, 4),
             exp_poly_degree=2,
         )  # fmt: skip
-    # The dK/dV epilogue options build on the row-addressed one and exclude each other.
+    # The staged dK/dV epilogue builds on the row-addressed one.
     base = {"dtype": cutlass.BFloat16, "head_dim": 128, "causal": True, "deterministic": True}
     for bad, match in (
-        ({"early_dv": True}, "early_dv needs dkv_row_ptr"),
         ({"dkv_smem": True}, "dkv_smem needs dkv_row_ptr"),
-        ({"dkv_row_ptr": True, "dkv_smem": True, "early_dv": True}, "excludes early_dv"),
         ({"dkv_row_ptr": True, "dkv_smem": True, "dkv_smem_unroll": 0}, "dkv_smem_unroll"),
     ):
         with pytest.raises(ValueError, match=match):

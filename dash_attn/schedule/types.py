@@ -531,6 +531,31 @@ class Schedule:
         spec = self.spec
         return (batch * spec.q_heads + self.step_q_head) * spec.q_tiles + self.step_q_tile
 
+    def starts_every_dq_tile(self) -> bool:
+        """Whether every dQ tile has exactly one step of rank 0, so that a deterministic kernel
+        may store that first partial instead of adding it to a zeroed accumulator.
+
+        False where some tile gets no contribution (causal rows that see no key, padding of
+        packed sequences) or where the ranks do not start at 0 (a broken table).
+
+        >>> from dash_attn.schedule import CAUSAL, FULL, ScheduleSpec, make_schedule
+        >>> spec = ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=3, kv_tiles=3, mask=FULL,
+        ...                     workers=4)
+        >>> make_schedule("shift", spec).starts_every_dq_tile()
+        True
+
+        Causal with 200 queries and 64 keys in 64-token tiles: the first two Q tiles see no key.
+
+        >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=1,
+        ...                     mask=CAUSAL, seqlens=((200, 64),), block_m=64, block_n=64)
+        >>> make_schedule("descending", spec).starts_every_dq_tile()
+        False
+        """
+        spec = self.spec
+        tiles = spec.batch * spec.q_heads * spec.q_tiles
+        first = self.step_dq_tile()[self.step_rank == 0]
+        return bool(np.array_equal(np.bincount(first, minlength=tiles), np.ones(tiles)))
+
 
 @dataclass(frozen=True, eq=False)
 class RangeTables:

@@ -226,6 +226,9 @@ def test_generator_invariants(name: str, spec: ScheduleSpec) -> None:
     report = validate(schedule)
     assert report.valid and report.errors == []
     assert report.num_rank_edges == spec.num_tasks() - len(dq_rank_lists(schedule))
+    # Where every dQ tile gets a contribution, each has one rank-0 step (a first store).
+    all_tiles = spec.batch * spec.q_heads * spec.q_tiles
+    assert schedule.starts_every_dq_tile() == (len(dq_rank_lists(schedule)) == all_tiles)
 
     # Q order of each chain, and the dispatch each generator promises.
     for chain in range(spec.num_chains):
@@ -295,6 +298,25 @@ def test_shift_concurrent_chains_touch_distinct_tiles(spec: ScheduleSpec) -> Non
         for w in range(spec.workers)
     )
     assert simulate(schedule, 2.0, 1.0).makespan == longest * 3.0  # no wait anywhere
+
+
+def test_starts_every_dq_tile() -> None:
+    """True for every schedule of a square shape; False with rows that see no key (a causal
+    mask with more queries than keys) and with ranks that do not start at 0."""
+    import dataclasses
+
+    for causal in (False, True):
+        spec = make_spec(q_tiles=6, kv_tiles=6, workers=4, q_heads=2, kv_heads=2, causal=causal)
+        for name in applicable_schedules(spec):
+            schedule = make_schedule(name, spec)
+            assert schedule.starts_every_dq_tile(), name
+            shifted = dataclasses.replace(schedule, step_rank=schedule.step_rank + 1)
+            assert not shifted.starts_every_dq_tile(), name
+    spec = ScheduleSpec(
+        batch=1, q_heads=1, kv_heads=1, q_tiles=4, kv_tiles=1, mask=Mask(causal=True),
+        seqlens=((200, 64),), block_m=64, block_n=64,
+    )  # fmt: skip
+    assert not make_schedule("descending", spec).starts_every_dq_tile()
 
 
 def test_mask_specific_schedules_reject_the_other_mask() -> None:

@@ -58,10 +58,10 @@ _BWD_TILES = {
 # hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys (0.94x).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_xm24r_sm2",
-    (64, "causal"): "t128_xm24r_sm2",
-    (128, "full"): "t80_wgr_p14_sm2",
-    (128, "causal"): "t128_wg2gr_sm2",
+    (64, "full"): "t128_xm24r_sm2_fs",
+    (64, "causal"): "t128_xm24r_sm2_fs",
+    (128, "full"): "t80_wgr_p14_sm2_fs",
+    (128, "causal"): "t128_wg2gr_sm2_fs",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every
@@ -70,7 +70,7 @@ BWD_VARIANT = {
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
 # 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's (t80_wg2r_p14).
-BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14")}
+BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row

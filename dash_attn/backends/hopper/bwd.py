@@ -193,6 +193,7 @@ class HopperAttnBwd:
         dkv_sum: bool = False,
         dkv_smem: bool = False,
         dkv_smem_unroll: int = 1,
+        dq_first_store: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -375,6 +376,17 @@ class HopperAttnBwd:
         if dkv_smem_unroll < 1:
             raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
         self.dkv_smem_unroll = dkv_smem_unroll
+        # dq_first_store: in deterministic mode the rank-0 contribution to each dQ tile is
+        #   stored (a bulk copy) instead of added, so the accumulator needs no zero fill: the
+        #   preprocess then zeroes the flags only (``bwd_launch.FullBackward``), which saves
+        #   writing a tile-padded fp32 copy of dQ per backward (134 MB at the sweep's 16k
+        #   tokens: ~40 us on the H200). The same bits as adding to zero but for the sign of a
+        #   zero (0 + -0 is +0). The caller must zero the accumulator where some dQ tile has no
+        #   rank-0 step (``Schedule.starts_every_dq_tile``); non-deterministic kernels add
+        #   every partial (no order says which is first).
+        if dq_first_store and not dq_frag:
+            raise ValueError("dq_first_store needs dq_frag (one flat bulk copy per part)")
+        self.dq_first_store = dq_first_store and deterministic
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -985,11 +997,17 @@ class HopperAttnBwd:
                         # fragment order), issued and committed by lane 0.
                         if lane == 0:
                             tile = mdQ[b, qh, qt, None]
-                            cute_prims.cp_reduce_async_bulk_global_shared_cta(
-                                tile.iterator + p * part, sdQ_buf.iterator + p * part,
-                                part * 4,
-                                op=cute_prims.CpReduceOp.ADD, type=cute_prims.CpReduceType.F32,
-                            )  # fmt: skip
+                            if const_expr(self.dq_first_store):
+                                # The tile's first contribution in the fixed order: a copy.
+                                if rank == 0:
+                                    cute_prims.cp_async_bulk_global_shared_cta(
+                                        tile.iterator + p * part, sdQ_buf.iterator + p * part,
+                                        part * 4,
+                                    )  # fmt: skip
+                                else:
+                                    self._reduce_part(tile, sdQ_buf, p * part, part)
+                            else:
+                                self._reduce_part(tile, sdQ_buf, p * part, part)
                             cute.arch.cp_async_bulk_commit_group()
                     else:
                         # The whole warp issues the copy (it elects one lane itself); bulk
@@ -1030,6 +1048,15 @@ class HopperAttnBwd:
                         self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):
+        """Bulk reduce-add of ``size`` fp32 values of the staged partial into the
+        accumulator's tile (both in fragment order), from ``offset``."""
+        cute_prims.cp_reduce_async_bulk_global_shared_cta(
+            tile.iterator + offset, sdQ_buf.iterator + offset, size * 4,
+            op=cute_prims.CpReduceOp.ADD, type=cute_prims.CpReduceType.F32,
+        )  # fmt: skip
 
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:

@@ -119,6 +119,10 @@ for _name in ("t80_wgr", "t80_wg2r", "t128_wg2gr"):
 for _name in ("t128_xm24r", "t80_wgr_p14", "t80_wg2r_p14", "t128_wg2gr"):
     VARIANTS[_name + "_sm"] = {**VARIANTS[_name], "dkv_smem": True}
     VARIANTS[_name + "_sm2"] = {**VARIANTS[_name + "_sm"], "dkv_smem_unroll": 2}
+# Session 26: deterministic kernels store each dQ tile's rank-0 partial instead of adding it, so
+# the preprocess zeroes only the flags (dq_first_store), on the shipped variants.
+for _name in ("t128_xm24r_sm2", "t80_wgr_p14_sm2", "t128_wg2gr_sm2", "t80_wg2r_p14"):
+    VARIANTS[_name + "_fs"] = {**VARIANTS[_name], "dq_first_store": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -135,6 +139,12 @@ def dq_fragment_order(variant: str) -> bool:
     """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) rather than as
     (batch, seqlen_q, heads, head_dim) (the same at every head dim)."""
     return bool(VARIANTS[variant].get("dq_frag"))
+
+
+def dq_first_store(variant: str) -> bool:
+    """Whether ``variant``'s deterministic kernel stores each dQ tile's rank-0 partial (so the
+    accumulator needs no zero fill where every tile has a rank-0 step)."""
+    return bool(VARIANTS[variant].get("dq_first_store"))
 
 
 def dq_acc_shape(
@@ -562,6 +572,9 @@ class FullBackward:
     rows_pad: int  # LSE2 / delta rows per (batch x head)
     row_count: int  # batch * heads * rows_pad
     zero_count: int  # the dQ accumulator and the flags, rounded up to whole 16-byte rows
+    # Where the preprocess's zero fill starts in that region: 0 (the accumulator too), or the
+    # accumulator's size where the kernel stores every tile's first partial (dq_first_store).
+    zero_from: int
 
     def __call__(
         self,
@@ -582,7 +595,9 @@ class FullBackward:
         lse2 = buf[:rows].view(-1, self.rows_pad)
         delta = buf[rows : 2 * rows].view(-1, self.rows_pad)
         zeroed = buf[2 * rows :]
-        self.preprocess(tma_view(out), tma_view(dout), lse, lse2, delta, zeroed.view(-1, 4))
+        self.preprocess(
+            tma_view(out), tma_view(dout), lse, lse2, delta, zeroed[self.zero_from :].view(-1, 4)
+        )
         dq_acc, flags = self.main.split_zeroed(zeroed)
         dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -591,9 +606,18 @@ class FullBackward:
 
 
 def prepare_full(
-    main: BwdLaunch, q_shape: tuple[int, ...], dtype: torch.dtype, variant: str
+    main: BwdLaunch,
+    q_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    variant: str,
+    *,
+    zero_acc: bool = True,
 ) -> FullBackward:
-    """The ``FullBackward`` around ``main`` (a fragment-order variant) for q's shape and dtype."""
+    """The ``FullBackward`` around ``main`` (a fragment-order variant) for q's shape and dtype.
+
+    ``zero_acc=False`` leaves the dQ accumulator unzeroed (the flags are zeroed either way):
+    only for a deterministic ``dq_first_store`` kernel whose tables give every dQ tile a
+    rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first."""
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
     batch, _, heads, head_dim = q_shape
@@ -611,4 +635,6 @@ def prepare_full(
         rows_pad=rows_pad,
         row_count=batch * heads * rows_pad,
         zero_count=-(-(main.dq_size + main.flag_count) // 4) * 4,
+        # dq_size is a multiple of 4 (block_m * head_dim per tile): whole 16-byte rows.
+        zero_from=0 if zero_acc else main.dq_size,
     )

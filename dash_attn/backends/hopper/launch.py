@@ -23,6 +23,7 @@ from .bwd_launch import (
     BwdLaunch,
     FullBackward,
     cast_dq,
+    dq_first_store,
     dq_fragment_order,
     prepare_bwd,
     prepare_full,
@@ -177,4 +178,9 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant)):
         return main
-    return prepare_full(main, tuple(q.shape), q.dtype, variant)
+    # A deterministic first-store kernel writes every dQ tile before adding to it, where the
+    # tables give each tile a rank-0 step; then only the flags need zeroing.
+    first_stores = (
+        plan.deterministic and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
+    )
+    return prepare_full(main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores)

@@ -263,6 +263,10 @@ def _check_kernel_code(
     assert ("%globaltimer" in ptx) == (det or dkv_sum)
     assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant)
+    # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
+    copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
+    first_store = bool(options.get("dq_first_store")) and det
+    assert copies == ((2 if options.get("dq_wg") else 1) if first_store else 0)
     if bwd_launch.dq_fragment_order(variant):
         # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with
         # dq_wg), no tensor (TMA) reduce.
@@ -656,6 +660,35 @@ def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
     assert prepared.compiled is bwd_launch.compile_bwd(
         torch.bfloat16, 128, causal=True, deterministic=True
     )
+
+
+@pytest.mark.parametrize(
+    "deterministic,seqlen_q,zeroes_acc",
+    [(True, 300, False), (False, 300, True), (True, 700, True)],
+    ids=["det", "nondet", "det-rows-without-keys"],
+)
+def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
+    deterministic: bool, seqlen_q: int, zeroes_acc: bool, monkeypatch
+) -> None:
+    """The shipped kernels store each dQ tile's rank-0 partial in deterministic mode
+    (``dq_first_store``), so the preprocess zeroes only the flags there; it zeroes the
+    accumulator too in non-deterministic mode (every partial adds) and where some tile has no
+    rank-0 step (causal, 700 queries on 300 keys: the first 400 rows see no key). Kernels are
+    replaced by stand-ins (no compile)."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+
+    monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
+    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
+    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a: None)
+    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a: None)
+    problem = Problem(2, seqlen_q, 300, 4, 4, 128, CAUSAL, "bfloat16")
+    plan = make_backward_plan(problem, device=H200, deterministic=deterministic)
+    assert bwd_launch.dq_first_store(bwd_variant(128, True))
+    prepared = launch._prepare(plan, torch.zeros(2, seqlen_q, 4, 128, dtype=torch.bfloat16))
+    assert plan.schedule.starts_every_dq_tile() == (seqlen_q == 300)
+    assert prepared.zero_from == (0 if zeroes_acc else prepared.main.dq_size)
 
 
 def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:

@@ -227,6 +227,45 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     assert status.data_ptr() == flags.data_ptr() and status.numel() == 2
 
 
+def test_full_backward_after_a_first_store_kernel_zeroes_only_the_flags(monkeypatch) -> None:
+    """``prepare_full(zero_acc=False)``: the preprocess's zeroed rows start at the flags (the
+    kernel writes every accumulator tile first) and cover all of them."""
+    from dash_attn.backends.hopper import bwd_launch
+    from dash_attn.backends.tables import device_tables
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
+
+    batch, seqlen, heads, head_dim = 2, 300, 4, 128
+    plan = make_backward_plan(
+        Problem(batch, seqlen, seqlen, heads, heads, head_dim, FULL, "bfloat16"), device=H200
+    )
+    calls: dict[str, tuple] = {}
+    for name, target in (("main", "compile_bwd"), ("pre", "bwd_pre_post.compile_preprocess"),
+                         ("cast", "bwd_pre_post.compile_dq_cast")):  # fmt: skip
+        monkeypatch.setattr(
+            f"dash_attn.backends.hopper.bwd_launch.{target}" if name == "main"
+            else f"dash_attn.backends.hopper.{target}",
+            lambda *a, name=name, **kw: (lambda *args: calls.__setitem__(name, args)),
+        )  # fmt: skip
+    q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
+    lse = torch.zeros(batch, heads, seqlen)
+    spec, tiles = plan.spec, plan.tiles
+    variant = "t80_wgr_p14_sm2_fs"
+    main = bwd_launch.prepare_bwd(
+        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
+        block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
+        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
+        deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
+        dkv_heads=spec.kv_heads,
+    )  # fmt: skip
+    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant, zero_acc=False)
+    full(q, q, q, q, q, lse, 0.125, 0, 0)
+    zero = calls["pre"][-1]
+    acc, flags = calls["main"][6], calls["main"][10]
+    assert acc.shape == (batch, heads, spec.q_tiles, tiles.block_m * head_dim)
+    assert zero.data_ptr() == flags.data_ptr() == acc.data_ptr() + acc.numel() * 4
+    assert zero.shape[1] == 4 and zero.numel() >= flags.numel() > zero.numel() - 4
+
+
 def test_mapped_error_words_raise_the_launchs_text_once(monkeypatch) -> None:
     """``errors.mapped_launch`` numbers launches and keeps their texts; a kernel writing the
     number into its device's word (simulated here on a host array) makes the next check raise
@@ -371,6 +410,34 @@ def test_cute_pre_post_backward_is_bitwise_repeatable(cute_pre_post, head_dim, c
             for name, x, y in zip(("out", "dq", "dk", "dv"), first, again, strict=True):
                 assert torch.equal(x, y), f"{name} differs between runs [{schedule}]"
         torch.cuda.synchronize()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_det_backward_needs_no_zeroed_accumulator(cute_pre_post, head_dim, causal) -> None:
+    """Deterministic kernels store each dQ tile's first partial instead of adding it to a
+    zeroed accumulator (``dq_first_store``): with the allocator's free memory full of NaN
+    first, then full of zeros, the gradients are finite and equal, also for queries that see
+    no key (causal, more queries than keys: there the accumulator is zeroed)."""
+    from dash_attn.testing import make_qkv
+
+    for seqlen_q, seqlen_k in ((1000, 1000), (700, 300)):
+        q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16, "cuda", 3)
+        dout = torch.randn_like(q)
+        runs = []
+        for fill in (float("nan"), 0.0):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            # One cached block much larger than a backward's buffers, filled, then freed: the
+            # backward's first allocation (LSE2, delta, accumulator, flags) is carved from it.
+            junk = torch.full((64 << 20,), fill, device="cuda")
+            del junk
+            runs.append(_grads(q, k, v, dout, causal=causal, deterministic=True))
+        for name, a, b in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
+            assert torch.isfinite(a.float()).all(), (name, seqlen_q, seqlen_k)
+            assert torch.equal(a, b), (name, seqlen_q, seqlen_k)
 
 
 @gpu

@@ -201,6 +201,17 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     e2e = report.read_csv(session25 / "call6-2fbfb69" / "e2e" / "e2e.csv")
     assert report.e2e_table(e2e, markdown=True).strip() in text
+    # Session 26: the first dQ partial stored: the fixed-clock whole-backward table, the sweep
+    # and the end-to-end blocks.
+    session26 = results / "session26-851077a"
+    whole = _load_tool(repo / "tools" / "hopper" / "backward_ab_table.py")
+    assert whole.markdown_table(session26 / "call2-8b65582-wip") in text
+    rows = report.read_csv(session26 / "call4-8b65582" / "sweep" / "bench.csv")
+    assert len(rows) == 96
+    assert report.readme_table(rows).strip() in text
+    assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
+    e2e = report.read_csv(session26 / "call4-8b65582" / "e2e" / "e2e.csv")
+    assert report.e2e_table(e2e, markdown=True).strip() in text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:

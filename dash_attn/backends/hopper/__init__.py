@@ -56,6 +56,10 @@ _BWD_TILES = {
 # bits equal (session25-814acab call2/call3 ev_ab.txt, ev_check.txt); at hd 64 with
 # dkv_row_ptr, which it needs (one register then goes through local memory once per step at
 # hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys (0.94x).
+# Everywhere, deterministic kernels store each dQ tile's rank-0 partial instead of adding it
+# (dq_first_store, "_fs"), so the preprocess zeroes only the flags: GPU time of the whole
+# backward at a fixed clock 1.06-1.08x at 512 tokens, 1.01-1.07x at 1k-2k, 1.00-1.01x from 8k
+# (det; non-det unchanged), the same values (session26-851077a call2 fs_ab.txt, fs_check.txt).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs",
@@ -69,7 +73,7 @@ BWD_VARIANT = {
 # dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
-# 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's (t80_wg2r_p14).
+# 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one

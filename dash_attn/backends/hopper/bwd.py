@@ -23,9 +23,11 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              spins until the dQ tile's semaphore equals the rank (bounded by %globaltimer; a
              timeout raises status[1] and poisons the partial with NaN), issues the bulk
              reduce-add into dq_acc (one flat reduce of the tile in fragment order, or TMA
-             tensor reduces that clip rows past seqlen_q), frees the buffer once it has been
-             read, then waits for the adds' full completion and releases the semaphore
-             (red.release.gpu). Non-deterministic mode skips the wait and the release.
+             tensor reduces that clip rows past seqlen_q; with ``dq_first_store`` rank 0's
+             partial is copied instead, so dq_acc need not be zeroed), frees the buffer once
+             it has been read, then waits for the adds' full completion and releases the
+             semaphore (red.release.gpu). Non-deterministic mode skips the wait and the
+             release (and always adds).
 warps 2-3    idle (they only give registers back).
 WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with

@@ -17,7 +17,8 @@ its first store:
   the row's lanes: a fixed order, so delta is bitwise repeatable) and the LSE in log2 units,
   ``rows_pad`` rows per (batch x head): rows past seqlen_q (and rows that saw no key) get
   LSE2 = +inf and delta = 0, as the Triton preprocess writes them. Every CTA also zeroes its
-  share of the fp32 buffer that holds the dQ accumulator and the flags (16-byte stores).
+  share of the region it is given (16-byte stores): the flags, and the dQ accumulator before
+  them unless the main kernel stores each tile's first partial (``bwd_launch.FullBackward``).
 * ``DqFragmentCast``: per (Q tile, batch x head) CTA of 256 threads, thread ``t`` reads the
   accumulator registers the main kernel's MMA thread ``t`` wrote (``dq_fragment``: 16-byte
   loads, a warp reads 512 contiguous bytes), scales them, rounds to q's dtype (round to nearest
@@ -74,7 +75,7 @@ class BwdPreprocess:
         mLSE: cute.Tensor,  # (b, heads, seqlen_q) fp32, natural log
         mLSE2: cute.Tensor,  # (b * heads, rows_pad) fp32
         mDelta: cute.Tensor,
-        mZero: cute.Tensor,  # (n, 4) fp32: the dQ accumulator and the flags, zeroed here
+        mZero: cute.Tensor,  # (n, 4) fp32 zeroed here: the flags (and the dQ accumulator)
         stream: cuda.CUstream,
     ):
         batch, heads = mO.shape[0], mO.shape[2]

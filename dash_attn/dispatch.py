@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import weakref
 from types import ModuleType
@@ -47,17 +48,26 @@ def _dtype_name(x: torch.Tensor) -> str:
 def problem_of(q: torch.Tensor, k: torch.Tensor, mask: Mask, *more: torch.Tensor) -> Problem:
     """The Problem of a padded-batch call on q, k (and v, dout, ...: all checked for TMA
     alignment)."""
-    batch, seqlen_q, heads, headdim = q.shape
+    return _padded_problem(q.shape, k.shape, mask, q.dtype, tma_aligned(q, k, *more))
+
+
+# One Problem per distinct call: a training loop asks for the same few on every layer, and
+# building one (its checks included) took ~12 us of host time per call.
+@functools.lru_cache(maxsize=256)
+def _padded_problem(
+    q_shape: torch.Size, k_shape: torch.Size, mask: Mask, dtype: torch.dtype, aligned: bool
+) -> Problem:
+    batch, seqlen_q, heads, headdim = q_shape
     return Problem(
         batch=batch,
         seqlen_q=seqlen_q,
-        seqlen_k=k.shape[1],
+        seqlen_k=k_shape[1],
         heads=heads,
-        kv_heads=k.shape[2],
+        kv_heads=k_shape[2],
         headdim=headdim,
         mask=mask,
-        dtype=_dtype_name(q),
-        tma_aligned=tma_aligned(q, k, *more),
+        dtype=str(dtype).removeprefix("torch."),
+        tma_aligned=aligned,
     )
 
 
@@ -119,7 +129,9 @@ def backend_module(name: str) -> ModuleType:
     return importlib.import_module(f"dash_attn.backends.{name}.launch")
 
 
+@functools.lru_cache(maxsize=64)
 def _mask(causal: bool, window_left: int, window_right: int) -> Mask:
+    # Cached: a frozen Mask, built (and checked) once per window instead of on every call.
     return Mask(causal=causal, window_left=window_left, window_right=window_right)
 
 

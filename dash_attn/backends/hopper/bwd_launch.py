@@ -570,11 +570,16 @@ class FullBackward:
     preprocess: Any
     cast: Any
     rows_pad: int  # LSE2 / delta rows per (batch x head)
-    row_count: int  # batch * heads * rows_pad
-    zero_count: int  # the dQ accumulator and the flags, rounded up to whole 16-byte rows
-    # Where the preprocess's zero fill starts in that region: 0 (the accumulator too), or the
-    # accumulator's size where the kernel stores every tile's first partial (dq_first_store).
-    zero_from: int
+    # The allocation's parts in order, in fp32 words: LSE2 and delta (batch * heads * rows_pad
+    # each), the dQ accumulator, the int32 flags, padding to whole 16-byte rows.
+    parts: tuple[int, int, int, int, int]
+    # Where the preprocess's zero fill starts: at the accumulator, or at the flags where the
+    # kernel stores every tile's first partial (dq_first_store); it runs to the end.
+    zero_start: int
+
+    @property
+    def buf_size(self) -> int:
+        return sum(self.parts)
 
     def __call__(
         self,
@@ -588,21 +593,23 @@ class FullBackward:
         error_addr: int,
         launch_id: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dq, dk, dv, status); a timed-out dQ wait writes ``launch_id`` to the host-mapped
-        word at ``error_addr`` (0: no word; ``status[1]`` is the launch's flag either way)."""
-        rows = self.row_count
-        buf = torch.empty(2 * rows + self.zero_count, device=q.device, dtype=torch.float32)
-        lse2 = buf[:rows].view(-1, self.rows_pad)
-        delta = buf[rows : 2 * rows].view(-1, self.rows_pad)
-        zeroed = buf[2 * rows :]
+        """(dq, dk, dv, flags); a timed-out dQ wait writes ``launch_id`` to the host-mapped
+        word at ``error_addr`` (0: no word; ``flags[1]`` is the launch's flag either way)."""
+        # One split of one allocation: each tensor object costs host microseconds, and a small
+        # backward's host time is as long as its GPU time (benchmarks/NOTES.md, item 116).
+        buf = torch.empty(self.buf_size, device=q.device, dtype=torch.float32)
+        lse2, delta, dq_acc, flags, _ = buf.split_with_sizes(self.parts)
+        lse2 = lse2.view(-1, self.rows_pad)
+        delta = delta.view(-1, self.rows_pad)
         self.preprocess(
-            tma_view(out), tma_view(dout), lse, lse2, delta, zeroed[self.zero_from :].view(-1, 4)
+            tma_view(out), tma_view(dout), lse, lse2, delta, buf[self.zero_start :].view(-1, 4)
         )
-        dq_acc, flags = self.main.split_zeroed(zeroed)
+        dq_acc = dq_acc.view(self.main.dq_shape)
+        flags = flags.view(torch.int32)
         dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
-        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        dq = torch.empty_like(q)
         self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
-        return dq, dk, dv, flags[:2]
+        return dq, dk, dv, flags
 
 
 def prepare_full(
@@ -628,13 +635,15 @@ def prepare_full(
     block_m = tile_size // head_dim
     rows_pad = q_tiles * block_m
     cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
+    rows = batch * heads * rows_pad
+    # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and
+    # the flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
+    padding = -main.flag_count % 4
     return FullBackward(
         main=main,
         preprocess=compile_preprocess(cutlass_dtype, head_dim),
         cast=compile_dq_cast(cutlass_dtype, head_dim, block_m),
         rows_pad=rows_pad,
-        row_count=batch * heads * rows_pad,
-        zero_count=-(-(main.dq_size + main.flag_count) // 4) * 4,
-        # dq_size is a multiple of 4 (block_m * head_dim per tile): whole 16-byte rows.
-        zero_from=0 if zero_acc else main.dq_size,
+        parts=(rows, rows, main.dq_size, main.flag_count, padding),
+        zero_start=2 * rows + (0 if zero_acc else main.dq_size),
     )

@@ -93,8 +93,7 @@ def run_backward(
     launches (``bwd_launch.FullBackward``) and report a timed-out dQ wait through a host-mapped
     word (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
     preprocess and cast, the flag copied per launch)."""
-    backward.check_padded_full_or_causal(plan, packed=False)
-    launch = _launch(plan, q)
+    launch = _launch(plan, q)  # (its first call per plan checks the mask: full or causal)
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
             cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m,
@@ -165,6 +164,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     """The plan's launch. The tensors' shapes, dtype and alignment are not checked again: the
     plan was made for them (dispatch checked them, the preprocess makes lse2/delta for its
     tiles, the tables are its own)."""
+    backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
     main = prepare_bwd(

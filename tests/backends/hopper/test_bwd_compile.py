@@ -646,7 +646,7 @@ def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
         assert isinstance(prepared, bwd_launch.FullBackward)
         block_m = plan.tiles.block_m
         assert prepared.rows_pad == spec.q_tiles * block_m
-        assert prepared.row_count == 2 * 4 * spec.q_tiles * block_m
+        assert prepared.parts[:2] == (2 * 4 * spec.q_tiles * block_m,) * 2
         assert prepared.preprocess is compile_preprocess(cutlass.BFloat16, 128)
         assert prepared.cast is compile_dq_cast(cutlass.BFloat16, 128, block_m)
         prepared = prepared.main
@@ -688,7 +688,26 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
     assert bwd_launch.dq_first_store(bwd_variant(128, True))
     prepared = launch._prepare(plan, torch.zeros(2, seqlen_q, 4, 128, dtype=torch.bfloat16))
     assert plan.schedule.starts_every_dq_tile() == (seqlen_q == 300)
-    assert prepared.zero_from == (0 if zeroes_acc else prepared.main.dq_size)
+    rows = prepared.parts[0]
+    assert prepared.zero_start == 2 * rows + (0 if zeroes_acc else prepared.main.dq_size)
+
+
+def test_hopper_launch_refuses_a_plan_it_has_no_kernel_for(monkeypatch) -> None:
+    """A plan for a sliding window handed to the hopper launcher (the planner gives it to
+    triton) raises NotImplementedError on every call, not only the first."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import H200, Problem, make_backward_plan
+    from dash_attn.schedule import Mask
+
+    window = Mask(causal=True, window_left=64, window_right=0)
+    plan = make_backward_plan(Problem(1, 300, 300, 2, 2, 128, window, "bfloat16"), device=H200)
+    assert plan.backend == "triton"
+    plan = dataclasses.replace(plan, backend="hopper")
+    monkeypatch.setattr(launch, "_launches", {})
+    q = torch.zeros(1, 300, 2, 128, dtype=torch.bfloat16)
+    for _ in range(2):
+        with pytest.raises(NotImplementedError, match="sliding windows run on the triton"):
+            launch.run_backward(plan, q, q, q, q, q, torch.zeros(1, 2, 300), 0.1)
 
 
 def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:

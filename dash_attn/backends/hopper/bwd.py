@@ -196,6 +196,7 @@ class HopperAttnBwd:
         dkv_smem: bool = False,
         dkv_smem_unroll: int = 1,
         dq_first_store: bool = False,
+        pdl: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -389,6 +390,12 @@ class HopperAttnBwd:
         if dq_first_store and not dq_frag:
             raise ValueError("dq_first_store needs dq_frag (one flat bulk copy per part)")
         self.dq_first_store = dq_first_store and deterministic
+        # pdl: launched as a programmatic dependent of the preprocess (PDL, as FA4's backward):
+        #   the grid may start while the preprocess finishes; every thread waits for the
+        #   preprocess's completion (griddepcontrol.wait) after the prologue, before any read of
+        #   LSE2, delta, the flags or the accumulator; the producer lets the dQ cast launch
+        #   (launch_dependents) once it has issued its last loads. Saves the launch gaps.
+        self.pdl = pdl
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -612,6 +619,7 @@ class HopperAttnBwd:
             stream=stream,
             # setmaxnreg is only honoured with .minnctapersm (ptxas C7508 otherwise).
             min_blocks_per_mp=1,
+            use_pdl=self.pdl,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ device code
@@ -689,6 +697,10 @@ class HopperAttnBwd:
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), self.num_mma_threads)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
+        if const_expr(self.pdl):
+            # Everything above touches only shared memory and the kernel's parameters; from
+            # here on the preprocess's outputs are read (and the accumulator written).
+            cute.arch.griddepcontrol_wait()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
@@ -877,6 +889,9 @@ class HopperAttnBwd:
         if lane == 0:
             sInfo[_I_FLAGS, stage] = Int32(_F_DONE)
             cute.arch.mbarrier_arrive(storage.full_bar.data_ptr() + stage)
+        if const_expr(self.pdl):
+            # The dQ cast may launch (it waits for this grid's end before reading anything).
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def _take_ticket(self, mFlags: cute.Tensor, lane: Int32) -> Int32:

@@ -123,6 +123,10 @@ for _name in ("t128_xm24r", "t80_wgr_p14", "t80_wg2r_p14", "t128_wg2gr"):
 # the preprocess zeroes only the flags (dq_first_store), on the shipped variants.
 for _name in ("t128_xm24r_sm2", "t80_wgr_p14_sm2", "t128_wg2gr_sm2", "t80_wg2r_p14"):
     VARIANTS[_name + "_fs"] = {**VARIANTS[_name], "dq_first_store": True}
+# Session 26 (not timed yet): the main kernel launched as a programmatic dependent of the
+# preprocess and the dQ cast of the main kernel (pdl, FA4's launches), on those.
+for _name in ("t128_xm24r_sm2_fs", "t80_wgr_p14_sm2_fs", "t128_wg2gr_sm2_fs", "t80_wg2r_p14_fs"):
+    VARIANTS[_name + "_pdl"] = {**VARIANTS[_name], "pdl": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -145,6 +149,12 @@ def dq_first_store(variant: str) -> bool:
     """Whether ``variant``'s deterministic kernel stores each dQ tile's rank-0 partial (so the
     accumulator needs no zero fill where every tile has a rank-0 step)."""
     return bool(VARIANTS[variant].get("dq_first_store"))
+
+
+def programmatic_launches(variant: str) -> bool:
+    """Whether ``variant``'s main kernel is launched as a programmatic dependent (PDL) of the
+    preprocess, and the dQ cast of the main kernel (``HopperAttnBwd``'s ``pdl``)."""
+    return bool(VARIANTS[variant].get("pdl"))
 
 
 def dq_acc_shape(
@@ -635,14 +645,15 @@ def prepare_full(
     block_m = tile_size // head_dim
     rows_pad = q_tiles * block_m
     cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
+    pdl = programmatic_launches(variant)
     rows = batch * heads * rows_pad
     # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and
     # the flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
     padding = -main.flag_count % 4
     return FullBackward(
         main=main,
-        preprocess=compile_preprocess(cutlass_dtype, head_dim),
-        cast=compile_dq_cast(cutlass_dtype, head_dim, block_m),
+        preprocess=compile_preprocess(cutlass_dtype, head_dim, pdl=pdl),
+        cast=compile_dq_cast(cutlass_dtype, head_dim, block_m, pdl=pdl),
         rows_pad=rows_pad,
         parts=(rows, rows, main.dq_size, main.flag_count, padding),
         zero_start=2 * rows + (0 if zero_acc else main.dq_size),

@@ -58,11 +58,14 @@ def _row_lanes(head_dim: int) -> int:
 class BwdPreprocess:
     """LSE2 and delta of every row, and the zeroed dQ accumulator and flags (see the module)."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int) -> None:
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
+        # pdl: let the main kernel (a programmatic dependent launch) start once this CTA's loads
+        # are issued; the main kernel waits for this grid's end before reading its outputs.
+        self.pdl = pdl
         self.lanes = _row_lanes(head_dim)
         self.per_lane = head_dim // VEC // self.lanes  # vectors per thread and row
         self.rows_per_pass = PRE_THREADS // self.lanes
@@ -130,6 +133,8 @@ class BwdPreprocess:
                     cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vecs[p][v])
                     cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vecs[p][v])
                 lses[p] = mLSE[b, h, row]
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         totals = cute.make_rmem_tensor((passes,), Float32)
         for p in cutlass.range_constexpr(passes):
             row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
@@ -167,10 +172,15 @@ class DqFragmentCast:
     """dq = dq_acc * softmax_scale in q's dtype, from the fragment-order accumulator (see the
     module); reports the launch's error flag to the host-mapped word."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
+    def __init__(
+        self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int, pdl: bool = False
+    ) -> None:
         self.dtype = dtype
         self.head_dim = head_dim
         self.block_m = block_m
+        # pdl: launched as a programmatic dependent of the main kernel; waits for its end
+        # (griddepcontrol.wait) before the first read.
+        self.pdl = pdl
         self.split = wg_split(block_m)
         self.half = half_size(block_m, head_dim)
         if self.half % (WG_THREADS * 4):
@@ -190,8 +200,9 @@ class DqFragmentCast:
     ):
         batch, heads, q_tiles = mAcc.shape[0], mAcc.shape[1], mAcc.shape[2]
         self.kernel(mAcc, mdQ, mFlags, softmax_scale, error_addr, launch_id).launch(
-            grid=[q_tiles, batch * heads, 1], block=[CAST_THREADS, 1, 1], stream=stream
-        )
+            grid=[q_tiles, batch * heads, 1], block=[CAST_THREADS, 1, 1], stream=stream,
+            use_pdl=self.pdl,
+        )  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -203,6 +214,8 @@ class DqFragmentCast:
         error_addr: Int64,
         launch_id: Int32,
     ):
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
         tid, _, _ = cute.arch.thread_idx()
         tile, bh, _ = cute.arch.block_idx()
         heads = mAcc.shape[1]
@@ -284,13 +297,22 @@ class DqFragmentCast:
                 word[0] = launch_id
 
 
-def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = "sm_90a") -> Any:
-    """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape)."""
+def compile_preprocess(
+    dtype: type[cutlass.Numeric],
+    head_dim: int,
+    arch: str = "sm_90a",
+    *,
+    pdl: bool = False,
+    extra_options: str = "",
+) -> Any:
+    """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape); ``pdl``: it
+    lets a programmatic dependent launch start early (``BwdPreprocess``); ``extra_options``:
+    further CuTe-DSL compile options (tests keep the PTX with them)."""
     from cutlass.cute.runtime import make_fake_stream
 
     from ._tensor_args import fake_tensor
 
-    kernel = BwdPreprocess(dtype, head_dim)
+    kernel = BwdPreprocess(dtype, head_dim, pdl)
 
     def build() -> Any:
         return cute.compile(
@@ -302,21 +324,30 @@ def compile_preprocess(dtype: type[cutlass.Numeric], head_dim: int, arch: str = 
             fake_tensor(Float32, 2, cute.sym_int(), 16),
             fake_tensor(Float32, 2, 4, 16),
             make_fake_stream(use_tvm_ffi_env_stream=True),
-            options=f"--gpu-arch {arch} --enable-tvm-ffi",
+            options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
         )
 
-    return kernel_cache.compile_once(("bwd_pre", dtype.__name__, head_dim, arch), build)
+    key = ("bwd_pre", dtype.__name__, head_dim, arch, extra_options) + (("pdl",) if pdl else ())
+    return kernel_cache.compile_once(key, build, disk=not extra_options)
 
 
 def compile_dq_cast(
-    dtype: type[cutlass.Numeric], head_dim: int, block_m: int, arch: str = "sm_90a"
+    dtype: type[cutlass.Numeric],
+    head_dim: int,
+    block_m: int,
+    arch: str = "sm_90a",
+    *,
+    pdl: bool = False,
+    extra_options: str = "",
 ) -> Any:
-    """The compiled ``DqFragmentCast`` for q's dtype, the head dim and the Q tile rows."""
+    """The compiled ``DqFragmentCast`` for q's dtype, the head dim and the Q tile rows;
+    ``pdl``: launched as a programmatic dependent of the main kernel; ``extra_options`` as
+    ``compile_preprocess``'s."""
     from cutlass.cute.runtime import make_fake_stream
 
     from ._tensor_args import fake_tensor
 
-    kernel = DqFragmentCast(dtype, head_dim, block_m)
+    kernel = DqFragmentCast(dtype, head_dim, block_m, pdl)
 
     def build() -> Any:
         return cute.compile(
@@ -326,7 +357,9 @@ def compile_dq_cast(
             fake_tensor(Int32, 1, cute.sym_int(), 4),
             Float32(1.0), Int64(0), Int32(0),
             make_fake_stream(use_tvm_ffi_env_stream=True),
-            options=f"--gpu-arch {arch} --enable-tvm-ffi",
+            options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
         )  # fmt: skip
 
-    return kernel_cache.compile_once(("dq_cast", dtype.__name__, head_dim, block_m, arch), build)
+    key = ("dq_cast", dtype.__name__, head_dim, block_m, arch, extra_options)
+    key += ("pdl",) if pdl else ()
+    return kernel_cache.compile_once(key, build, disk=not extra_options)

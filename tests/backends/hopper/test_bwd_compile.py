@@ -225,6 +225,9 @@ VARIANT_CONFIGS = [
     ("t128_wg2gr", (128, torch.bfloat16, True, True)),
     ("t80_wgr_p14_sm", (128, torch.bfloat16, False, False)),
     ("t80_wg2r_p14_sm2", (128, torch.bfloat16, False, True)),
+    # Session 26: the main kernel as a programmatic dependent launch (not timed yet).
+    ("t128_wg2gr_sm2_fs_pdl", (128, torch.bfloat16, True, True)),
+    ("t128_xm24r_sm2_fs_pdl", (64, torch.float16, False, False)),
 ]
 
 
@@ -263,6 +266,9 @@ def _check_kernel_code(
     assert ("%globaltimer" in ptx) == (det or dkv_sum)
     assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant)
+    # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
+    assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
+    assert ("griddepcontrol.launch_dependents" in ptx) == bool(options.get("pdl"))
     # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
     first_store = bool(options.get("dq_first_store")) and det
@@ -681,8 +687,8 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
     pre_post = "dash_attn.backends.hopper.bwd_pre_post"
-    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a: None)
-    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a: None)
+    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: None)
+    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: None)
     problem = Problem(2, seqlen_q, 300, 4, 4, 128, CAUSAL, "bfloat16")
     plan = make_backward_plan(problem, device=H200, deterministic=deterministic)
     assert bwd_launch.dq_first_store(bwd_variant(128, True))

@@ -59,6 +59,23 @@ def test_dq_cast_compiles(dtype: torch.dtype, head_dim: int, block_m: int, monke
     assert callable(compiled)
 
 
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_pre_post_programmatic_launch_instructions(pdl: bool, tmp_path, monkeypatch) -> None:
+    """With ``pdl`` the preprocess lets its dependent launch once its loads are issued and the
+    cast waits for the main kernel's end before its first read; without, neither."""
+    from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
+
+    monkeypatch.setattr(kernel_cache, "_memo", {})
+    options = f"--keep-ptx --dump-dir {tmp_path}"
+    dtype = _cutlass_dtype(torch.bfloat16)
+    pre = bwd_pre_post.compile_preprocess(dtype, 128, pdl=pdl, extra_options=options).__ptx__
+    cast = bwd_pre_post.compile_dq_cast(dtype, 128, 64, pdl=pdl, extra_options=options).__ptx__
+    assert ("griddepcontrol.launch_dependents" in pre) == pdl
+    assert "griddepcontrol.wait" not in pre
+    assert ("griddepcontrol.wait" in cast) == pdl
+    assert "griddepcontrol.launch_dependents" not in cast
+
+
 def test_preprocess_refuses_odd_head_dim() -> None:
     import cutlass
 
@@ -175,12 +192,9 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     recorder = {name: (lambda *args, name=name: calls.append((name, args)))
                 for name in ("pre", "main", "cast")}  # fmt: skip
     monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
-    monkeypatch.setattr(
-        "dash_attn.backends.hopper.bwd_pre_post.compile_preprocess", lambda *a: recorder["pre"]
-    )
-    monkeypatch.setattr(
-        "dash_attn.backends.hopper.bwd_pre_post.compile_dq_cast", lambda *a: recorder["cast"]
-    )
+    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
+    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: recorder["pre"])
+    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: recorder["cast"])
     spec, tiles = plan.spec, plan.tiles
     variant = "t80_wg"
     main = bwd_launch.prepare_bwd(

@@ -167,6 +167,30 @@ def test_dq_cast_reports_a_set_flag_through_the_mapped_word() -> None:
     errors.check_errors()  # reported once
 
 
+def _stubbed_full_backward(plan, q, variant: str, monkeypatch, **options):
+    """``prepare_full`` of ``plan``'s launch with the three kernels replaced by stand-ins that
+    record their arguments: (the FullBackward, the list of (kernel, args) calls)."""
+    from dash_attn.backends.hopper import bwd_launch
+    from dash_attn.backends.tables import device_tables
+
+    calls: list[tuple[str, tuple]] = []
+    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
+                for name in ("pre", "main", "cast")}  # fmt: skip
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
+    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
+    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: recorder["pre"])
+    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: recorder["cast"])
+    spec, tiles = plan.spec, plan.tiles
+    main = bwd_launch.prepare_bwd(
+        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
+        block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
+        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
+        deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
+        dkv_heads=spec.kv_heads,
+    )  # fmt: skip
+    return bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant, **options), calls
+
+
 def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch) -> None:
     """``FullBackward`` (CPU, kernels replaced by stand-ins that record their arguments): LSE2,
     delta, the dQ accumulator and the flags are views of one allocation, in the order and the
@@ -174,10 +198,8 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     and runs first; the cast gets the scale, the error word and the launch number."""
     import inspect
 
-    from dash_attn.backends.hopper import bwd_launch
     from dash_attn.backends.hopper.bwd import HopperAttnBwd
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, DqFragmentCast
-    from dash_attn.backends.tables import device_tables
     from dash_attn.plan import FULL, H200, Problem, make_backward_plan
     from dash_attn.schedule import TABLE_FIELDS
 
@@ -188,23 +210,9 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
     q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
     k = torch.zeros(batch, seqlen, kv_heads, head_dim, dtype=torch.bfloat16)
     lse = torch.zeros(batch, heads, seqlen)
-    calls: list[tuple[str, tuple]] = []
-    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
-                for name in ("pre", "main", "cast")}  # fmt: skip
-    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
-    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
-    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: recorder["pre"])
-    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: recorder["cast"])
     spec, tiles = plan.spec, plan.tiles
-    variant = "t80_wg"
-    main = bwd_launch.prepare_bwd(
-        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
-        block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
-        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
-        deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
-        dkv_heads=spec.kv_heads,
-    )  # fmt: skip
-    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant)
+    full, calls = _stubbed_full_backward(plan, q, "t80_wg", monkeypatch)
+    main = full.main
     dq, dk, dv, status = full(q, q, k, k, q, lse, 0.125, 4096, 7)
     assert [name for name, _ in calls] == ["pre", "main", "cast"]
 
@@ -244,37 +252,22 @@ def test_full_backward_lays_out_one_buffer_and_passes_each_signature(monkeypatch
 def test_full_backward_after_a_first_store_kernel_zeroes_only_the_flags(monkeypatch) -> None:
     """``prepare_full(zero_acc=False)``: the preprocess's zeroed rows start at the flags (the
     kernel writes every accumulator tile first) and cover all of them."""
-    from dash_attn.backends.hopper import bwd_launch
-    from dash_attn.backends.tables import device_tables
     from dash_attn.plan import FULL, H200, Problem, make_backward_plan
 
     batch, seqlen, heads, head_dim = 2, 300, 4, 128
     plan = make_backward_plan(
         Problem(batch, seqlen, seqlen, heads, heads, head_dim, FULL, "bfloat16"), device=H200
     )
-    calls: dict[str, tuple] = {}
-    for name, target in (("main", "compile_bwd"), ("pre", "bwd_pre_post.compile_preprocess"),
-                         ("cast", "bwd_pre_post.compile_dq_cast")):  # fmt: skip
-        monkeypatch.setattr(
-            f"dash_attn.backends.hopper.bwd_launch.{target}" if name == "main"
-            else f"dash_attn.backends.hopper.{target}",
-            lambda *a, name=name, **kw: (lambda *args: calls.__setitem__(name, args)),
-        )  # fmt: skip
     q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
     lse = torch.zeros(batch, heads, seqlen)
     spec, tiles = plan.spec, plan.tiles
-    variant = "t80_wgr_p14_sm2_fs"
-    main = bwd_launch.prepare_bwd(
-        tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
-        block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
-        q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
-        deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
-        dkv_heads=spec.kv_heads,
-    )  # fmt: skip
-    full = bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant, zero_acc=False)
+    full, calls = _stubbed_full_backward(
+        plan, q, "t80_wgr_p14_sm2_fs", monkeypatch, zero_acc=False
+    )
     full(q, q, q, q, q, lse, 0.125, 0, 0)
-    zero = calls["pre"][-1]
-    acc, flags = calls["main"][6], calls["main"][10]
+    args = dict(calls)
+    zero = args["pre"][-1]
+    acc, flags = args["main"][6], args["main"][10]
     assert acc.shape == (batch, heads, spec.q_tiles, tiles.block_m * head_dim)
     assert zero.data_ptr() == flags.data_ptr() == acc.data_ptr() + acc.numel() * 4
     assert zero.shape[1] == 4 and zero.numel() >= flags.numel() > zero.numel() - 4

@@ -56,7 +56,8 @@ def _row_lanes(head_dim: int) -> int:
 
 
 class BwdPreprocess:
-    """LSE2 and delta of every row, and the zeroed dQ accumulator and flags (see the module)."""
+    """LSE2 and delta of every row, and the zero fill of the flags (and of the dQ accumulator
+    where the main kernel adds every partial; see the module)."""
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False) -> None:
         if head_dim % (4 * VEC):

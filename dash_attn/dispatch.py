@@ -41,8 +41,8 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _dtype_name(x: torch.Tensor) -> str:
-    return str(x.dtype).removeprefix("torch.")
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def problem_of(q: torch.Tensor, k: torch.Tensor, mask: Mask, *more: torch.Tensor) -> Problem:
@@ -66,7 +66,7 @@ def _padded_problem(
         kv_heads=k_shape[2],
         headdim=headdim,
         mask=mask,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=_dtype_name(dtype),
         tma_aligned=aligned,
     )
 
@@ -184,8 +184,9 @@ def varlen_forward(
         cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
     )
     problem = Problem.packed(
-        seqlens, q.shape[1], k.shape[1], q.shape[2], mask, _dtype_name(q), tma_aligned(q, k, v)
-    )
+        seqlens, q.shape[1], k.shape[1], q.shape[2], mask, _dtype_name(q.dtype),
+        tma_aligned(q, k, v),
+    )  # fmt: skip
     name, reason = choose_forward_backend(problem, device_info(q.device), backend)
     _last_forward = (name, reason)
     return backend_module(name).run_forward(
@@ -288,7 +289,7 @@ def varlen_backward(
         cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
     )
     problem = Problem.packed(
-        seqlens, q.shape[1], k.shape[1], q.shape[2], mask, _dtype_name(q),
+        seqlens, q.shape[1], k.shape[1], q.shape[2], mask, _dtype_name(q.dtype),
         tma_aligned(q, k, v, dout),
     )  # fmt: skip
     return _run_plan(

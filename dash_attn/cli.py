@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{schedule,bench,bench-packed,check}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{schedule,bench,bench-packed,bench-graphs,check}"
+    )
     sched = sub.add_parser(
         "schedule",
         help="analyse backward schedules with the DAG cost model (CPU, no torch)",
@@ -136,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "bench-packed",
         help="GPU benchmark of packed documents (varlen) and a sliding window against FA4 and Flex",
+        add_help=False,
+    )
+    sub.add_parser(
+        "bench-graphs",
+        help="GPU benchmark of forward + backward run eagerly and replayed from a CUDA graph, "
+        "against FA4",
         add_help=False,
     )
     sub.add_parser(
@@ -474,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.packed import main as packed_main
 
             return packed_main(list(extra))
+        if args.command == "bench-graphs":
+            from .bench.graphs import main as graphs_main
+
+            return graphs_main(list(extra))
         if args.command == "check":
             from .check import main as check_main
 

@@ -98,6 +98,14 @@ def host_seqlens(
     come again (the next layer, the backward).
     """
     global _seqlens_cache
+    if cu_seqlens_q.is_cuda and torch.cuda.is_current_stream_capturing():
+        # Even a cached copy would be wrong at a replay with other values in the same tensors:
+        # the tables a replay runs were made from the lengths seen here.
+        raise RuntimeError(
+            "dash-attn: the varlen functions cannot be captured in a CUDA graph: their schedule "
+            "is made on the host from the values of cu_seqlens_q/cu_seqlens_k, which a replay "
+            "would not read again. Capture the padded dash_attn_func, or run varlen eagerly."
+        )
     cached = _seqlens_cache
     if (
         cached is not None

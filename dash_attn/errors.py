@@ -12,7 +12,9 @@ cost ~50 us of host time, as much as a small backward's kernels take on the GPU)
 The hopper backward needs neither the copy nor the event (``mapped_launch``): its last kernel
 writes the launch's number into a host-mapped word of its device when the launch's flag is set,
 and the checks read those words. Per launch that is a dictionary entry instead of a copy and an
-event record (~15-40 us of host time on the H200 machine).
+event record (~15-40 us of host time on the H200 machine). A Triton backward captured in a CUDA
+graph reports the same way (``backends.triton.captured_status``), since no host code runs at a
+replay: there the error surfaces at the first check after the replay that timed out.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ _mapped_words: np.ndarray | None = None
 _mapped_base: int | None = None  # device address of word 0
 _mapped_unavailable = False
 _mapped_texts: dict[int, Description] = {}  # launch number -> error text, oldest first
+# Texts of launches captured in CUDA graphs: a replay reuses its launch's number, so these are
+# kept as long as the process (one per captured backward) and not taken when reported.
+_captured_texts: dict[int, Description] = {}
 _mapped_devices: set[int] = set()  # devices that ran mapped launches (synchronize waits for them)
 _mapped_count = 0
 
@@ -69,6 +74,15 @@ def check_errors(synchronize: bool = True) -> None:
         pending = list(_pending.items())
         failure = _failed.pop(0) if _failed else None
         mapped_devices = list(_mapped_devices) if synchronize else []
+    if (pending or mapped_devices) and _capturing():
+        if synchronize:
+            raise RuntimeError(
+                "dash-attn: check_errors(synchronize=True) cannot run while a CUDA graph is "
+                "being captured (it would synchronise the device); call it after a replay"
+            )
+        # Querying an event is not allowed during a capture either: the queued launches are
+        # looked at by the first check after it. The mapped words are plain host memory.
+        pending = []
     for device in mapped_devices:
         torch.cuda.synchronize(device)
     if failure is None:
@@ -88,6 +102,11 @@ def check_errors(synchronize: bool = True) -> None:
         raise RuntimeError(_text(failure))
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _mapped_failure() -> Description | None:
     """The error text of a launch whose mapped word is set (the word is cleared), or None."""
     words = _mapped_words
@@ -100,7 +119,7 @@ def _mapped_failure() -> Description | None:
         device = int(set_words[0])
         launch = int(words[device])
         words[device] = 0
-        text = _mapped_texts.pop(launch, None)
+        text = _mapped_texts.pop(launch, None) or _captured_texts.get(launch)
     if text is None:
         return (
             f"dash-attn backward: an ordered wait (dQ, or dK/dV) timed out (launch {launch} on "
@@ -134,11 +153,15 @@ def _map_words() -> None:
         _mapped_unavailable = True
 
 
-def mapped_launch(description: Description, device: int | None) -> tuple[int, int]:
+def mapped_launch(
+    description: Description, device: int | None, captured: bool = False
+) -> tuple[int, int]:
     """``(address, launch)`` for a launch on CUDA device ``device`` that reports through a
     host-mapped word: the kernel writes ``launch`` (> 0) to ``address`` if its dQ wait timed
     out, and the next check raises ``description``. ``(0, 0)`` where host memory cannot be
-    mapped: the caller then queues its flag with ``record_status``."""
+    mapped: the caller then queues its flag with ``record_status``. ``captured``: the launch is
+    being captured in a CUDA graph, whose replays report under the same number (its text is
+    kept for the life of the process)."""
     global _mapped_count
     if _mapped_unavailable or device is None or not 0 <= device < _MAX_DEVICES:
         return 0, 0
@@ -149,12 +172,23 @@ def mapped_launch(description: Description, device: int | None) -> tuple[int, in
                 return 0, 0
         _mapped_count = _mapped_count % 0x7FFFFFFF + 1
         launch = _mapped_count
-        texts = _mapped_texts
-        texts[launch] = description
-        if len(texts) > _MAPPED_KEEP:
-            del texts[next(iter(texts))]
+        if captured:
+            _captured_texts[launch] = description
+        else:
+            texts = _mapped_texts
+            texts[launch] = description
+            if len(texts) > _MAPPED_KEEP:
+                del texts[next(iter(texts))]
         _mapped_devices.add(device)
         return _mapped_base + 4 * device, launch
+
+
+def mapped_word_address(device: int) -> int:
+    """Device address of ``device``'s host-mapped error word, or 0 where none can be mapped."""
+    with _lock:
+        if _mapped_base is None and not _mapped_unavailable:
+            _map_words()
+        return 0 if _mapped_base is None else _mapped_base + 4 * device
 
 
 def _text(description: Description) -> str:
@@ -197,8 +231,13 @@ def record_status(error_flag: torch.Tensor, description: Description, synchroniz
             raise RuntimeError(_text(description))
         return
     if torch.cuda.is_current_stream_capturing():
-        # A graph capture may not copy to the host; the replay's flag is the caller's to read.
-        return
+        # The copy and the event would run at capture only, never at replay: a captured launch
+        # reports through a mapped word (backends.triton.captured_status).
+        raise RuntimeError(
+            "dash-attn: record_status cannot queue an error flag inside a CUDA graph capture "
+            "(a replay would never copy it); report it with "
+            "backends.triton.captured_status.report_captured_status"
+        )
     stream = torch.cuda.current_stream(error_flag.device)
     device = stream.device_index
     with _lock:

@@ -101,3 +101,41 @@ def test_a_description_function_is_called_only_for_a_set_flag(fake_state) -> Non
     torch = pytest.importorskip("torch")
     with pytest.raises(RuntimeError, match="cpu text"):
         errors.record_status(torch.ones((), dtype=torch.int32), lambda: "cpu text", False)
+
+
+def test_a_check_during_a_graph_capture_queries_no_event(
+    fake_state, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Querying an event is not allowed while a CUDA graph is captured: the queued launches wait
+    # for the first check after the capture, and a synchronising check refuses with a reason.
+    events = [_queue(i, True, 1, fake_state) for i in range(2)]
+    monkeypatch.setattr(errors, "_capturing", lambda: True)
+    errors.check_errors(synchronize=False)
+    assert [e.queries for e in events] == [0, 0] and list(errors._pending) == [0, 1]
+    with pytest.raises(RuntimeError, match="cannot run while a CUDA graph is being captured"):
+        errors.check_errors(synchronize=True)
+    monkeypatch.setattr(errors, "_capturing", lambda: False)
+    with pytest.raises(RuntimeError, match="launch 0 timed out"):
+        errors.check_errors(synchronize=False)
+
+
+def test_a_captured_launch_keeps_its_text_for_every_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A replay reports under the number its launch got at capture; eager launches take their
+    # text when reported and lose it after _MAPPED_KEEP newer launches, captured ones keep it.
+    words = np.zeros(errors._MAX_DEVICES, dtype=np.int32)
+    monkeypatch.setattr(errors, "_mapped_words", words)
+    monkeypatch.setattr(errors, "_mapped_base", 4096)
+    monkeypatch.setattr(errors, "_mapped_texts", {})
+    monkeypatch.setattr(errors, "_captured_texts", {})
+    monkeypatch.setattr(errors, "_mapped_devices", set())
+    monkeypatch.setattr(errors, "_failed", [])
+    monkeypatch.setattr(errors, "_pending", {})
+    address, launch = errors.mapped_launch("captured launch timed out", 1, captured=True)
+    assert address == 4096 + 4 and launch > 0
+    for _ in range(errors._MAPPED_KEEP + 1):  # evicts any eager text of that age
+        errors.mapped_launch("eager launch", 1)
+    for _ in range(2):  # two replays that timed out, each seen by a check
+        words[1] = launch
+        with pytest.raises(RuntimeError, match="captured launch timed out"):
+            errors.check_errors(synchronize=False)
+        assert words[1] == 0

@@ -16,6 +16,7 @@ from ..errors import record_status
 from ..plan import BackwardPlan
 from .tables import device_tables
 from .triton.bwd import INTERPRETER_MAX_POLLS, attn_bwd_preprocess, mask_window
+from .triton.captured_status import load_reporting_kernel, report_captured_status
 from .triton.dq_cast import scale_cast
 from .triton.group_sum import sum_kv_groups
 from .triton.varlen import varlen_rows
@@ -86,10 +87,15 @@ def run_backward(
     extra = {} if varlen is None else {"varlen": varlen}
     dq_acc, dk, dv, status = main(plan, q, k, v, dout, lse2, delta, tables, softmax_scale, **extra)
     if plan.deterministic:
-        record_status(
-            status[1], functools.partial(timeout_error, plan),
-            sync_check or plan.device.is_interpreter,
-        )  # fmt: skip
+        description = functools.partial(timeout_error, plan)
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            # In a CUDA graph the queued flag copy would run at capture only (no host code at
+            # replay): a reporting kernel, replayed with the rest, writes the mapped word.
+            report_captured_status(status, description)
+        else:
+            record_status(status[1], description, sync_check or plan.device.is_interpreter)
+            if q.is_cuda:
+                load_reporting_kernel(q.device)
     if varlen is not None:
         # The accumulator pads every sequence to whole Q tiles: keep the real rows.
         dq_acc = dq_acc.index_select(0, varlen.row_index)

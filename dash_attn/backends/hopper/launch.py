@@ -106,7 +106,9 @@ def run_backward(
     error_addr, launch_id = 0, 0
     if plan.deterministic:
         error_text = functools.partial(backward.timeout_error, plan)
-        error_addr, launch_id = mapped_launch(error_text, q.device.index)
+        # A launch captured in a CUDA graph reports under one number at every replay.
+        captured = torch.cuda.is_current_stream_capturing()
+        error_addr, launch_id = mapped_launch(error_text, q.device.index, captured)
     dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
     if plan.gqa_split and not plan.dkv_sum:
         dk, dv = sum_kv_groups(dk, dv, k.shape[2])

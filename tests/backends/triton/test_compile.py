@@ -265,3 +265,20 @@ def test_forward_variants_compile(headdim: int, mask: tuple[bool, bool, bool]) -
     compiled = _compile_forward(headdim, causal=causal, window=window, varlen=varlen)
     assert 0 < compiled.metadata.shared <= HOPPER_SHARED_BYTES
     assert "mma" in compiled.asm["ptx"]  # wgmma or mma.sync: the matmuls stay tensor-core ops
+
+
+def test_captured_status_report_compiles_to_one_guarded_store() -> None:
+    # The kernel that a deterministic backward captured in a CUDA graph ends with: the launch's
+    # 64-bit word address becomes a pointer, and the one store is guarded by the flag.
+    import triton
+    from triton.compiler import ASTSource
+
+    from dash_attn.backends.triton.captured_status import _report_timeout_kernel
+
+    signature = {"STATUS": "*i32", "word_address": "i64", "launch": "i32"}
+    compiled = triton.compile(
+        ASTSource(_report_timeout_kernel, signature, {}), target=compile_report.HOPPER
+    )
+    ptx = compiled.asm["ptx"]
+    assert len(ptx_instructions(ptx, "st.global")) == 1
+    assert ptx_instructions(ptx, "ld.global")

@@ -60,9 +60,10 @@ def step_of(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> Callabl
 
 
 def capture_step(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> Callable[[], Any]:
-    """``step_of(fn, leaves, dout)`` captured in a CUDA graph; returns the graph's ``replay``.
-    ``leaves`` must not have been used by an eager backward (autograd would wait for the stream
-    it ran on, the default one, which a capture may not)."""
+    """``step_of(fn, leaves, dout)`` captured in a CUDA graph; returns a callable that replays
+    it (and keeps the graph, the leaves and dout alive). ``leaves`` must not have been used by
+    an eager backward (autograd would wait for the stream it ran on, the default one, which a
+    capture may not)."""
     import torch
 
     step = step_of(fn, leaves, dout)
@@ -75,7 +76,9 @@ def capture_step(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> Ca
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+    # The replay reads the leaves and dout where they were at capture: they must outlive it.
+    keep = (graph, tuple(leaves), dout)
+    return lambda: keep[0].replay()
 
 
 def graph_cases(

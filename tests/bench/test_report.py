@@ -240,6 +240,20 @@ def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_fi
         assert report.readme_table(rows) in text
 
 
+def test_readme_graphs_table_is_generated_from_the_committed_file() -> None:
+    """Session 27's eager-vs-replayed table is what ``graphs_table`` makes of its graphs.json."""
+    from dash_attn.bench.graphs import graphs_table
+
+    repo = Path(__file__).resolve().parents[2]
+    run = repo / "benchmarks" / "results" / "h200" / "session27-99c799f" / "call6-ae7383e"
+    readme = repo / "README.md"
+    if not (run.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    rows = json.loads((run / "graphs" / "graphs.json").read_text())["rows"]
+    assert len(rows) == 12 * 4 and all(r["status"] == "ok" for r in rows)
+    assert graphs_table(rows) in readme.read_text()
+
+
 def test_readme_check_demo_output_is_the_committed_log() -> None:
     repo = Path(__file__).resolve().parents[2]
     log = repo / "benchmarks" / "results" / "h200" / "varlen-a9e08e1" / "check_demo.log"

@@ -104,6 +104,18 @@ def assert_close_to_ref(
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def broken_ranks(plan):
+    """``plan`` with every dQ rank + 1 and its schedule named ``broken``: no dQ tile's first
+    turn ever comes, so a deterministic backward of it times out (the tests of the bounded
+    wait: an error instead of a hang)."""
+    import dataclasses
+
+    schedule = dataclasses.replace(
+        plan.schedule, name="broken", step_rank=plan.schedule.step_rank + 1
+    )
+    return dataclasses.replace(plan, schedule=schedule)
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``torch.equal`` on the raw bits: NaN equals the same NaN, 0.0 differs from -0.0."""
     if a.shape != b.shape or a.dtype != b.dtype:

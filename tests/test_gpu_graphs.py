@@ -13,8 +13,6 @@ Run: ``python -m pytest -q tests/test_gpu_graphs.py`` on a CUDA machine.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -31,7 +29,7 @@ if torch.cuda.is_available():
     from dash_attn.plan import make_backward_plan
     from dash_attn.reference.attention import attention_ref
     from dash_attn.schedule import FULL, Mask
-    from dash_attn.testing import assert_close_to_ref
+    from dash_attn.testing import assert_close_to_ref, broken_ranks
 
 BACKENDS = ["triton", "hopper"]
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal): not tile multiples, GQA, Sq != Sk.
@@ -183,12 +181,7 @@ def test_timed_out_wait_in_a_replay_raises_at_the_next_check(backend):
         problem_of(q0, k0, FULL), device=device_info(q0.device), schedule="shift",
         backend=backend, timeout_s=0.2,
     )  # fmt: skip
-    broken = dataclasses.replace(
-        good,
-        schedule=dataclasses.replace(
-            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
-        ),
-    )
+    broken = broken_ranks(good)
     run_backward = backend_module(backend).run_backward
     args = (dout, q0, k0, v0, out, lse, headdim**-0.5)
     side = torch.cuda.Stream()

@@ -28,7 +28,7 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("",
     from dash_attn.plan import make_backward_plan
     from dash_attn.reference.attention import attention_ref
     from dash_attn.schedule import CAUSAL, FULL, Mask, applicable_schedules
-    from dash_attn.testing import assert_close_to_ref, make_qkv
+    from dash_attn.testing import assert_close_to_ref, broken_ranks, make_qkv
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim): seqlens deliberately not tile multiples.
 SHAPES = [
@@ -267,12 +267,7 @@ def test_broken_table_raises_instead_of_hanging(backend):
         backend=backend, timeout_s=0.2,
     )  # fmt: skip
     # Every rank + 1: the first contributor of each dQ tile waits for a turn that never comes.
-    broken = dataclasses.replace(
-        good,
-        schedule=dataclasses.replace(
-            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
-        ),
-    )
+    broken = broken_ranks(good)
     run_backward = backend_module(backend).run_backward
     with pytest.raises(RuntimeError, match="timed out.*'broken'"):
         run_backward(broken, torch.randn_like(q), q, k, v, out, lse, headdim**-0.5, sync_check=True)

@@ -456,7 +456,6 @@ def test_cute_pre_post_broken_table_raises_instead_of_hanging(cute_pre_post, syn
     """A table whose every rank is one too high: each first contributor waits for a turn that
     never comes; the launch gives up after the plan's timeout, poisons dQ with NaN, and the
     host-mapped word makes the check raise (at once, or at the next check)."""
-    import dataclasses
 
     from dash_attn import check_errors, dash_attn_func
     from dash_attn.backends.hopper import launch
@@ -464,7 +463,7 @@ def test_cute_pre_post_broken_table_raises_instead_of_hanging(cute_pre_post, syn
     from dash_attn.dispatch import problem_of
     from dash_attn.plan import make_backward_plan
     from dash_attn.schedule import FULL
-    from dash_attn.testing import make_qkv
+    from dash_attn.testing import broken_ranks, make_qkv
 
     q, k, v = make_qkv(1, 1024, 1024, 2, 2, 64, torch.bfloat16, "cuda", 1)
     out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
@@ -472,12 +471,7 @@ def test_cute_pre_post_broken_table_raises_instead_of_hanging(cute_pre_post, syn
         problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
         backend="hopper", timeout_s=0.2,
     )  # fmt: skip
-    broken = dataclasses.replace(
-        good,
-        schedule=dataclasses.replace(
-            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
-        ),
-    )
+    broken = broken_ranks(good)
     dout = torch.randn_like(q)
     if sync_check:
         with pytest.raises(RuntimeError, match="timed out.*'broken'"):

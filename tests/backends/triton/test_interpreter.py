@@ -32,7 +32,6 @@ if os.environ.get("TRITON_INTERPRET") != "1":
         allow_module_level=True,
     )
 
-import dataclasses
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -48,7 +47,7 @@ from dash_attn.backends.triton.tiles import parse_tiles
 from dash_attn.plan import CAUSAL, FULL, INTERPRETER, BackwardPlan, Problem, make_backward_plan
 from dash_attn.reference.attention import attention_ref, causal_mask
 from dash_attn.schedule import Dispatch
-from dash_attn.testing import assert_close_to_ref, bitwise_equal, make_qkv
+from dash_attn.testing import assert_close_to_ref, bitwise_equal, broken_ranks, make_qkv
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -437,12 +436,7 @@ def test_broken_dynamic_table_times_out_instead_of_hanging():
     # even with dynamic dispatch (as the GPU test of the same name).
     shape = (1, 150, 150, 2, 2, 64, False)
     good = _plan(shape, "fa3")
-    broken = dataclasses.replace(
-        good,
-        schedule=dataclasses.replace(
-            good.schedule, name="broken", step_rank=good.schedule.step_rank + 1
-        ),
-    )
+    broken = broken_ranks(good)
     with pytest.raises(RuntimeError, match="timed out.*'broken'"):
         _within_deadline(lambda: _run_plan(shape, broken))
     # The failure is reported once, not again, and the next backward works.

@@ -104,6 +104,53 @@ def assert_close_to_ref(
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def grad_step(
+    fn: Callable[..., torch.Tensor], leaves: Sequence[torch.Tensor], dout: torch.Tensor
+) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """One step of ``fn``: ``(out, *grads)`` with ``out = fn(*leaves)`` and the gradients of the
+    leaves for ``dout`` (returned, not accumulated into ``.grad``: every call does the same
+    work, eagerly or replayed from a graph)."""
+
+    def step() -> tuple[torch.Tensor, ...]:
+        out = fn(*leaves)
+        return (out, *torch.autograd.grad(out, tuple(leaves), dout))
+
+    return step
+
+
+def capture_grad_step(
+    fn: Callable[..., torch.Tensor], leaves: Sequence[torch.Tensor], dout: torch.Tensor
+) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+    """``grad_step(fn, leaves, dout)`` captured in a CUDA graph as torch documents it (two
+    warm-up steps on a side stream first): ``(replay, outputs)``, where ``outputs`` are the
+    graph's ``(out, *grads)`` that every replay rewrites, and ``replay`` keeps the graph, the
+    leaves and dout alive (a replay reads them where they were at capture). ``leaves`` must
+    not have been used by an eager backward: autograd keeps the stream of a leaf's first
+    backward, and a capture that has to wait for the default stream fails."""
+    step = grad_step(fn, leaves, dout)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    keep = (graph, tuple(leaves), dout)
+    return (lambda: keep[0].replay()), outputs
+
+
+def hopper_gap(q: torch.Tensor, k: torch.Tensor, causal: bool) -> str | None:
+    """Why the hopper backend cannot run attention of q and k with this mask here, or None."""
+    from .backends import hopper_unsupported
+    from .device import device_info
+    from .dispatch import problem_of
+    from .schedule import Mask
+
+    return hopper_unsupported(problem_of(q, k, Mask(causal=causal)), device_info(q.device))
+
+
 def broken_ranks(plan):
     """``plan`` with every dQ rank + 1 and its schedule named ``broken``: no dQ tile's first
     turn ever comes, so a deterministic backward of it times out (the tests of the bounded

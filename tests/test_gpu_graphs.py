@@ -23,13 +23,18 @@ pytestmark = [
 
 if torch.cuda.is_available():
     from dash_attn import check_errors, dash_attn_func, dash_attn_varlen_func
-    from dash_attn.backends import hopper_unsupported
     from dash_attn.device import device_info
     from dash_attn.dispatch import backend_module, problem_of
     from dash_attn.plan import make_backward_plan
     from dash_attn.reference.attention import attention_ref
-    from dash_attn.schedule import FULL, Mask
-    from dash_attn.testing import assert_close_to_ref, broken_ranks
+    from dash_attn.schedule import FULL
+    from dash_attn.testing import (
+        assert_close_to_ref,
+        broken_ranks,
+        capture_grad_step,
+        grad_step,
+        hopper_gap,
+    )
 
 BACKENDS = ["triton", "hopper"]
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal): not tile multiples, GQA, Sq != Sk.
@@ -54,21 +59,7 @@ def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _step(fn, q, k, v, dout) -> tuple[torch.Tensor, ...]:
-    out = fn(q, k, v)
-    return (out, *torch.autograd.grad(out, (q, k, v), dout))
-
-
-def _capture(fn, q, k, v, dout) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            _step(fn, q, k, v, dout)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = _step(fn, q, k, v, dout)
-    return graph, static
+    return grad_step(fn, (q, k, v), dout)()
 
 
 def _attention(backend: str, causal: bool, deterministic: bool):
@@ -81,10 +72,8 @@ def _attention(backend: str, causal: bool, deterministic: bool):
 
 
 def _skip_if_uncovered(backend: str, q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
-    if backend == "hopper":
-        gap = hopper_unsupported(problem_of(q, k, Mask(causal=causal)), device_info(q.device))
-        if gap is not None:
-            pytest.skip(f"hopper backend: {gap}")
+    if backend == "hopper" and (gap := hopper_gap(q, k, causal)) is not None:
+        pytest.skip(f"hopper backend: {gap}")
 
 
 def _busy_side_stream() -> None:
@@ -105,11 +94,11 @@ def test_replays_give_eager_bits_and_follow_new_inputs(backend, deterministic, c
     fn = _attention(backend, causal, deterministic)
     eager = _step(fn, *_leaves(q0, k0, v0), dout)
     q, k, v = _leaves(q0, k0, v0)
-    graph, static = _capture(fn, q, k, v, dout)
-    graph.replay()
+    replay, static = capture_grad_step(fn, (q, k, v), dout)
+    replay()
     first = [t.clone() for t in static]
     _busy_side_stream()
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     check_errors()
     names = ("out", "dq", "dk", "dv")
@@ -122,7 +111,7 @@ def test_replays_give_eager_bits_and_follow_new_inputs(backend, deterministic, c
     with torch.no_grad():
         for static_input, new in zip((q, k, v, dout), (q2, k2, v2, dout2), strict=True):
             static_input.copy_(new)
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     ref = _step(
         lambda a, b, c: attention_ref(a, b, c, causal=causal)[0], *_leaves(q2, k2, v2), dout2

@@ -44,41 +44,16 @@ DEFAULT_ROUNDS = 3
 WARMUP_MS, REP_MS = 25.0, 60.0
 OURS, BASELINE = "dash_hopper_auto", "fa4_det"
 
-# (fn, leaves, dout) -> a callable that replays the captured step.
-Capture = Callable[[Callable[..., Any], Sequence[Any], Any], Callable[[], Any]]
+# (fn, leaves, dout) -> (replay, the graph's outputs): ``testing.capture_grad_step``.
+Capture = Callable[[Callable[..., Any], Sequence[Any], Any], tuple[Callable[[], Any], Any]]
 
 
-def step_of(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> Callable[[], Any]:
-    """Forward and the gradients of q, k, v (returned, not accumulated)."""
-    import torch
+def capture_step(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> tuple[Any, Any]:
+    """``testing.capture_grad_step`` (imported on first use: torch is not needed to list
+    configs or print the machine header)."""
+    from ..testing import capture_grad_step
 
-    def step() -> Any:
-        out = fn(*leaves)
-        return torch.autograd.grad(out, tuple(leaves), dout)
-
-    return step
-
-
-def capture_step(fn: Callable[..., Any], leaves: Sequence[Any], dout: Any) -> Callable[[], Any]:
-    """``step_of(fn, leaves, dout)`` captured in a CUDA graph; returns a callable that replays
-    it (and keeps the graph, the leaves and dout alive). ``leaves`` must not have been used by
-    an eager backward (autograd would wait for the stream it ran on, the default one, which a
-    capture may not)."""
-    import torch
-
-    step = step_of(fn, leaves, dout)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    # The replay reads the leaves and dout where they were at capture: they must outlive it.
-    keep = (graph, tuple(leaves), dout)
-    return lambda: keep[0].replay()
+    return capture_grad_step(fn, leaves, dout)
 
 
 def graph_cases(
@@ -114,6 +89,8 @@ def measure_case(
     """One row per provider: eager and graph ms (median over rounds, and each round's)."""
     import torch
 
+    from ..testing import grad_step
+
     gen = torch.Generator(device=device).manual_seed(seed)
     shape_q = (case.batch, case.seqlen, case.heads, case.headdim)
     shape_kv = (case.batch, case.seqlen, case.kv_heads, case.headdim)
@@ -135,7 +112,7 @@ def measure_case(
         try:
             fn = p.make(case, device)
             eager_leaves = [x.detach().clone().requires_grad_() for x in base[:3]]
-            eager = step_of(fn, eager_leaves, base[3])
+            eager = grad_step(fn, eager_leaves, base[3])
             eager()
         except ProviderUnavailable as exc:
             row["status"] = f"skipped: {exc}"
@@ -146,7 +123,7 @@ def measure_case(
         steps[p.name] = {"eager": eager}
         try:
             graph_leaves = [x.detach().clone().requires_grad_() for x in base[:3]]
-            steps[p.name]["graph"] = capture(fn, graph_leaves, base[3])
+            steps[p.name]["graph"] = capture(fn, graph_leaves, base[3])[0]
         except Exception as exc:  # noqa: BLE001 - eager is still timed
             row["status"] = f"capture failed: {short_reason(exc)}"
     times: dict[str, dict[str, list[float]]] = {n: {"eager": [], "graph": []} for n in steps}

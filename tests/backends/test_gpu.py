@@ -28,7 +28,7 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("",
     from dash_attn.plan import make_backward_plan
     from dash_attn.reference.attention import attention_ref
     from dash_attn.schedule import CAUSAL, FULL, Mask, applicable_schedules
-    from dash_attn.testing import assert_close_to_ref, broken_ranks, make_qkv
+    from dash_attn.testing import assert_close_to_ref, broken_ranks, hopper_gap, make_qkv
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim): seqlens deliberately not tile multiples.
 SHAPES = [
@@ -52,10 +52,8 @@ def _grads(fn, q, k, v, dout):
 
 
 def _skip_if_uncovered(backend: str, q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
-    if backend == "hopper":
-        gap = hopper_unsupported(problem_of(q, k, Mask(causal=causal)), device_info(q.device))
-        if gap is not None:
-            pytest.skip(f"hopper backend: {gap}")
+    if backend == "hopper" and (gap := hopper_gap(q, k, causal)) is not None:
+        pytest.skip(f"hopper backend: {gap}")
 
 
 def _dash(causal: bool, backend: str, schedule: str = "auto", deterministic: bool = True):

@@ -21,9 +21,11 @@ BACKEND_NAMES = ("triton", "hopper")
 # head dim the shortest sequence, at which committed side-by-side runs measured them faster than
 # the Triton ones (benchmarks/results/h200/session8-2c6fcbc/, in git history at e17a55e: the
 # backward sweep; the forward from 512 tokens at both head dims since session 18's forward
-# sweep, session18-b97d714/call2-b97d714/fwd/bench.csv, where the hopper forward, persistent on
-# full masks, is 1.05x Triton's at hd 64 full x 512, 1.00x causal, 1.05-1.61x on the other 22
-# configs; at hd 64 x 512 it had been 0.89-1.01x). Elsewhere they run when asked for by name.
+# sweep, session18-b97d714/call2-b97d714/fwd/bench.csv in git history at 96f6fcc, where the
+# hopper forward, persistent on full masks, is 1.05x Triton's at hd 64 full x 512, 1.00x causal,
+# 1.05-1.61x on the other 22 configs; at hd 64 x 512 it had been 0.89-1.01x; session 28's,
+# session28-96f6fcc/call4-96f6fcc/fwd/bench.csv: 1.05-1.64x on all 24 configs, and the
+# backward 1.71-2.18x in session 28's full run). Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
 AUTO_HOPPER_MIN_SEQLEN = {"fwd": {64: 512, 128: 512}, "bwd": {64: 512, 128: 512}}
 

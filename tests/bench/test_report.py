@@ -140,17 +140,16 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 18's hopper backward rounds and forward sweep (per config and summary), session
-    # 19's backward sweep at the sustained clock and causal forward sweep, session 20's d128 full
-    # rows at both clocks and end-to-end blocks, session 21's d128 rows to 2k, session 22's d128
-    # full rows at both clocks, and session 13's interleaved host-path table, from their own files.
+    # Session 19's backward sweep at the sustained clock and causal forward sweep, session 20's
+    # d128 full rows at both clocks and end-to-end blocks, session 21's d128 rows to 2k, session
+    # 22's d128 full rows at both clocks, session 28's forward sweep, and session 13's interleaved
+    # host-path table, from their own files (session 18's runs are in git history at 96f6fcc).
     text = readme.read_text()
-    session18 = results / "session18-b97d714"
     session19 = results / "session19-c219362"
     session20 = results / "session20-9a90c29" / "call3-66fd6ce"
+    session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     for path in (
-        session18 / "call4-bee9e4e" / "sweep" / "bench.csv",
-        session18 / "call4-bee9e4e" / "fwd" / "bench.csv",
+        session28 / "fwd" / "bench.csv",
         session19 / "call4-c219362" / "sustained" / "bench.csv",
         session19 / "call7-14d3a94" / "fwd_causal" / "bench.csv",
         session20 / "sustained" / "bench.csv",
@@ -162,8 +161,9 @@ def test_readme_results_are_generated_from_the_committed_files(
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
-    e2e = report.e2e_table(report.read_csv(session20 / "e2e" / "e2e.csv"), markdown=True)
-    assert "hopper vs fa4_det" in e2e and e2e.strip() in text
+    for e2e_csv in (session20 / "e2e" / "e2e.csv", session28 / "e2e" / "e2e.csv"):
+        e2e = report.e2e_table(report.read_csv(e2e_csv), markdown=True)
+        assert "hopper vs fa4_det" in e2e and e2e.strip() in text
     # Session 23: the GQA split's probe table and end-to-end blocks.
     session23 = results / "session23-87322f7"
     e2e = report.read_csv(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")

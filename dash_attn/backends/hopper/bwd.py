@@ -197,6 +197,7 @@ class HopperAttnBwd:
         dkv_smem_unroll: int = 1,
         dq_first_store: bool = False,
         pdl: bool = False,
+        drain_ticket: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -396,6 +397,19 @@ class HopperAttnBwd:
         #   LSE2, delta, the flags or the accumulator; the producer lets the dQ cast launch
         #   (launch_dependents) once it has issued its last loads. Saves the launch gaps.
         self.pdl = pdl
+        # drain_ticket (deterministic only): under dynamic dispatch the producer takes the next
+        #   ticket only once the dQ writer has released the chain's last dQ turn, not as soon as
+        #   the MMA warpgroups are done with it. Otherwise a chain whose last partial waits long
+        #   for its turn (the short KV columns of a causal mask in fa3 or descending order) has
+        #   the CTA start the next ticket's chain, whose first partial then waits behind that
+        #   one for the single staging buffer: the new chain, which later chains of its own
+        #   head wait for, stalls on an unrelated head's turn, and the stalls chain across
+        #   heads (benchmarks/NOTES.md, item 128). The Triton kernel, whose MMA warps wait for
+        #   their own turns, never holds a new chain this way. The barrier is dO's "empty" one,
+        #   unused without do_single. Static dispatch never waits on it.
+        if drain_ticket and do_single:
+            raise NotImplementedError("drain_ticket reuses do_single's barrier: not both")
+        self.drain_ticket = drain_ticket and deterministic
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -695,6 +709,9 @@ class HopperAttnBwd:
             if const_expr(self.do_single):
                 cute.arch.mbarrier_init(storage.do_full.data_ptr(), 1)
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), self.num_mma_threads)
+            if const_expr(self.drain_ticket):
+                # One arrival per chain: the dQ writer's, after the chain's last release.
+                cute.arch.mbarrier_init(storage.do_empty.data_ptr(), 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         if const_expr(self.pdl):
@@ -805,6 +822,7 @@ class HopperAttnBwd:
         phase = Int32(0)
         kv_phase = Int32(0)
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
+        drain_phase = Int32(0)  # of the chains' "drained" mbarrier (drain_ticket)
         while ticket < end:
             chain = mOrder[ticket]
             kvt = chain % kv_tiles
@@ -881,6 +899,11 @@ class HopperAttnBwd:
                 # turns: the chain it names (often one that later chains of its group wait
                 # for) could not start meanwhile.
                 cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
+                if const_expr(self.drain_ticket):  # noqa: SIM102 (compile-time, then runtime)
+                    # (A chain of no step has no last turn: nothing arrives for it.)
+                    if hi > lo:
+                        cute.arch.mbarrier_wait(storage.do_empty.data_ptr(), drain_phase)
+                        drain_phase = drain_phase ^ 1
                 ticket = self._take_ticket(mFlags, lane)
             else:
                 ticket = ticket + 1
@@ -972,6 +995,7 @@ class HopperAttnBwd:
             info = sInfo[None, stage]
             done = info[_I_FLAGS] & _F_DONE
             if done == 0:
+                last = info[_I_FLAGS] & _F_LAST
                 b = info[_I_BATCH]
                 qh = info[_I_QH]
                 qt = info[_I_QT]
@@ -1056,6 +1080,9 @@ class HopperAttnBwd:
                         cute.arch.red(
                             sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
                         )
+                        if const_expr(self.drain_ticket):  # noqa: SIM102 (as above)
+                            if last != 0:
+                                cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
                     cute.arch.sync_warp()
             else:
                 # The MMA warpgroups' stop handshake (part 0's was the barrier above, unless

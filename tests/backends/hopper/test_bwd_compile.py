@@ -228,6 +228,10 @@ VARIANT_CONFIGS = [
     # Session 26: the main kernel as a programmatic dependent launch (not timed yet).
     ("t128_wg2gr_sm2_fs_pdl", (128, torch.bfloat16, True, True)),
     ("t128_xm24r_sm2_fs_pdl", (64, torch.float16, False, False)),
+    # Session 28: the next dynamic ticket after the chain's last dQ turn (drain_ticket).
+    ("t128_xm24r_sm2_fs_dr", (64, torch.bfloat16, True, True)),
+    ("t128_wg2gr_sm2_fs_dr", (128, torch.bfloat16, True, True)),
+    ("t80_wgr_p14_sm2_fs_dr", (128, torch.float16, False, True)),
 ]
 
 
@@ -727,3 +731,20 @@ def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:
         _pair_rows([(0, 0), (0, 1), (8, 1), (8, 2)], 2)
     with pytest.raises(ValueError, match="pair 0"):
         _pair_rows([(0, 0), (1, 1)], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_drain_ticket_adds_one_barrier_in_det_mode(deterministic: bool, tmp_path: Path) -> None:
+    """drain_ticket ("_dr") gives the deterministic kernel one more mbarrier (initialised,
+    arrived on by the dQ writer after a chain's last release, waited on by the producer before
+    a dynamic ticket) and leaves the non-deterministic kernel as it was."""
+    counts = {}
+    for variant in ("t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dr"):
+        config = (64, torch.bfloat16, True, deterministic)
+        ptx = _compile(config, tmp_path / variant, variant).__ptx__
+        ops = (r"mbarrier\.init", r"mbarrier\.try_wait", r"mbarrier\.arrive")
+        counts[variant] = [len(re.findall(op, ptx)) for op in ops]
+    shipped, drained = counts.values()
+    extra = 1 if deterministic else 0
+    assert drained == [n + extra for n in shipped], counts

@@ -78,7 +78,10 @@ exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``d
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
 exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/dV through
-shared memory (full sectors); ``stages`` is the depth of the Q/dO ring.
+shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
+adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
+producer take a dynamic ticket only after the chain's last dQ turn is released; ``stages`` is the
+depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.

@@ -15,11 +15,15 @@ def _spec(mask, tiles: int = 8, heads: int = 6, workers: int = 10) -> ScheduleSp
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("mask", [FULL, CAUSAL], ids=["full", "causal"])
-@pytest.mark.parametrize("name", ["fa3", "descending"])
+@pytest.mark.parametrize(
+    "mask,name",
+    [(FULL, "fa3"), (FULL, "descending"), (FULL, "shift"), (CAUSAL, "fa3"),
+     (CAUSAL, "descending"), (CAUSAL, "symmetric_shift")],
+)  # fmt: skip
 @pytest.mark.parametrize("c,r", [(1.0, 1.0), (3.0, 0.5), (1.0, 0.0)])
 def test_coupled_mode_is_the_papers_model(mask, name: str, c: float, r: float) -> None:
-    """``coupled`` (the next compute after the last reduction) is ``simulate``'s dynamic run."""
+    """``coupled`` (the next compute after the last reduction) is ``simulate``'s run, for
+    dynamic and static schedules."""
     schedule = make_schedule(name, _spec(mask))
     expected = simulate(schedule, cost_compute=c, cost_reduce=r).makespan
     assert writer_makespan(schedule, c, r, "coupled") == pytest.approx(expected)
@@ -58,5 +62,3 @@ def test_bad_arguments() -> None:
         writer_makespan(schedule, 1.0, 1.0, "late")
     with pytest.raises(ValueError, match="buffers"):
         writer_makespan(schedule, 1.0, 1.0, "early", buffers=0)
-    with pytest.raises(ValueError, match="dynamic"):
-        writer_makespan(make_schedule("shift", _spec(FULL)), 1.0, 1.0, "early")

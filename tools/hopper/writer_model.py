@@ -27,6 +27,7 @@ the non-deterministic time (as ``dash_attn.bench.model``) and ``r`` a fixed late
 reduction (``--r-us``). Pure CPU, from the repository root::
 
     PYTHONPATH=. python tools/hopper/writer_model.py [--r-us 1,2] [--seqlens 1024,2048]
+        [--orders fa3,descending,shift,symmetric_shift] [--buffers 2]
 """
 
 from __future__ import annotations
@@ -53,16 +54,18 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200
 def writer_makespan(
     schedule: Schedule, c: float, r: float, mode: str, buffers: int = 1
 ) -> float:
-    """The makespan of a dynamic ``schedule`` with compute cost ``c`` and reduction cost ``r``
-    per step, workers free for the next ticket as ``mode`` says (module docstring)."""
+    """The makespan of ``schedule`` with compute cost ``c`` and reduction cost ``r`` per step:
+    dynamic schedules with workers free for the next ticket as ``mode`` says (module
+    docstring); static ones (no tickets: ``early`` and ``drain`` are the same there) with the
+    writer decoupled, or ``coupled``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if schedule.dispatch is not Dispatch.DYNAMIC:
-        raise ValueError("only dynamic schedules draw tickets")
     if buffers < 1:
         raise ValueError(f"buffers must be >= 1, got {buffers}")
     validate(schedule)
     pred = rank_predecessors(schedule).tolist()
+    if schedule.dispatch is Dispatch.STATIC:
+        return _static_makespan(schedule, pred, c, r, mode == "coupled", buffers)
     starts = schedule.chain_start.tolist()
     workers = schedule.spec.workers
     reduce_end = [-1.0] * schedule.num_steps
@@ -96,11 +99,64 @@ def writer_makespan(
     return makespan
 
 
+def _static_makespan(
+    schedule: Schedule, pred: list[int], c: float, r: float, coupled: bool, buffers: int
+) -> float:
+    """Static dispatch: each worker runs its chains in order and is advanced until a step's
+    rank predecessor has not been reduced yet, then resumed once it has (as ``simulate``)."""
+    starts = schedule.chain_start.tolist()
+    order = schedule.order.tolist()
+    worker_start = schedule.worker_start.tolist()
+    workers = schedule.spec.workers
+    sequences = [
+        [s for chain in order[worker_start[w] : worker_start[w + 1]]
+         for s in range(starts[chain], starts[chain + 1])]
+        for w in range(workers)
+    ]  # fmt: skip
+    reduce_end = [-1.0] * schedule.num_steps
+    position = [0] * workers
+    mma = [0.0] * workers
+    writer = [0.0] * workers
+    held: list[deque[float]] = [deque([0.0] * buffers, maxlen=buffers) for _ in range(workers)]
+    waiters: dict[int, list[int]] = {}
+    runnable = list(range(workers - 1, -1, -1))
+    while runnable:
+        w = runnable.pop()
+        steps = sequences[w]
+        while position[w] < len(steps):
+            step = steps[position[w]]
+            done = reduce_end[pred[step]] if pred[step] >= 0 else 0.0
+            if done < 0:
+                waiters.setdefault(pred[step], []).append(w)
+                break
+            if coupled:
+                start = max(mma[w] + c, writer[w], done)
+                mma[w] = writer[w] = start + r
+            else:
+                handed = max(mma[w] + c, held[w][0])
+                start = max(handed, writer[w], done)
+                held[w].append(start)
+                mma[w], writer[w] = handed, start + r
+            reduce_end[step] = start + r
+            runnable.extend(waiters.pop(step, ()))
+            position[w] += 1
+    if any(position[w] < len(sequences[w]) for w in range(workers)):
+        raise RuntimeError("static run stalled on a validated schedule")
+    return max(reduce_end, default=0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=RESULTS)
     parser.add_argument("--r-us", default="1,2", help="reduction latencies to model, in us")
     parser.add_argument("--seqlens", default="", help="only these seqlens (default: all)")
+    parser.add_argument(
+        "--orders", default="fa3,descending",
+        help="schedules (static ones too: shift, symmetric_shift; early = drain there)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--buffers", type=int, default=0, help="staging buffers (default: the shipped kernel's)"
+    )
     args = parser.parse_args(argv)
     r_values = [float(x) * 1e-3 for x in args.r_us.split(",") if x]
     seqlens = {int(x) for x in args.seqlens.split(",") if x}
@@ -119,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             int(nondet["sm_count"]), "hopper",
         )  # fmt: skip
         c, _ = estimate_costs(spec, float(nondet["ms"]), float(nondet["ms"]))
-        buffers = BUFFERS[headdim, causal]
-        for order in ("fa3", "descending"):
+        buffers = args.buffers or BUFFERS[headdim, causal]
+        for order in args.orders.split(","):
             measured = providers.get(f"dash_hopper_{order}")
             if measured is None:
                 continue

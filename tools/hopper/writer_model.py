@@ -51,6 +51,29 @@ BUFFERS = {(64, False): 1, (64, True): 1, (128, False): 1, (128, True): 2}
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "bench.csv"
 
 
+class _Worker:
+    """One worker's clocks: its MMA warpgroups, its dQ writer, and the reduce starts of the
+    partials in its staging buffers (oldest first; a buffer is free once its reduce starts)."""
+
+    def __init__(self, coupled: bool, buffers: int) -> None:
+        self.coupled = coupled
+        self.mma = 0.0
+        self.writer = 0.0
+        self.held = deque([0.0] * buffers, maxlen=buffers)
+
+    def step(self, c: float, r: float, done: float) -> float:
+        """Run one step whose rank predecessor's reduction ended at ``done``; its reduce end."""
+        if self.coupled:  # the next compute after this reduction (the paper's model)
+            start = max(self.mma + c, self.writer, done)
+            self.mma = self.writer = start + r
+        else:  # hand over when a buffer is free; the writer reduces in order
+            handed = max(self.mma + c, self.held[0])
+            start = max(handed, self.writer, done)
+            self.held.append(start)
+            self.mma, self.writer = handed, start + r
+        return start + r
+
+
 def writer_makespan(
     schedule: Schedule, c: float, r: float, mode: str, buffers: int = 1
 ) -> float:
@@ -64,62 +87,48 @@ def writer_makespan(
         raise ValueError(f"buffers must be >= 1, got {buffers}")
     validate(schedule)
     pred = rank_predecessors(schedule).tolist()
-    if schedule.dispatch is Dispatch.STATIC:
-        return _static_makespan(schedule, pred, c, r, mode == "coupled", buffers)
     starts = schedule.chain_start.tolist()
-    workers = schedule.spec.workers
+    order = schedule.order.tolist()
+    workers = [_Worker(mode == "coupled", buffers) for _ in range(schedule.spec.workers)]
     reduce_end = [-1.0] * schedule.num_steps
-    # Per worker: MMA warpgroups free, writer free, the reduce starts of the partials that
-    # occupy the buffers (oldest first).
-    mma = [0.0] * workers
-    writer = [0.0] * workers
-    held: list[deque[float]] = [deque([0.0] * buffers, maxlen=buffers) for _ in range(workers)]
-    free = [(0.0, w) for w in range(workers)]  # a heap: (ticket time, worker)
-    makespan = 0.0
-    for chain in schedule.order.tolist():
+    if schedule.dispatch is Dispatch.STATIC:
+        _run_static(schedule, pred, starts, order, workers, reduce_end, c, r)
+        return max(reduce_end, default=0.0)
+    free = [(0.0, w) for w in range(len(workers))]  # a heap: (ticket time, worker)
+    for chain in order:
         ticket, w = heapq.heappop(free)
-        t_mma = max(mma[w], ticket)
-        t_writer = writer[w]
+        worker = workers[w]
+        worker.mma = max(worker.mma, ticket)
         for step in range(starts[chain], starts[chain + 1]):
             done = reduce_end[pred[step]] if pred[step] >= 0 else 0.0
             if done < 0:
                 raise RuntimeError("a rank predecessor holds a later ticket")
-            if mode == "coupled":
-                start = max(t_mma + c, t_writer, done)
-                t_writer = t_mma = start + r
-            else:
-                handed = max(t_mma + c, held[w][0])  # the oldest buffer is the one freed first
-                start = max(handed, t_writer, done)
-                held[w].append(start)
-                t_mma, t_writer = handed, start + r
-            reduce_end[step] = start + r
-            makespan = max(makespan, start + r)
-        mma[w], writer[w] = t_mma, t_writer
-        heapq.heappush(free, (t_mma if mode == "early" else t_writer, w))
-    return makespan
+            reduce_end[step] = worker.step(c, r, done)
+        heapq.heappush(free, (worker.mma if mode == "early" else worker.writer, w))
+    return max(reduce_end, default=0.0)
 
 
-def _static_makespan(
-    schedule: Schedule, pred: list[int], c: float, r: float, coupled: bool, buffers: int
-) -> float:
+def _run_static(
+    schedule: Schedule,
+    pred: list[int],
+    starts: list[int],
+    order: list[int],
+    workers: list[_Worker],
+    reduce_end: list[float],
+    c: float,
+    r: float,
+) -> None:
     """Static dispatch: each worker runs its chains in order and is advanced until a step's
     rank predecessor has not been reduced yet, then resumed once it has (as ``simulate``)."""
-    starts = schedule.chain_start.tolist()
-    order = schedule.order.tolist()
     worker_start = schedule.worker_start.tolist()
-    workers = schedule.spec.workers
     sequences = [
         [s for chain in order[worker_start[w] : worker_start[w + 1]]
          for s in range(starts[chain], starts[chain + 1])]
-        for w in range(workers)
+        for w in range(len(workers))
     ]  # fmt: skip
-    reduce_end = [-1.0] * schedule.num_steps
-    position = [0] * workers
-    mma = [0.0] * workers
-    writer = [0.0] * workers
-    held: list[deque[float]] = [deque([0.0] * buffers, maxlen=buffers) for _ in range(workers)]
+    position = [0] * len(workers)
     waiters: dict[int, list[int]] = {}
-    runnable = list(range(workers - 1, -1, -1))
+    runnable = list(range(len(workers) - 1, -1, -1))
     while runnable:
         w = runnable.pop()
         steps = sequences[w]
@@ -129,20 +138,11 @@ def _static_makespan(
             if done < 0:
                 waiters.setdefault(pred[step], []).append(w)
                 break
-            if coupled:
-                start = max(mma[w] + c, writer[w], done)
-                mma[w] = writer[w] = start + r
-            else:
-                handed = max(mma[w] + c, held[w][0])
-                start = max(handed, writer[w], done)
-                held[w].append(start)
-                mma[w], writer[w] = handed, start + r
-            reduce_end[step] = start + r
+            reduce_end[step] = workers[w].step(c, r, done)
             runnable.extend(waiters.pop(step, ()))
             position[w] += 1
-    if any(position[w] < len(sequences[w]) for w in range(workers)):
+    if any(position[w] < len(sequences[w]) for w in range(len(workers))):
         raise RuntimeError("static run stalled on a validated schedule")
-    return max(reduce_end, default=0.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,12 +60,16 @@ _BWD_TILES = {
 # (dq_first_store, "_fs"), so the preprocess zeroes only the flags: GPU time of the whole
 # backward at a fixed clock 1.06-1.08x at 512 tokens, 1.01-1.07x at 1k-2k, 1.00-1.01x from 8k
 # (det; non-det unchanged), the same values (session26-851077a call2 fs_ab.txt, fs_check.txt).
+# On causal masks a CTA under dynamic dispatch takes its next ticket only once its chain's last
+# dQ turn is released (drain_ticket, "_dr"): the fa3 order at 2k 6.3x (hd 64) and 5.0x (hd 128)
+# faster, descending 1.7x and 1.4x, 4k fa3 4.6x and 3.9x; static orders (auto's
+# symmetric_shift) never wait for it; gradients bitwise equal (session29 call1 fa3_probe.txt).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs",
-    (64, "causal"): "t128_xm24r_sm2_fs",
+    (64, "causal"): "t128_xm24r_sm2_fs_dr",
     (128, "full"): "t80_wgr_p14_sm2_fs",
-    (128, "causal"): "t128_wg2gr_sm2_fs",
+    (128, "causal"): "t128_wg2gr_sm2_fs_dr",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every

@@ -127,9 +127,9 @@ for _name in ("t128_xm24r_sm2", "t80_wgr_p14_sm2", "t128_wg2gr_sm2", "t80_wg2r_p
 # preprocess and the dQ cast of the main kernel (pdl, FA4's launches), on those.
 for _name in ("t128_xm24r_sm2_fs", "t80_wgr_p14_sm2_fs", "t128_wg2gr_sm2_fs", "t80_wg2r_p14_fs"):
     VARIANTS[_name + "_pdl"] = {**VARIANTS[_name], "pdl": True}
-# Session 28 (not shipped yet): under dynamic dispatch the next ticket only once the chain's last
-# dQ turn is released (drain_ticket, "_dr": the fa3 and descending orders on causal masks), on
-# the shipped variants without do_single (whose barrier it reuses).
+# Session 28: under dynamic dispatch the next ticket only once the chain's last dQ turn is
+# released (drain_ticket, "_dr": the fa3 and descending orders on causal masks; shipped there in
+# session 29), on the variants without do_single (whose barrier it reuses).
 for _name in ("t128_xm24r_sm2_fs", "t80_wgr_p14_sm2_fs", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dr"] = {**VARIANTS[_name], "drain_ticket": True}
 # Launcher-level keys of a variant (not kernel options).

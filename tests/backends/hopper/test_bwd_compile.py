@@ -228,10 +228,11 @@ VARIANT_CONFIGS = [
     # Session 26: the main kernel as a programmatic dependent launch (not timed yet).
     ("t128_wg2gr_sm2_fs_pdl", (128, torch.bfloat16, True, True)),
     ("t128_xm24r_sm2_fs_pdl", (64, torch.float16, False, False)),
-    # Session 28: the next dynamic ticket after the chain's last dQ turn (drain_ticket).
-    ("t128_xm24r_sm2_fs_dr", (64, torch.bfloat16, True, True)),
-    ("t128_wg2gr_sm2_fs_dr", (128, torch.bfloat16, True, True)),
+    # Session 28: the next dynamic ticket after the chain's last dQ turn (drain_ticket, shipped
+    # on causal masks in session 29): the full-mask twins, and the hd-128 causal kernel without.
+    ("t128_xm24r_sm2_fs_dr", (64, torch.float16, False, True)),
     ("t80_wgr_p14_sm2_fs_dr", (128, torch.float16, False, True)),
+    ("t128_wg2gr_sm2_fs", (128, torch.bfloat16, True, True)),
 ]
 
 

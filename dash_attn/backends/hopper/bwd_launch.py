@@ -132,6 +132,15 @@ for _name in ("t128_xm24r_sm2_fs", "t80_wgr_p14_sm2_fs", "t128_wg2gr_sm2_fs", "t
 # session 29), on the variants without do_single (whose barrier it reuses).
 for _name in ("t128_xm24r_sm2_fs", "t80_wgr_p14_sm2_fs", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dr"] = {**VARIANTS[_name], "drain_ticket": True}
+# Session 29 (not shipped): at hd 64 the deterministic kernel costs 3-4% over the
+# non-deterministic one from 8k tokens (session 28's run), where both run the same tables. Slack
+# for the writer's turns: two dQ staging buffers (dS single-buffered, with the dS guard,
+# "_dq2"), the turn taken after the partial is written (early_turn off, "_nt"), and both.
+VARIANTS["t128_xm24r_sm2_fs_dq2"] = {
+    **VARIANTS["t128_xm24r_sm2_fs"], "dq_double": True, "ds_guard": True,
+}  # fmt: skip
+VARIANTS["t128_xm24r_sm2_fs_nt"] = {**VARIANTS["t128_xm24r_sm2_fs"], "early_turn": False}
+VARIANTS["t128_xm24r_sm2_fs_nt2"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "early_turn": False}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

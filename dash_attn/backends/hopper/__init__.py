@@ -64,10 +64,13 @@ _BWD_TILES = {
 # dQ turn is released (drain_ticket, "_dr"): the fa3 order at 2k 6.3x (hd 64) and 5.0x (hd 128)
 # faster, descending 1.7x and 1.4x, 4k fa3 4.6x and 3.9x; static orders (auto's
 # symmetric_shift) never wait for it; gradients bitwise equal (session29 call1 fa3_probe.txt).
+# At hd 64 two dQ staging buffers (dq_double, dS single-buffered, with the dS guard: "_dq2"):
+# whole backward det 1.03-1.05x at full 2k-16k, 1.01x at causal 2k-16k, bits equal (session29
+# call5 d64_ab.txt; the turns' jitter, not their mean wait, which the writer model has).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_xm24r_sm2_fs",
-    (64, "causal"): "t128_xm24r_sm2_fs_dr",
+    (64, "full"): "t128_xm24r_sm2_fs_dq2",
+    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dr",
     (128, "full"): "t80_wgr_p14_sm2_fs",
     (128, "causal"): "t128_wg2gr_sm2_fs_dr",
 }

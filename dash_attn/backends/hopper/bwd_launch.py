@@ -141,6 +141,7 @@ VARIANTS["t128_xm24r_sm2_fs_dq2"] = {
 }  # fmt: skip
 VARIANTS["t128_xm24r_sm2_fs_nt"] = {**VARIANTS["t128_xm24r_sm2_fs"], "early_turn": False}
 VARIANTS["t128_xm24r_sm2_fs_nt2"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "early_turn": False}
+VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "drain_ticket": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -234,7 +234,7 @@ VARIANT_CONFIGS = [
     ("t80_wgr_p14_sm2_fs_dr", (128, torch.float16, False, True)),
     ("t128_wg2gr_sm2_fs", (128, torch.bfloat16, True, True)),
     # Session 29: slack for the dQ turns at hd 64 (two staging buffers, the late turn, both).
-    ("t128_xm24r_sm2_fs_dq2", (64, torch.bfloat16, True, True)),
+    ("t128_xm24r_sm2_fs", (64, torch.bfloat16, True, True)),
     ("t128_xm24r_sm2_fs_nt", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_nt2", (64, torch.float16, True, True)),
 ]

@@ -286,11 +286,13 @@ def summary_table(
     rows: Iterable[Mapping[str, Any]], markdown: bool = False, only_measured: bool = False
 ) -> str:
     """Geometric-mean ratios per config group; a ratio whose providers the run lacks shows "-"
-    (or, with ``only_measured``, is left out: a run of a few providers)."""
+    (or, with ``only_measured``, is left out: a run of a few providers; "" if none is left)."""
     header = ["config", "ratio", "geomean", "range", "configs"]
     body = [
         [g, c, v, d, str(n)] for g, c, v, d, n in summary_ratios(rows) if n or not only_measured
     ]
+    if not body:
+        return ""
     return markdown_table(header, body, left=2) if markdown else text_table(header, body, left=2)
 
 
@@ -494,10 +496,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" (bold: fastest deterministic provider of the row).")
         print()
         print(readme_table(rows, columns))
-        print()
-        print("Geometric means over the seqlens of each group (range = min..max ratio).")
-        print()
-        print(summary_table(rows, markdown=True))
+        # The README shows the ratios the run measured (a run of a few providers has few).
+        summary = summary_table(rows, markdown=True, only_measured=True)
+        if summary:
+            print()
+            print("Geometric means over the seqlens of each group (range = min..max ratio).")
+            print()
+            print(summary)
     else:
         print(ratio_table(rows))
         print()

@@ -78,6 +78,24 @@ def test_readme_table_from_csv(bench_csv: Path, capsys: pytest.CaptureFixture[st
     assert values["fa4_det / fa4_nondet"] == f"{0.96 / 1.28:.2f}x"
 
 
+def test_readme_table_of_a_few_providers_has_only_measured_ratios(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of a few providers: the summary lists the ratios it measured, and is left out
+    when it measured none."""
+    rows = synthetic_rows()
+    for keep, expect in ((("dash_auto", "fa4_det"), ["dash auto / fa4_det"]), (("flex",), [])):
+        path = tmp_path / "-".join(keep) / "bench.csv"
+        path.parent.mkdir()
+        report.write_csv(path, [r for r in rows if r["provider"] in keep], report.CSV_FIELDS)
+        assert report.main(["--csv", str(path), "--readme-table"]) == 0
+        out = capsys.readouterr().out
+        labels = {line.split("|")[2].strip() for line in out.splitlines() if "| bwd " in line}
+        assert sorted(labels) == expect
+        assert ("Geometric means" in out) == bool(expect)
+        assert "| - |" not in out
+
+
 def test_ratio_table_names_best_schedule(bench_csv: Path) -> None:
     text = report.ratio_table(report.read_csv(bench_csv))
     lines = text.splitlines()
@@ -140,30 +158,28 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 19's backward sweep at the sustained clock and causal forward sweep, session 20's
-    # d128 full rows at both clocks and end-to-end blocks, session 21's d128 rows to 2k, session
-    # 22's d128 full rows at both clocks, session 28's forward sweep, and session 13's interleaved
-    # host-path table, from their own files (session 18's runs are in git history at 96f6fcc).
+    # Session 21's d128 rows to 2k, session 22's d128 full rows at both clocks, session 28's
+    # forward sweep, session 29's hd-64 sweep and causal orders, and session 13's interleaved
+    # host-path table, from their own files (session 18's runs are in git history at 96f6fcc,
+    # session 19's and 20's at b887b0f).
     text = readme.read_text()
-    session19 = results / "session19-c219362"
-    session20 = results / "session20-9a90c29" / "call3-66fd6ce"
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
+    session29 = results / "session29-01bb4dd"
     for path in (
         session28 / "fwd" / "bench.csv",
-        session19 / "call4-c219362" / "sustained" / "bench.csv",
-        session19 / "call7-14d3a94" / "fwd_causal" / "bench.csv",
-        session20 / "sustained" / "bench.csv",
-        session20 / "boost" / "bench.csv",
         results / "session21-ce675c5" / "call6-05d9da6" / "boost" / "bench.csv",
         results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv",
         results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv",
+        session29 / "call6-b887b0f" / "sweep64" / "bench.csv",
+        session29 / "call4-c34fc73" / "orders" / "bench.csv",
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
-    for e2e_csv in (session20 / "e2e" / "e2e.csv", session28 / "e2e" / "e2e.csv"):
-        e2e = report.e2e_table(report.read_csv(e2e_csv), markdown=True)
-        assert "hopper vs fa4_det" in e2e and e2e.strip() in text
+    orders = report.read_csv(session29 / "call4-c34fc73" / "orders" / "determinism.csv")
+    assert report.determinism_table(orders, markdown=True).strip() in text
+    e2e = report.e2e_table(report.read_csv(session28 / "e2e" / "e2e.csv"), markdown=True)
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in text
     # Session 23: the GQA split's probe table and end-to-end blocks.
     session23 = results / "session23-87322f7"
     e2e = report.read_csv(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")

@@ -98,7 +98,7 @@ FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 # persistent is 1.00-1.14x the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512,
 # 0.92x -> 0.98x at 1k); at hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k. Causal
 # masks, the CTAs walking tile lists made on the host (session19-c219362/call5-8b75135/
-# fwd_causal_ab.txt): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x
+# fwd_causal_ab.txt, git history at b887b0f): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x
 # at 4k); at hd 128 1.17x at 1k, 1.04-1.11x to 8k, 0.985x at 16k.
 FWD_PERSISTENT_MAX_SEQLEN_K = {
     "full": {64: 1 << 30, 128: 4096},

@@ -158,19 +158,18 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
-    # Session 21's d128 rows to 2k, session 22's d128 full rows at both clocks, session 28's
-    # forward sweep, session 29's hd-64 sweep and causal orders, and session 13's interleaved
-    # host-path table, from their own files (session 18's runs are in git history at 96f6fcc,
-    # session 19's and 20's at b887b0f).
+    # Session 22's d128 full rows at both clocks, session 28's forward sweep, session 29's
+    # sweeps and causal orders, and session 13's interleaved host-path table, from their own
+    # files (session 18's runs are in git history at 96f6fcc, session 19's and 20's at b887b0f,
+    # session 21's at cd36427).
     text = readme.read_text()
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     session29 = results / "session29-01bb4dd"
     for path in (
         session28 / "fwd" / "bench.csv",
-        results / "session21-ce675c5" / "call6-05d9da6" / "boost" / "bench.csv",
         results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv",
         results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv",
-        session29 / "call6-b887b0f" / "sweep64" / "bench.csv",
+        session29 / "call7-b887b0f" / "sweep" / "bench.csv",
         session29 / "call4-c34fc73" / "orders" / "bench.csv",
     ):
         rows = report.read_csv(path)

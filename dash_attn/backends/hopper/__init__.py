@@ -44,11 +44,12 @@ _BWD_TILES = {
 # 128 causal two dQ staging buffers (with the dS guard: no cost, bits equal, session20 call2
 # wg2_ab.txt), at hd 128 full 80 x 128 tiles; at hd 128 the chain's dK/dV stores addressed per
 # fragment row (dkv_row_ptr: kernel time at a fixed clock 1.00-1.05x of session 20's kernels,
-# most at 512 tokens, session21-ce675c5 call5 ncu_ab.txt; at hd 64 0.93x in det mode at full
-# 16k, so not there). At hd 128 full one exponential in four by a polynomial on the FMA pipe
-# (exp_poly (1, 4), degree 5, as accurate as ex2.approx: kernel time at a fixed clock det
-# 1.017-1.025x from 8k keys in three runs, 0.994-1.005x to 4k, non-det 1.010-1.017x;
-# session22-cb74eeb call1-call3 poly_ab.txt; slower at hd 64 and no faster at hd 128 causal).
+# most at 512 tokens, session21-ce675c5 call5 ncu_ab.txt, git history at cd36427; at hd 64
+# 0.93x in det mode at full 16k, so not there). At hd 128 full one exponential in four by a
+# polynomial on the FMA pipe (exp_poly (1, 4), degree 5, as accurate as ex2.approx: kernel
+# time at a fixed clock det 1.017-1.025x from 8k keys in three runs, 0.994-1.005x to 4k,
+# non-det 1.010-1.017x; session22-cb74eeb call1-call3 poly_ab.txt; slower at hd 64 and no
+# faster at hd 128 causal).
 # Everywhere the chain's dK/dV leave through shared memory (dkv_smem: stmatrix into the K/V
 # tiles, then 16-byte chunks of whole rows; the read-back loop unrolled by 2): kernel time at a
 # fixed clock 1.05-1.12x at hd 128 causal 512-2k, 1.01x at 8k-16k, 1.07x at hd 128 full 512,
@@ -98,8 +99,8 @@ FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 # persistent is 1.00-1.14x the per-tile kernel at 512-16k tokens (FA4: 0.89x -> 1.02x at 512,
 # 0.92x -> 0.98x at 1k); at hd 128 1.18x at 512, 1.01-1.11x to 4k, 0.99x at 8k-16k. Causal
 # masks, the CTAs walking tile lists made on the host (session19-c219362/call5-8b75135/
-# fwd_causal_ab.txt, git history at b887b0f): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x -> 1.04x at 2k, 0.92x -> 1.00x
-# at 4k); at hd 128 1.17x at 1k, 1.04-1.11x to 8k, 0.985x at 16k.
+# fwd_causal_ab.txt, git history at b887b0f): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x ->
+# 1.04x at 2k, 0.92x -> 1.00x at 4k); at hd 128 1.17x at 1k, 1.04-1.11x to 8k, 0.985x at 16k.
 FWD_PERSISTENT_MAX_SEQLEN_K = {
     "full": {64: 1 << 30, 128: 4096},
     "causal": {64: 1 << 30, 128: 8192},

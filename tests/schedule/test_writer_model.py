@@ -56,9 +56,31 @@ def test_early_tickets_stall_the_causal_fa3_wavefront() -> None:
     assert drain < coupled
 
 
+@pytest.mark.parametrize("mask,name", [(FULL, "shift"), (CAUSAL, "symmetric_shift")])
+def test_uneven_steps_and_a_slow_read_make_a_second_buffer_pay(mask, name: str) -> None:
+    """With equal steps a second staging buffer changes nothing on the static orders (session
+    28's reading); with steps that vary (seeded) and a bulk copy that reads its buffer for most
+    of the reduction, a late partial holds the only buffer and a second one is faster. A static
+    run is monotone in its inputs, so more buffers are never slower."""
+    schedule = make_schedule(name, _spec(mask, tiles=12, heads=24, workers=20))
+    even = [writer_makespan(schedule, 2.5, 2.0, "early", b, read=1.6) for b in (1, 2)]
+    assert even[0] == pytest.approx(even[1])
+    one, two = (
+        writer_makespan(schedule, 2.5, 2.0, "early", b, jitter=0.2, seed=3, read=1.6)
+        for b in (1, 2)
+    )
+    assert two < one
+    assert writer_makespan(schedule, 2.5, 2.0, "early", 1, jitter=0.2, seed=3, read=1.6) == one
+    assert writer_makespan(schedule, 2.5, 2.0, "early", 1, jitter=0.2, seed=4, read=1.6) != one
+
+
 def test_bad_arguments() -> None:
     schedule = make_schedule("fa3", _spec(FULL))
     with pytest.raises(ValueError, match="mode"):
         writer_makespan(schedule, 1.0, 1.0, "late")
     with pytest.raises(ValueError, match="buffers"):
         writer_makespan(schedule, 1.0, 1.0, "early", buffers=0)
+    with pytest.raises(ValueError, match="jitter"):
+        writer_makespan(schedule, 1.0, 1.0, "early", jitter=0.5)
+    with pytest.raises(ValueError, match="read"):
+        writer_makespan(schedule, 1.0, 1.0, "early", read=2.0)

@@ -19,7 +19,13 @@ Per step of a worker: the compute starts when the MMA warpgroups are free (for a
 step, not before its ticket); the partial is handed over at ``max(compute end, a buffer free)``
 and the MMA warpgroups are free again then; the reduction starts at ``max(hand-over, the
 writer's previous reduction ended, the rank predecessor's reduction ended)`` and lasts ``r``;
-the buffer is free again when its reduction starts (the bulk copy reads it at once).
+the buffer is free again ``read`` after its reduction starts (the bulk copy's read of it; 0:
+at once).
+
+Steps need not take the same time: with ``jitter`` each step's compute is ``c (1 + jitter z)``,
+z a standard normal clipped to +-3 (seeded, the same draws for every mode and buffer count), so
+that a late partial can hold a staging buffer while its worker's next step is ready (why a
+second buffer can pay off where the mean times say it cannot; NOTES item 135).
 
 Printed per measured config (``benchmarks/results/h200/bench.csv``, the hopper columns): the
 measured ms of ``fa3`` and ``descending`` beside the three models' makespans, with ``c`` from
@@ -27,7 +33,8 @@ the non-deterministic time (as ``dash_attn.bench.model``) and ``r`` a fixed late
 reduction (``--r-us``). Pure CPU, from the repository root::
 
     PYTHONPATH=. python tools/hopper/writer_model.py [--r-us 1,2] [--seqlens 1024,2048]
-        [--orders fa3,descending,shift,symmetric_shift] [--buffers 2]
+        [--headdims 64] [--orders fa3,descending,shift,symmetric_shift] [--buffers 2]
+        [--jitter 0.1] [--read-us 1]
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import sys
 from collections import deque
 from pathlib import Path
 
+import numpy as np
+
 from dash_attn.bench.model import estimate_costs
 from dash_attn.bench.report import by_config, read_csv
 from dash_attn.schedule import Dispatch, Schedule
@@ -46,17 +55,20 @@ from dash_attn.schedule.report import square_spec
 from dash_attn.schedule.validate import rank_predecessors, validate
 
 MODES = ("coupled", "early", "drain")
-# Staging buffers of the shipped hopper kernels (hd 128 causal has two: t128_wg2*).
+# Staging buffers of the hopper kernels of session 28's run (the default --csv): hd 128 causal
+# has two (t128_wg2*), and so has hd 64 since session 29 (_dq2), and hd 128 full from 8k keys.
 BUFFERS = {(64, False): 1, (64, True): 1, (128, False): 1, (128, True): 2}
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "bench.csv"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "h200" / "bench.csv"
 
 
 class _Worker:
     """One worker's clocks: its MMA warpgroups, its dQ writer, and the reduce starts of the
     partials in its staging buffers (oldest first; a buffer is free once its reduce starts)."""
 
-    def __init__(self, coupled: bool, buffers: int) -> None:
+    def __init__(self, coupled: bool, buffers: int, read: float = 0.0) -> None:
         self.coupled = coupled
+        self.read = read
         self.mma = 0.0
         self.writer = 0.0
         self.held = deque([0.0] * buffers, maxlen=buffers)
@@ -69,30 +81,43 @@ class _Worker:
         else:  # hand over when a buffer is free; the writer reduces in order
             handed = max(self.mma + c, self.held[0])
             start = max(handed, self.writer, done)
-            self.held.append(start)
+            self.held.append(start + self.read)
             self.mma, self.writer = handed, start + r
         return start + r
 
 
 def writer_makespan(
-    schedule: Schedule, c: float, r: float, mode: str, buffers: int = 1
+    schedule: Schedule,
+    c: float,
+    r: float,
+    mode: str,
+    buffers: int = 1,
+    jitter: float = 0.0,
+    seed: int = 0,
+    read: float = 0.0,
 ) -> float:
-    """The makespan of ``schedule`` with compute cost ``c`` and reduction cost ``r`` per step:
-    dynamic schedules with workers free for the next ticket as ``mode`` says (module
-    docstring); static ones (no tickets: ``early`` and ``drain`` are the same there) with the
-    writer decoupled, or ``coupled``."""
+    """The makespan of ``schedule`` with compute cost ``c`` (times ``1 + jitter z`` per step,
+    module docstring) and reduction cost ``r`` per step: dynamic schedules with workers free
+    for the next ticket as ``mode`` says (module docstring); static ones (no tickets: ``early``
+    and ``drain`` are the same there) with the writer decoupled, or ``coupled``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if buffers < 1:
         raise ValueError(f"buffers must be >= 1, got {buffers}")
+    if not 0.0 <= jitter < 1.0 / 3.0:
+        raise ValueError(f"jitter must be in [0, 1/3) (steps of positive length), got {jitter}")
     validate(schedule)
+    z = np.random.default_rng(seed).standard_normal(schedule.num_steps).clip(-3.0, 3.0)
+    costs = (c * (1.0 + jitter * z)).tolist()
     pred = rank_predecessors(schedule).tolist()
     starts = schedule.chain_start.tolist()
     order = schedule.order.tolist()
-    workers = [_Worker(mode == "coupled", buffers) for _ in range(schedule.spec.workers)]
+    if not 0.0 <= read <= r:
+        raise ValueError(f"read must be in [0, r] (part of the reduction), got {read}")
+    workers = [_Worker(mode == "coupled", buffers, read) for _ in range(schedule.spec.workers)]
     reduce_end = [-1.0] * schedule.num_steps
     if schedule.dispatch is Dispatch.STATIC:
-        _run_static(schedule, pred, starts, order, workers, reduce_end, c, r)
+        _run_static(schedule, pred, starts, order, workers, reduce_end, costs, r)
         return max(reduce_end, default=0.0)
     free = [(0.0, w) for w in range(len(workers))]  # a heap: (ticket time, worker)
     for chain in order:
@@ -103,7 +128,7 @@ def writer_makespan(
             done = reduce_end[pred[step]] if pred[step] >= 0 else 0.0
             if done < 0:
                 raise RuntimeError("a rank predecessor holds a later ticket")
-            reduce_end[step] = worker.step(c, r, done)
+            reduce_end[step] = worker.step(costs[step], r, done)
         heapq.heappush(free, (worker.mma if mode == "early" else worker.writer, w))
     return max(reduce_end, default=0.0)
 
@@ -115,7 +140,7 @@ def _run_static(
     order: list[int],
     workers: list[_Worker],
     reduce_end: list[float],
-    c: float,
+    costs: list[float],
     r: float,
 ) -> None:
     """Static dispatch: each worker runs its chains in order and is advanced until a step's
@@ -138,7 +163,7 @@ def _run_static(
             if done < 0:
                 waiters.setdefault(pred[step], []).append(w)
                 break
-            reduce_end[step] = workers[w].step(c, r, done)
+            reduce_end[step] = workers[w].step(costs[step], r, done)
             runnable.extend(waiters.pop(step, ()))
             position[w] += 1
     if any(position[w] < len(sequences[w]) for w in range(len(workers))):
@@ -150,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=RESULTS)
     parser.add_argument("--r-us", default="1,2", help="reduction latencies to model, in us")
     parser.add_argument("--seqlens", default="", help="only these seqlens (default: all)")
+    parser.add_argument("--headdims", default="", help="only these head dims (default: all)")
     parser.add_argument(
         "--orders", default="fa3,descending",
         help="schedules (static ones too: shift, symmetric_shift; early = drain there)",
@@ -157,11 +183,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--buffers", type=int, default=0, help="staging buffers (default: the shipped kernel's)"
     )
+    parser.add_argument(
+        "--jitter", type=float, default=0.0, help="relative spread of the step times (sigma)"
+    )
+    parser.add_argument(
+        "--read-us", type=float, default=0.0,
+        help="how long the bulk copy reads a staging buffer (its part of r), in us",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     r_values = [float(x) * 1e-3 for x in args.r_us.split(",") if x]
+    read = args.read_us * 1e-3
     seqlens = {int(x) for x in args.seqlens.split(",") if x}
+    headdims = {int(x) for x in args.headdims.split(",") if x}
     rows = read_csv(args.csv)
-    print(f"measured: {args.csv}; c from each config's hopper non-det time; ms")
+    shown = args.csv.resolve()
+    if shown.is_relative_to(REPO):
+        shown = shown.relative_to(REPO)
+    print(f"measured: {shown}; c from each config's hopper non-det time; ms")
+    print(f"step time jitter (sigma / mean): {args.jitter:g}; buffer read: {args.read_us:g} us")
     header = f"{'hd':>3} {'mask':6} {'seqlen':>6} {'order':10} {'bufs':>4} {'measured':>9}"
     for r in r_values:
         header += "".join(f" {m + ' r' + format(r * 1e3, 'g'):>14}" for m in MODES)
@@ -169,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for (mode, headdim, causal, seqlen), providers in by_config(rows).items():
         nondet = providers.get("dash_hopper_nondet")
         if mode != "bwd" or nondet is None or (seqlens and seqlen not in seqlens):
+            continue
+        if headdims and headdim not in headdims:
             continue
         spec = square_spec(
             headdim, seqlen, int(nondet["batch"]), int(nondet["heads"]), causal,
@@ -185,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             line += f"{buffers:>4} {float(measured['ms']):>9.3f}"
             for r in r_values:
                 line += "".join(
-                    f" {writer_makespan(schedule, c, r, m, buffers):>14.3f}" for m in MODES
+                    f" {writer_makespan(schedule, c, r, m, buffers, args.jitter, 0, read):>14.3f}"
+                    for m in MODES
                 )
             print(line, flush=True)
     return 0

@@ -142,6 +142,10 @@ VARIANTS["t128_xm24r_sm2_fs_dq2"] = {
 VARIANTS["t128_xm24r_sm2_fs_nt"] = {**VARIANTS["t128_xm24r_sm2_fs"], "early_turn": False}
 VARIANTS["t128_xm24r_sm2_fs_nt2"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "early_turn": False}
 VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "drain_ticket": True}
+# Session 29 (not GPU-run yet): the drain's arrival at the chain's last turn instead of after its
+# adds (drain_at_turn, "_dt"), on the shipped causal kernels.
+for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
+    VARIANTS[_name + "_dt"] = {**VARIANTS[_name], "drain_ticket": True, "drain_at_turn": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

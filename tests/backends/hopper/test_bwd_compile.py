@@ -237,6 +237,9 @@ VARIANT_CONFIGS = [
     ("t128_xm24r_sm2_fs", (64, torch.bfloat16, True, True)),
     ("t128_xm24r_sm2_fs_nt", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_nt2", (64, torch.float16, True, True)),
+    # Session 29: the drain's arrival at the last turn (drain_at_turn), both head dims.
+    ("t128_xm24r_sm2_fs_dq2_dt", (64, torch.bfloat16, True, True)),
+    ("t128_wg2gr_sm2_fs_dt", (128, torch.float16, True, True)),
 ]
 
 
@@ -743,13 +746,26 @@ def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:
 def test_drain_ticket_adds_one_barrier_in_det_mode(deterministic: bool, tmp_path: Path) -> None:
     """drain_ticket ("_dr") gives the deterministic kernel one more mbarrier (initialised,
     arrived on by the dQ writer after a chain's last release, waited on by the producer before
-    a dynamic ticket) and leaves the non-deterministic kernel as it was."""
-    counts = {}
-    for variant in ("t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dr"):
+    a dynamic ticket) and leaves the non-deterministic kernel as it was; drain_at_turn ("_dt")
+    has the same barrier, its arrival moved from after the release to after the turn wait."""
+    counts, ptxs = {}, {}
+    variants = ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dr", "t128_xm24r_sm2_fs_dq2_dt")
+    for variant in variants:
         config = (64, torch.bfloat16, True, deterministic)
-        ptx = _compile(config, tmp_path / variant, variant).__ptx__
+        ptxs[variant] = _compile(config, tmp_path / variant, variant).__ptx__
         ops = (r"mbarrier\.init", r"mbarrier\.try_wait", r"mbarrier\.arrive")
-        counts[variant] = [len(re.findall(op, ptx)) for op in ops]
-    shipped, drained = counts.values()
+        counts[variant] = [len(re.findall(op, ptxs[variant])) for op in ops]
+    shipped, drained, at_turn = counts.values()
     extra = 1 if deterministic else 0
     assert drained == [n + extra for n in shipped], counts
+    assert at_turn == drained, counts
+    if deterministic:
+        # The writer's code from its turn wait (the acquire loop) to its release: _dr's extra
+        # arrival comes after the release, _dt's before the bulk reduce.
+        for variant, after_release in ((variants[1], True), (variants[2], False)):
+            ptx = ptxs[variant]
+            release = ptx.index("red.release.gpu")
+            turn = ptx.rindex("ld.acquire.gpu", 0, release)
+            reduce = ptx.index("cp.reduce.async.bulk", turn)
+            assert ("mbarrier.arrive" in ptx[release : release + 2000]) == after_release
+            assert ("mbarrier.arrive" in ptx[turn:reduce]) != after_release

@@ -67,7 +67,8 @@ _BWD_TILES = {
 # symmetric_shift) never wait for it; gradients bitwise equal (session29 call1 fa3_probe.txt).
 # At hd 64 two dQ staging buffers (dq_double, dS single-buffered, with the dS guard: "_dq2"):
 # whole backward det 1.03-1.05x at full 2k-16k, 1.01x at causal 2k-16k, bits equal (session29
-# call5 d64_ab.txt; the turns' jitter, not their mean wait, which the writer model has).
+# call5 d64_ab.txt; a late partial holds a buffer while the next step is ready: uneven steps
+# and the bulk copy's read of the buffer, benchmarks/NOTES.md item 135).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2",

@@ -63,8 +63,8 @@ RESULTS = REPO / "benchmarks" / "results" / "h200" / "bench.csv"
 
 
 class _Worker:
-    """One worker's clocks: its MMA warpgroups, its dQ writer, and the reduce starts of the
-    partials in its staging buffers (oldest first; a buffer is free once its reduce starts)."""
+    """One worker's clocks: its MMA warpgroups, its dQ writer, and when each staging buffer is
+    free again (oldest first: ``read`` after its partial's reduce starts)."""
 
     def __init__(self, coupled: bool, buffers: int, read: float = 0.0) -> None:
         self.coupled = coupled
@@ -106,14 +106,14 @@ def writer_makespan(
         raise ValueError(f"buffers must be >= 1, got {buffers}")
     if not 0.0 <= jitter < 1.0 / 3.0:
         raise ValueError(f"jitter must be in [0, 1/3) (steps of positive length), got {jitter}")
+    if not 0.0 <= read <= r:
+        raise ValueError(f"read must be in [0, r] (part of the reduction), got {read}")
     validate(schedule)
     z = np.random.default_rng(seed).standard_normal(schedule.num_steps).clip(-3.0, 3.0)
     costs = (c * (1.0 + jitter * z)).tolist()
     pred = rank_predecessors(schedule).tolist()
     starts = schedule.chain_start.tolist()
     order = schedule.order.tolist()
-    if not 0.0 <= read <= r:
-        raise ValueError(f"read must be in [0, r] (part of the reduction), got {read}")
     workers = [_Worker(mode == "coupled", buffers, read) for _ in range(schedule.spec.workers)]
     reduce_end = [-1.0] * schedule.num_steps
     if schedule.dispatch is Dispatch.STATIC:

@@ -723,7 +723,8 @@ class HopperAttnBwd:
                 cute.arch.mbarrier_init(storage.do_full.data_ptr(), 1)
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), self.num_mma_threads)
             if const_expr(self.drain_ticket):
-                # One arrival per chain: the dQ writer's, after the chain's last release.
+                # One arrival per chain: the dQ writer's, after the chain's last release
+                # (with drain_at_turn, once its last turn is taken).
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()

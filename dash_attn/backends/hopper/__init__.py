@@ -65,6 +65,9 @@ _BWD_TILES = {
 # dQ turn is released (drain_ticket, "_dr"): the fa3 order at 2k 6.3x (hd 64) and 5.0x (hd 128)
 # faster, descending 1.7x and 1.4x, 4k fa3 4.6x and 3.9x; static orders (auto's
 # symmetric_shift) never wait for it; gradients bitwise equal (session29 call1 fa3_probe.txt).
+# Its arrival comes once that turn is taken, not after its adds ("_dt", drain_at_turn): causal
+# descending 1.13x at hd 64 512, 1.07x at 2k, 1.02x at 16k, 1.02-1.03x at hd 128 to 2k, fa3
+# 0.99-1.01x, bits equal (session30 call1 dt_probe.txt).
 # At hd 64 two dQ staging buffers (dq_double, dS single-buffered, with the dS guard: "_dq2"):
 # whole backward det 1.03-1.05x at full 2k-16k, 1.01x at causal 2k-16k, bits equal (session29
 # call5 d64_ab.txt; a late partial holds a buffer while the next step is ready: uneven steps
@@ -72,9 +75,9 @@ _BWD_TILES = {
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2",
-    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dr",
+    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs",
-    (128, "causal"): "t128_wg2gr_sm2_fs_dr",
+    (128, "causal"): "t128_wg2gr_sm2_fs_dt",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every

@@ -81,7 +81,8 @@ exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/
 shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
 adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
-``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
+``drain_at_turn``, once that turn is taken); ``dq_wg0`` has warpgroup 0 compute all of dQ so
+that warpgroup 1 runs ahead of it; ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -122,6 +123,8 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
 # and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
+# (with dq_wg0 only warpgroup 0 computes dQ: id _BAR_DQ_READ alone, warpgroup 1 waits; and
+# _BAR_DS has warpgroup 1 arrive and warpgroup 0 wait)
 _BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
 _BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
 
@@ -202,6 +205,7 @@ class HopperAttnBwd:
         pdl: bool = False,
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
+        dq_wg0: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -423,6 +427,23 @@ class HopperAttnBwd:
         if drain_at_turn and not drain_ticket:
             raise ValueError("drain_at_turn moves drain_ticket's arrival: needs drain_ticket")
         self.drain_at_turn = drain_at_turn and self.drain_ticket
+        # dq_wg0 (128-row Q tiles): warpgroup 0 alone computes the step's dQ = dS K, both 64-row
+        #   halves (two GEMMs, as warpgroup 0 and as warpgroup 1 would: the same accumulation
+        #   order, so the same bits), and hands both halves to the dQ writer; warpgroup 1 only
+        #   stores its half of dS^T and signals it. Otherwise both warpgroups meet at the dS
+        #   barrier every step and compute their exponentials at the same time, when the tensor
+        #   pipe has only dP^T to run (at hd 64 the MUFU pipe needs ~1024 clocks per step
+        #   against dP^T's ~512). Here warpgroup 1 waits only for warpgroup 0's previous dQ GEMM
+        #   (before reusing the dS buffer) and warpgroup 0 only for warpgroup 1's dS, so
+        #   warpgroup 1 runs ahead and one warpgroup's exponentials can overlap the other's
+        #   GEMMs (FA3's forward ping-pong, here from the asymmetric work alone).
+        #   ds_guard is what keeps warpgroup 1 from arriving at the dS barrier of the next step
+        #   before warpgroup 0 has passed this one's (a named barrier counts arrivals only).
+        if dq_wg0 and (do_single or not (ds_guard and dq_frag and block_m == 128)):
+            raise ValueError(
+                "dq_wg0 needs 128-row Q tiles with dq_frag and ds_guard, and not do_single"
+            )
+        self.dq_wg0 = dq_wg0
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1364,6 +1385,71 @@ class HopperAttnBwd:
             cute.arch.barrier_arrive(barrier_id=base + 2 * index, number_of_threads=threads)
 
     @cute.jit
+    def _back_half_dq_wg0(
+        self, rP, rdS, acc_dV, acc_dK, tVrdO, tKrQ, tQrdS, tQrdS_hi, tQrK, ds_copy, thr_ds,
+        tDsdS, sdQ, buf, tidx, wg, mma_dkv, mma_dq, thr_dq,
+    ):  # fmt: skip
+        """dq_wg0's step after dS^T: dS^T to shared memory, dV and dK in both warpgroups; in
+        warpgroup 0 also dQ of all 128 Q rows (the first half as the split MMA's warpgroup 0
+        computes it, the second as its warpgroup 1 would) and both halves' hand-off. Each
+        branch waits for its own GEMMs, so no WGMMA group spans the branch."""
+        if wg == 0:
+            cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS)
+            wgmma(mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO, zero_init=False)
+            cute.arch.fence_view_async_shared()
+            # Warpgroup 1's half of dS^T is in shared memory too (it arrives, this waits).
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
+            wgmma(mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
+            warpgroup.wait_group(1)  # dV done: P's registers are free
+            wgmma(mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ, zero_init=False)
+            warpgroup.wait_group(1)  # the first dQ half done, dK may still run
+            # Each half goes to the dQ writer once its part of the buffer is free (in the
+            # writer's order). The second half's GEMM is issued only after the first half has
+            # left its registers: with both halves, P and dS^T held by GEMMs in flight, ptxas
+            # runs out of registers and serialises every WGMMA of the kernel.
+            self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(0), wait=True)
+            self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+            cute.arch.fence_view_async_shared()
+            self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=False)
+            acc_dQ_hi = cute.make_rmem_tensor(
+                thr_dq.partition_shape_C(self.dq_mma_shape), Float32
+            )
+            wgmma(mma_dq, acc_dQ_hi, tQrdS_hi, tQrK, zero_init=True)
+            warpgroup.wait_group(0)  # dK and the second dQ half done
+            if const_expr(self.ds_guard):
+                cute.arch.barrier_arrive(
+                    barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads
+                )
+            # (its registers as warpgroup 1's thread tidx + 128 holds them in the split MMA)
+            self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(1), wait=True)
+            self._store_dq_fragment(acc_dQ_hi, sdQ, buf, tidx + 128, mma_dq)
+            cute.arch.fence_view_async_shared()
+            self._dq_barrier(_BAR_DQ_FULL, buf, Int32(1), wait=False)
+        else:
+            if const_expr(self.ds_guard):
+                # Warpgroup 0's previous dQ GEMM has read the dS buffer.
+                cute.arch.barrier(barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads)
+            cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS)
+            wgmma(mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO, zero_init=False)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+            wgmma(mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ, zero_init=False)
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def _stop_dq_wg0(self, buf: Int32, wg: Int32):
+        """dq_wg0's end of the step loop: warpgroup 0 tells the dQ writer to stop (one more
+        handshake per half); warpgroup 1 takes warpgroup 0's last "dQ GEMM done" (ds_guard)."""
+        if wg == 0:
+            for half in cutlass.range_constexpr(2):
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(half), wait=True)
+                self._dq_barrier(_BAR_DQ_FULL, buf, Int32(half), wait=False)
+        else:
+            if const_expr(self.ds_guard):
+                cute.arch.barrier(barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads)
+
+    @cute.jit
     def _store_dq_swizzled(
         self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
     ):
@@ -1563,6 +1649,11 @@ class HopperAttnBwd:
         else:
             tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
             tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+        if const_expr(self.dq_wg0):
+            # dS rows of the second 64-row half (warpgroup 1's in the split MMA), which
+            # warpgroup 0 computes too; its accumulator is laid out as warpgroup 1's would be.
+            wg_dq_hi = mma_dq.get_slice(128)
+            tQrdS_hi = wg_dq_hi.make_fragment_A(wg_dq_hi.partition_A(transpose_view(sdS)))
 
         shape_st = (bn, bm)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
@@ -1589,7 +1680,13 @@ class HopperAttnBwd:
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
-        if const_expr(self.ds_guard):
+        if const_expr(self.ds_guard and self.dq_wg0):
+            # As if a step -1's dQ GEMM were done: warpgroup 1's first dS store passes.
+            if wg == 0:
+                cute.arch.barrier_arrive(
+                    barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads
+                )
+        elif const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
                 barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
@@ -1603,14 +1700,18 @@ class HopperAttnBwd:
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
-                # Tell the dQ writer to stop (one more handshake on the dQ buffer).
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                if const_expr(self.ds_guard):
-                    # The other warpgroup's last arrival (after its last dQ GEMM).
-                    cute.arch.barrier(
-                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                    )
+                if const_expr(self.dq_wg0):
+                    self._stop_dq_wg0(buf, wg)
+                else:
+                    # Tell the dQ writer to stop (one more handshake on the dQ buffer).
+                    self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                    self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                    if const_expr(self.ds_guard):
+                        # The other warpgroup's last arrival (after its last dQ GEMM).
+                        cute.arch.barrier(
+                            barrier_id=_BAR_DQ_READ + 1 - wg,
+                            number_of_threads=self.num_mma_threads,
+                        )
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -1679,59 +1780,76 @@ class HopperAttnBwd:
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
-                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
-                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
-                # back. P's registers stay live until dV is done.
-                if const_expr(self.ds_guard):
-                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
-                    cute.arch.barrier(
-                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                    )
-                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                wgmma(
-                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
-                    zero_init=False,
-                )  # fmt: skip
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                if const_expr(self.dq_swap):
-                    wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
+                if const_expr(self.dq_wg0):
+                    self._back_half_dq_wg0(
+                        rP, rdS, acc_dV, acc_dK, tVrdO[None, None, None, do_stage],
+                        tKrQ[None, None, None, stage], tQrdS[None, None, None, ds_stage],
+                        tQrdS_hi[None, None, None, ds_stage], tQrK, ds_copy, thr_ds,
+                        tDsdS[None, None, None, ds_stage], sdQ, buf, tidx, wg, mma_dkv, mma_dq,
+                        thr_dq,
+                    )  # fmt: skip
+                    if const_expr(self.dq_double):
+                        buf = buf ^ 1
                 else:
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
-                warpgroup.wait_group(1)  # dV done: P's registers are free
-                if const_expr(self.do_single):
-                    # dV was dO's last reader: the producer may load the next step's dO.
-                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-                    do_phase = do_phase ^ 1
-                wgmma(
-                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                    zero_init=False,
-                )  # fmt: skip
-                warpgroup.wait_group(1)  # dQ done, dK may still run
-                if const_expr(self.ds_guard):
-                    cute.arch.barrier_arrive(
-                        barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                    acc_dQ = cute.make_rmem_tensor(
+                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
                     )
+                    # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                    # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                    # back. P's registers stay live until dV is done.
+                    if const_expr(self.ds_guard):
+                        # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                        cute.arch.barrier(
+                            barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                        )
+                    cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                    wgmma(
+                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                    if const_expr(self.dq_swap):
+                        wgmma(
+                            mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True
+                        )
+                    else:
+                        wgmma(
+                            mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True
+                        )
+                    warpgroup.wait_group(1)  # dV done: P's registers are free
+                    if const_expr(self.do_single):
+                        # dV was dO's last reader: the producer may load the next step's dO.
+                        cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                        do_phase = do_phase ^ 1
+                    wgmma(
+                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                        zero_init=False,
+                    )  # fmt: skip
+                    warpgroup.wait_group(1)  # dQ done, dK may still run
+                    if const_expr(self.ds_guard):
+                        cute.arch.barrier_arrive(
+                            barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                        )
 
-                # Hand the dQ partial to the dQ writer once its buffer is free.
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                if const_expr(self.dq_frag):
-                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                elif const_expr(self.dq_double):
-                    tile = self.block_m * self.head_dim
-                    # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
-                    offset = cute.assume(buf * tile, divby=tile)
-                    sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
-                    self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
-                else:
-                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
-                cute.arch.fence_view_async_shared()
-                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                if const_expr(self.dq_double):
-                    buf = buf ^ 1
+                    # Hand the dQ partial to the dQ writer once its buffer is free.
+                    self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                    if const_expr(self.dq_frag):
+                        self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                    elif const_expr(self.dq_double):
+                        tile = self.block_m * self.head_dim
+                        # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
+                        offset = cute.assume(buf * tile, divby=tile)
+                        sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
+                        self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
+                    else:
+                        self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                    cute.arch.fence_view_async_shared()
+                    self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                    if const_expr(self.dq_double):
+                        buf = buf ^ 1
 
-                warpgroup.wait_group(0)
+                    warpgroup.wait_group(0)
                 if const_expr(self.dkv_sum):
                     if flags & _F_LAST == 0:
                         cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)

@@ -146,6 +146,11 @@ VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "dr
 # adds (drain_at_turn, "_dt"), on the shipped causal kernels.
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dt"] = {**VARIANTS[_name], "drain_ticket": True, "drain_at_turn": True}
+# Session 30: warpgroup 0 alone computes dQ (both halves) and warpgroup 1 runs ahead of it
+# (dq_wg0, "_q0"), so that one warpgroup's exponentials can overlap the other's GEMMs; the same
+# bits as the kernel without it. On the shipped hd-64 kernels.
+for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dr", "t128_xm24r_sm2_fs_dq2_dt"):
+    VARIANTS[_name + "_q0"] = {**VARIANTS[_name], "dq_wg0": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -206,6 +206,7 @@ class HopperAttnBwd:
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
         dq_wg0: bool = False,
+        stat_shfl: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -444,6 +445,16 @@ class HopperAttnBwd:
                 "dq_wg0 needs 128-row Q tiles with dq_frag and ds_guard, and not do_single"
             )
         self.dq_wg0 = dq_wg0
+        # stat_shfl: each lane reads 2 block_m / 64 of the stage's LSE2 rows and as many delta rows
+        #   (two 8-byte loads per 64 rows, contiguous over the warp) after S^T and dP^T are
+        #   issued, and every element takes its row's value from the lane that holds it by a
+        #   shuffle (FA4's way). Otherwise each thread reads its 32 rows of each from shared
+        #   memory (16 8-byte loads each per step, ~3.4 wavefronts apiece): at hd 64 full 8k
+        #   those loads were a third of the kernel's shared-memory wavefronts, 5.6x FA4's
+        #   (session 30, Nsight Compute).
+        if stat_shfl and (block_m % 64 or early_lse or split_exp):
+            raise ValueError("stat_shfl needs block_m a multiple of 64, not early_lse or split_exp")
+        self.stat_shfl = stat_shfl
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1519,6 +1530,34 @@ class HopperAttnBwd:
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
 
+    def _stat_map(self, mma_sdp: cute.TiledMma) -> tuple[tuple[int, int], ...]:
+        """Trace time (plain Python): for each S^T accumulator element i, (register, lane
+        base) of stat_shfl: its Q row m = m_0(i) + 2 (lane % 4) (m_0: thread 0's) is held by lane
+        lane base + lane % 4 in register ``register`` of the stat_shfl loads, which give lane s
+        rows 64 t + 2 s and 64 t + 2 s + 1 in registers 2 t and 2 t + 1. Checked against the
+        MMA's coordinates of a few threads (the layout is affine per warp)."""
+        bn, bm = self.block_n, self.block_m
+        ident = cute.make_identity_tensor((bn, bm))
+        coords0 = mma_sdp.get_slice(0).partition_C(ident)
+        count = cute.size(coords0)
+        rows0 = [coords0[i][1] for i in range(count)]
+        for t in (1, 2, 3, 4, 37, 70, 128 + 99):
+            coords = mma_sdp.get_slice(t).partition_C(ident)
+            for i in range(count):
+                if coords[i][1] != rows0[i] + 2 * (t % 4) or rows0[i] % 8 > 1:
+                    raise AssertionError(f"stat_shfl: S^T row of thread {t}, element {i}")
+        return tuple((2 * (m // 64) + m % 2, 4 * ((m // 8) % 8)) for m in rows0)
+
+    @cute.jit
+    def _stat_value(self, shfl, which: cutlass.Constexpr[int], i: cutlass.Constexpr[int], cache):
+        """stat_shfl: LSE2 (``which`` 0) or delta (1) of accumulator element i, shuffled from the
+        lane that read it (once per register and source for the elements of one block)."""
+        regs, quad, stat_map = shfl[which], shfl[2], shfl[3]
+        reg, base = stat_map[i]
+        if const_expr((which, reg, base) not in cache):
+            cache[which, reg, base] = cute.arch.shuffle_sync(regs[reg], base + quad)
+        return cache[which, reg, base]
+
     @cute.jit
     def _grad_scores(
         self,
@@ -1527,11 +1566,18 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
+        shfl=None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); with ``shfl``
+        (stat_shfl) delta comes from the lanes holding it."""
+        cache: dict = {}
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             _, m = tScS[i]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+            if const_expr(shfl is not None):
+                delta = self._stat_value(shfl, 1, i, cache)
+            else:
+                delta = sDelta[m, stage]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
 
     @cute.jit
     def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1568,6 +1614,7 @@ class HopperAttnBwd:
         masked: cutlass.Constexpr,
         first: cutlass.Constexpr[int] = 0,
         end: cutlass.Constexpr[int | None] = None,
+        shfl=None,
     ):
         """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
@@ -1580,10 +1627,13 @@ class HopperAttnBwd:
                 _, m = tScS[i]
                 acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
         poly_count, poly_period = self.exp_poly
+        cache: dict = {}
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
             if const_expr(self.split_exp):
                 x = acc_S[i]
+            elif const_expr(shfl is not None):
+                x = acc_S[i] * scale_log2 - self._stat_value(shfl, 0, i, cache)
             elif const_expr(rLSE is not None):
                 x = acc_S[i] * scale_log2 - rLSE[i]
             else:
@@ -1661,6 +1711,9 @@ class HopperAttnBwd:
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
+        if const_expr(self.stat_shfl):
+            lane = cute.arch.lane_idx()
+            stat_map = self._stat_map(mma_sdp)
         # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
         # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
         # (one 32-bit store and one address computation per register pair otherwise, queued
@@ -1731,6 +1784,16 @@ class HopperAttnBwd:
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
                 rLSE = None
+                shfl = None
+                if const_expr(self.stat_shfl):
+                    # This lane's LSE2 and delta rows 64 t + 2 lane (+ 1) (_stat_map).
+                    rL = cute.make_rmem_tensor(self.block_m // 32, Float32)
+                    rD = cute.make_rmem_tensor(self.block_m // 32, Float32)
+                    for t in cutlass.range_constexpr(self.block_m // 64):
+                        for k in cutlass.range_constexpr(2):
+                            rL[2 * t + k] = sLSE[64 * t + 2 * lane + k, stage]
+                            rD[2 * t + k] = sDelta[64 * t + 2 * lane + k, stage]
+                    shfl = (rL, rD, lane % 4, stat_map)
                 if const_expr(self.early_lse):
                     rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                     for i in cutlass.range_constexpr(cute.size(rLSE)):
@@ -1746,34 +1809,34 @@ class HopperAttnBwd:
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
-                        self._probs(*probs_args, True)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._probs(*probs_args, True, shfl=shfl)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
                     else:
-                        self._probs(*probs_args, False)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._probs(*probs_args, False, shfl=shfl)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
                     # wgmma wait above every exponential of its own block.
                     split = max(cute.size(acc_S) - self.exp_tail, 0)
                     if edge != 0:
-                        self._probs(*probs_args, True, 0, split)
+                        self._probs(*probs_args, True, 0, split, shfl=shfl)
                     else:
-                        self._probs(*probs_args, False, 0, split)
+                        self._probs(*probs_args, False, 0, split, shfl=shfl)
                     warpgroup.wait_group(0)
                     if edge != 0:
-                        self._probs(*probs_args, True, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._probs(*probs_args, True, split, shfl=shfl)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
                     else:
-                        self._probs(*probs_args, False, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._probs(*probs_args, False, split, shfl=shfl)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
                 else:
                     if edge != 0:
-                        self._probs(*probs_args, True)
+                        self._probs(*probs_args, True, shfl=shfl)
                     else:
-                        self._probs(*probs_args, False)
+                        self._probs(*probs_args, False, shfl=shfl)
                     warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

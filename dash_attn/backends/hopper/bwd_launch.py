@@ -151,6 +151,10 @@ for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
 # bits as the kernel without it. On the shipped hd-64 kernels.
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dr", "t128_xm24r_sm2_fs_dq2_dt"):
     VARIANTS[_name + "_q0"] = {**VARIANTS[_name], "dq_wg0": True}
+# Session 30: LSE2 and delta rows shuffled from the lanes that read them (stat_shfl, "_ss"),
+# on the shipped hd-64 kernels.
+for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
+    VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "stat_shfl": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

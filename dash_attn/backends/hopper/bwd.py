@@ -207,6 +207,7 @@ class HopperAttnBwd:
         drain_at_turn: bool = False,
         dq_wg0: bool = False,
         stat_shfl: bool = False,
+        ds_staged: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -455,6 +456,16 @@ class HopperAttnBwd:
         if stat_shfl and (block_m % 64 or early_lse or split_exp):
             raise ValueError("stat_shfl needs block_m a multiple of 64, not early_lse or split_exp")
         self.stat_shfl = stat_shfl
+        # ds_staged (with dq_double): dS keeps one buffer per ring stage, as without dq_double
+        #   (FA4's two dS stages), so no warpgroup waits for the other's previous dQ GEMM before
+        #   its dS store (ds_guard's barrier): a stage is refilled only after both warpgroups
+        #   released it, after their GEMMs. At 128 x 128 tiles and hd 64 this takes all 227 KiB
+        #   a CTA may have.
+        if ds_staged and (not dq_double or ds_guard or dq_wg0):
+            raise ValueError("ds_staged keeps dq_double's dS per stage: needs dq_double, no ds_guard")
+        self.ds_staged = ds_staged
+        # dS has one buffer (dq_double's shared memory) or one per ring stage.
+        self.ds_single = dq_double and not ds_staged
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -578,7 +589,7 @@ class HopperAttnBwd:
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
+        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.ds_single) else st)
         if const_expr(self.dq_frag):
             # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
             sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
@@ -1748,8 +1759,9 @@ class HopperAttnBwd:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
-            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
-            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+            # dS has one buffer with dq_double (see its comment in __init__) unless ds_staged,
+            # one per stage else.
+            ds_stage = Int32(0) if const_expr(self.ds_single) else stage
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:

@@ -155,6 +155,10 @@ for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dr", "t128_xm24r_s
 # on the shipped hd-64 kernels.
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
     VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "stat_shfl": True}
+# Session 30: two dQ staging buffers and dS per ring stage (ds_staged, "_ds2": no dS guard), on
+# the shipped hd-64 kernels without their dS guard.
+for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
+    VARIANTS[_name + "_ds2"] = {**VARIANTS[_name], "ds_guard": False, "ds_staged": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

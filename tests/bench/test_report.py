@@ -220,12 +220,41 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert whole.markdown_table(session26 / "call2-8b65582-wip") in text
     call4 = session26 / "call4-8b65582"
     _assert_sweep_and_e2e_tables(text, call4 / "sweep", call4 / "e2e")
+    # Session 30: Nsight Compute of the head-dim-64 kernels beside FA4's.
+    ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
+    raw = results / "session30-4f6fa3a" / "call2-c63de68" / "raw_d64f8k.csv.gz"
+    assert ncu.metric_table(raw, NCU_LABELS_SESSION30) in text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 24
     assert compare.markdown_table(rows) in readme.read_text()
+
+
+# The kernels of session 30's ncu_probe.py in launch order (its README table's columns).
+NCU_LABELS_SESSION30 = [
+    "ours det", "ours non-det", "dq_wg0 det", "dq_wg0 non-det", "FA4 det", "FA4 non-det",
+]  # fmt: skip
+
+
+def test_ncu_metric_table_needs_one_label_per_kernel() -> None:
+    """tools/hopper/ncu_summary.py --table: one column per attention kernel, labels checked."""
+    repo = Path(__file__).resolve().parents[2]
+    raw = repo / "benchmarks/results/h200/session30-4f6fa3a/call2-c63de68/raw_d64f8k.csv.gz"
+    if not raw.is_file():
+        pytest.skip("not a source checkout")
+    ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
+    table = ncu.metric_table(raw, NCU_LABELS_SESSION30).splitlines()
+    assert table[0] == "| metric | " + " | ".join(NCU_LABELS_SESSION30) + " |"
+    assert len(table) == 2 + len(ncu.TABLE_ROWS)
+    # The first row is the kernel time in ms (ncu exported it in ms or us).
+    times = [float(cell) for cell in table[2].strip("|").split("|")[1:]]
+    assert all(1.0 < t < 20.0 for t in times)
+    with pytest.raises(ValueError, match="6 attention kernels"):
+        ncu.metric_table(raw, NCU_LABELS_SESSION30[:5])
+    with pytest.raises(SystemExit):
+        ncu.main(["--source", str(raw), "--table", "a,b"])
 
 
 def _assert_sweep_and_e2e_tables(text: str, sweep: Path, e2e: Path) -> None:

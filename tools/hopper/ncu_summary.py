@@ -8,6 +8,7 @@
 sm90 backward and forward), the time, clock (GHz), instructions, tensor-pipe activity (mean,
 min and max over the SMs), issue activity and the warps stalled per issued instruction by main
 reason.
+``--raw --table LABELS``: the main metrics as a markdown table, one column per kernel.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
 (with each opcode's two main stall reasons and its shared-memory wavefronts against the
 conflict-free count), grouped by execution count (a persistent kernel's step loop, chain
@@ -47,6 +48,8 @@ RAW_METRICS = {
 # "gmma" reason: a warp waiting to issue a warpgroup MMA).
 STALLS = ("gmma", "barrier", "long_scoreboard", "mio_throttle", "short_scoreboard", "wait")
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+# ncu picks the time unit per export (usecond for short kernels).
+_TO_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
 
 
 def _open(path: Path) -> Iterator[list[str]]:
@@ -71,8 +74,6 @@ def raw_summary(path: Path) -> str:
     rows = list(_open(path))
     header, units, data = rows[0], rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
-    # ncu picks the time unit per export (usecond for short kernels): convert to ms.
-    to_ms = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
     metrics = {**RAW_METRICS, **{f"stall_{k}": STALL_METRIC.format(k) for k in STALLS}}
     lines = []
     for row in data:
@@ -84,8 +85,54 @@ def raw_summary(path: Path) -> str:
         for label, metric in metrics.items():
             value = _number(row[col[metric]]) if metric in col else None
             if label == "time_ms" and value is not None:
-                value *= to_ms.get(units[col[metric]], 1.0)
+                value *= _TO_MS.get(units[col[metric]], 1.0)
             lines.append(f"  {label:<24} {'-' if value is None else f'{value:.4g}'}")
+    return "\n".join(lines)
+
+
+# The markdown table of --table: (row label, metric, divisor, decimals). The shared-memory rows
+# count wavefronts of the L1/shared data pipe's load-store path (LDS, STS, stmatrix and shuffles;
+# not WGMMA's operand reads).
+TABLE_ROWS = (
+    ("kernel time (ms)", "gpu__time_duration.sum", None, 3),
+    ("SM clock (GHz)", "smsp__cycles_elapsed.avg.per_second", 1.0, 2),
+    ("tensor pipe active (%)", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+     1.0, 1),
+    ("shared-memory data pipe busy (% of peak)",
+     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", 1.0, 1),
+    ("shared-memory wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", 1e6, 0),
+    ("of them loads (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", 1e6, 0),
+    ("shared-memory load instructions (M)", "smsp__sass_inst_executed_op_shared_ld.sum", 1e6, 1),
+    ("MUFU (XU) pipe (% of peak)", "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+     1.0, 1),
+    ("issue active (%)", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1.0, 1),
+    ("warps stalled per issue: fixed latency", STALL_METRIC.format("wait"), 1.0, 2),
+    ("warps stalled per issue: barrier", STALL_METRIC.format("barrier"), 1.0, 2),
+    ("warps stalled per issue: long scoreboard", STALL_METRIC.format("long_scoreboard"), 1.0, 2),
+    ("L2 throughput (% of peak)", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, 1),
+)  # fmt: skip
+
+
+def metric_table(path: Path, labels: list[str]) -> str:
+    """A markdown table of TABLE_ROWS, one column per attention kernel of the raw export in
+    launch order, headed by ``labels`` (one per kernel: a mismatch is an error)."""
+    rows = list(_open(path))
+    header, units, data = rows[0], rows[1], rows[2:]
+    col = {name: i for i, name in enumerate(header)}
+    kernels = [row for row in data if KERNELS.search(row[col["Kernel Name"]])]
+    if len(kernels) != len(labels):
+        raise ValueError(f"{len(labels)} labels for {len(kernels)} attention kernels in {path}")
+    lines = ["| metric | " + " | ".join(labels) + " |", "| :-- |" + " --: |" * len(labels)]
+    for name, metric, divisor, decimals in TABLE_ROWS:
+        if metric not in col:
+            raise ValueError(f"{path} has no metric {metric} (export with --set full)")
+        if divisor is None:  # the time, in ncu's unit of the export
+            divisor = 1.0 / _TO_MS.get(units[col[metric]], 1.0)
+        cells = []
+        for row in kernels:
+            value = _number(row[col[metric]])
+            cells.append("-" if value is None else f"{value / divisor:.{decimals}f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -194,9 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", type=Path, help="ncu --page raw --csv export (.csv or .csv.gz)")
     parser.add_argument("--source", type=Path, help="ncu --page source --csv export")
     parser.add_argument("--top", type=int, default=20, help="opcodes and instructions listed")
+    parser.add_argument(
+        "--table", metavar="LABELS",
+        help="with --raw: a markdown table of the main metrics instead, one column per kernel, "
+        "headed by these comma-separated labels (in launch order)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.raw is None and args.source is None:
         parser.error("give --raw and/or --source")
+    if args.table is not None:
+        if args.raw is None:
+            parser.error("--table needs --raw")
+        print(metric_table(args.raw, args.table.split(",")))
+        return 0
     if args.raw is not None:
         print(raw_summary(args.raw))
         print()

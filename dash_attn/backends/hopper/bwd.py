@@ -81,8 +81,7 @@ exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/
 shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
 adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
-``drain_at_turn``, once that turn is taken); ``dq_wg0`` has warpgroup 0 compute all of dQ so
-that warpgroup 1 runs ahead of it; ``stages`` is the depth of the Q/dO ring.
+``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
 Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
 pointwise work.
@@ -123,8 +122,6 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: _BAR_DQ_EMPTY + 2 (b + bufs w)
 # and _BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
-# (with dq_wg0 only warpgroup 0 computes dQ: id _BAR_DQ_READ alone, warpgroup 1 waits; and
-# _BAR_DS has warpgroup 1 arrive and warpgroup 0 wait)
 _BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
 _BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
 
@@ -205,9 +202,6 @@ class HopperAttnBwd:
         pdl: bool = False,
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
-        dq_wg0: bool = False,
-        stat_shfl: bool = False,
-        ds_staged: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -425,47 +419,12 @@ class HopperAttnBwd:
         #   then on the partial leaves its buffer within one bulk reduce, whatever other chains
         #   do, so the stalls above cannot chain; the reduce's latency (a few us) then overlaps
         #   the next chain's K/V load instead of preceding it (drain_ticket measured 5-10%
-        #   slower than without at causal descending 512 and 16k, session 29).
+        #   slower than without at causal descending 512 and 16k, session 29; with
+        #   drain_at_turn descending is 1.02-1.13x drain_ticket's speed, fa3 0.99-1.01x,
+        #   session 30).
         if drain_at_turn and not drain_ticket:
             raise ValueError("drain_at_turn moves drain_ticket's arrival: needs drain_ticket")
         self.drain_at_turn = drain_at_turn and self.drain_ticket
-        # dq_wg0 (128-row Q tiles): warpgroup 0 alone computes the step's dQ = dS K, both 64-row
-        #   halves (two GEMMs, as warpgroup 0 and as warpgroup 1 would: the same accumulation
-        #   order, so the same bits), and hands both halves to the dQ writer; warpgroup 1 only
-        #   stores its half of dS^T and signals it. Otherwise both warpgroups meet at the dS
-        #   barrier every step and compute their exponentials at the same time, when the tensor
-        #   pipe has only dP^T to run (at hd 64 the MUFU pipe needs ~1024 clocks per step
-        #   against dP^T's ~512). Here warpgroup 1 waits only for warpgroup 0's previous dQ GEMM
-        #   (before reusing the dS buffer) and warpgroup 0 only for warpgroup 1's dS, so
-        #   warpgroup 1 runs ahead and one warpgroup's exponentials can overlap the other's
-        #   GEMMs (FA3's forward ping-pong, here from the asymmetric work alone).
-        #   ds_guard is what keeps warpgroup 1 from arriving at the dS barrier of the next step
-        #   before warpgroup 0 has passed this one's (a named barrier counts arrivals only).
-        if dq_wg0 and (do_single or not (ds_guard and dq_frag and block_m == 128)):
-            raise ValueError(
-                "dq_wg0 needs 128-row Q tiles with dq_frag and ds_guard, and not do_single"
-            )
-        self.dq_wg0 = dq_wg0
-        # stat_shfl: each lane reads 2 block_m / 64 of the stage's LSE2 rows and as many delta rows
-        #   (two 8-byte loads per 64 rows, contiguous over the warp) after S^T and dP^T are
-        #   issued, and every element takes its row's value from the lane that holds it by a
-        #   shuffle (FA4's way). Otherwise each thread reads its 32 rows of each from shared
-        #   memory (16 8-byte loads each per step, ~3.4 wavefronts apiece): at hd 64 full 8k
-        #   those loads were a third of the kernel's shared-memory wavefronts, 5.6x FA4's
-        #   (session 30, Nsight Compute).
-        if stat_shfl and (block_m % 64 or early_lse or split_exp):
-            raise ValueError("stat_shfl needs block_m a multiple of 64, not early_lse or split_exp")
-        self.stat_shfl = stat_shfl
-        # ds_staged (with dq_double): dS keeps one buffer per ring stage, as without dq_double
-        #   (FA4's two dS stages), so no warpgroup waits for the other's previous dQ GEMM before
-        #   its dS store (ds_guard's barrier): a stage is refilled only after both warpgroups
-        #   released it, after their GEMMs. At 128 x 128 tiles and hd 64 this takes all 227 KiB
-        #   a CTA may have.
-        if ds_staged and (not dq_double or ds_guard or dq_wg0):
-            raise ValueError("ds_staged keeps dq_double's dS per stage: needs dq_double, no ds_guard")
-        self.ds_staged = ds_staged
-        # dS has one buffer (dq_double's shared memory) or one per ring stage.
-        self.ds_single = dq_double and not ds_staged
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -589,7 +548,7 @@ class HopperAttnBwd:
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.ds_single) else st)
+        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
         if const_expr(self.dq_frag):
             # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
             sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
@@ -1407,71 +1366,6 @@ class HopperAttnBwd:
             cute.arch.barrier_arrive(barrier_id=base + 2 * index, number_of_threads=threads)
 
     @cute.jit
-    def _back_half_dq_wg0(
-        self, rP, rdS, acc_dV, acc_dK, tVrdO, tKrQ, tQrdS, tQrdS_hi, tQrK, ds_copy, thr_ds,
-        tDsdS, sdQ, buf, tidx, wg, mma_dkv, mma_dq, thr_dq,
-    ):  # fmt: skip
-        """dq_wg0's step after dS^T: dS^T to shared memory, dV and dK in both warpgroups; in
-        warpgroup 0 also dQ of all 128 Q rows (the first half as the split MMA's warpgroup 0
-        computes it, the second as its warpgroup 1 would) and both halves' hand-off. Each
-        branch waits for its own GEMMs, so no WGMMA group spans the branch."""
-        if wg == 0:
-            cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS)
-            wgmma(mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO, zero_init=False)
-            cute.arch.fence_view_async_shared()
-            # Warpgroup 1's half of dS^T is in shared memory too (it arrives, this waits).
-            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
-            wgmma(mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
-            warpgroup.wait_group(1)  # dV done: P's registers are free
-            wgmma(mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ, zero_init=False)
-            warpgroup.wait_group(1)  # the first dQ half done, dK may still run
-            # Each half goes to the dQ writer once its part of the buffer is free (in the
-            # writer's order). The second half's GEMM is issued only after the first half has
-            # left its registers: with both halves, P and dS^T held by GEMMs in flight, ptxas
-            # runs out of registers and serialises every WGMMA of the kernel.
-            self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(0), wait=True)
-            self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-            cute.arch.fence_view_async_shared()
-            self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=False)
-            acc_dQ_hi = cute.make_rmem_tensor(
-                thr_dq.partition_shape_C(self.dq_mma_shape), Float32
-            )
-            wgmma(mma_dq, acc_dQ_hi, tQrdS_hi, tQrK, zero_init=True)
-            warpgroup.wait_group(0)  # dK and the second dQ half done
-            if const_expr(self.ds_guard):
-                cute.arch.barrier_arrive(
-                    barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads
-                )
-            # (its registers as warpgroup 1's thread tidx + 128 holds them in the split MMA)
-            self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(1), wait=True)
-            self._store_dq_fragment(acc_dQ_hi, sdQ, buf, tidx + 128, mma_dq)
-            cute.arch.fence_view_async_shared()
-            self._dq_barrier(_BAR_DQ_FULL, buf, Int32(1), wait=False)
-        else:
-            if const_expr(self.ds_guard):
-                # Warpgroup 0's previous dQ GEMM has read the dS buffer.
-                cute.arch.barrier(barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads)
-            cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS)
-            wgmma(mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO, zero_init=False)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-            wgmma(mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ, zero_init=False)
-            warpgroup.wait_group(0)
-
-    @cute.jit
-    def _stop_dq_wg0(self, buf: Int32, wg: Int32):
-        """dq_wg0's end of the step loop: warpgroup 0 tells the dQ writer to stop (one more
-        handshake per half); warpgroup 1 takes warpgroup 0's last "dQ GEMM done" (ds_guard)."""
-        if wg == 0:
-            for half in cutlass.range_constexpr(2):
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(half), wait=True)
-                self._dq_barrier(_BAR_DQ_FULL, buf, Int32(half), wait=False)
-        else:
-            if const_expr(self.ds_guard):
-                cute.arch.barrier(barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads)
-
-    @cute.jit
     def _store_dq_swizzled(
         self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
     ):
@@ -1541,34 +1435,6 @@ class HopperAttnBwd:
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
 
-    def _stat_map(self, mma_sdp: cute.TiledMma) -> tuple[tuple[int, int], ...]:
-        """Trace time (plain Python): for each S^T accumulator element i, (register, lane
-        base) of stat_shfl: its Q row m = m_0(i) + 2 (lane % 4) (m_0: thread 0's) is held by lane
-        lane base + lane % 4 in register ``register`` of the stat_shfl loads, which give lane s
-        rows 64 t + 2 s and 64 t + 2 s + 1 in registers 2 t and 2 t + 1. Checked against the
-        MMA's coordinates of a few threads (the layout is affine per warp)."""
-        bn, bm = self.block_n, self.block_m
-        ident = cute.make_identity_tensor((bn, bm))
-        coords0 = mma_sdp.get_slice(0).partition_C(ident)
-        count = cute.size(coords0)
-        rows0 = [coords0[i][1] for i in range(count)]
-        for t in (1, 2, 3, 4, 37, 70, 128 + 99):
-            coords = mma_sdp.get_slice(t).partition_C(ident)
-            for i in range(count):
-                if coords[i][1] != rows0[i] + 2 * (t % 4) or rows0[i] % 8 > 1:
-                    raise AssertionError(f"stat_shfl: S^T row of thread {t}, element {i}")
-        return tuple((2 * (m // 64) + m % 2, 4 * ((m // 8) % 8)) for m in rows0)
-
-    @cute.jit
-    def _stat_value(self, shfl, which: cutlass.Constexpr[int], i: cutlass.Constexpr[int], cache):
-        """stat_shfl: LSE2 (``which`` 0) or delta (1) of accumulator element i, shuffled from the
-        lane that read it (once per register and source for the elements of one block)."""
-        regs, quad, stat_map = shfl[which], shfl[2], shfl[3]
-        reg, base = stat_map[i]
-        if const_expr((which, reg, base) not in cache):
-            cache[which, reg, base] = cute.arch.shuffle_sync(regs[reg], base + quad)
-        return cache[which, reg, base]
-
     @cute.jit
     def _grad_scores(
         self,
@@ -1577,18 +1443,11 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
-        shfl=None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); with ``shfl``
-        (stat_shfl) delta comes from the lanes holding it."""
-        cache: dict = {}
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             _, m = tScS[i]
-            if const_expr(shfl is not None):
-                delta = self._stat_value(shfl, 1, i, cache)
-            else:
-                delta = sDelta[m, stage]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
 
     @cute.jit
     def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1625,7 +1484,6 @@ class HopperAttnBwd:
         masked: cutlass.Constexpr,
         first: cutlass.Constexpr[int] = 0,
         end: cutlass.Constexpr[int | None] = None,
-        shfl=None,
     ):
         """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
@@ -1638,13 +1496,10 @@ class HopperAttnBwd:
                 _, m = tScS[i]
                 acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
         poly_count, poly_period = self.exp_poly
-        cache: dict = {}
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
             if const_expr(self.split_exp):
                 x = acc_S[i]
-            elif const_expr(shfl is not None):
-                x = acc_S[i] * scale_log2 - self._stat_value(shfl, 0, i, cache)
             elif const_expr(rLSE is not None):
                 x = acc_S[i] * scale_log2 - rLSE[i]
             else:
@@ -1710,11 +1565,6 @@ class HopperAttnBwd:
         else:
             tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
             tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
-        if const_expr(self.dq_wg0):
-            # dS rows of the second 64-row half (warpgroup 1's in the split MMA), which
-            # warpgroup 0 computes too; its accumulator is laid out as warpgroup 1's would be.
-            wg_dq_hi = mma_dq.get_slice(128)
-            tQrdS_hi = wg_dq_hi.make_fragment_A(wg_dq_hi.partition_A(transpose_view(sdS)))
 
         shape_st = (bn, bm)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
@@ -1722,9 +1572,6 @@ class HopperAttnBwd:
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
-        if const_expr(self.stat_shfl):
-            lane = cute.arch.lane_idx()
-            stat_map = self._stat_map(mma_sdp)
         # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
         # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
         # (one 32-bit store and one address computation per register pair otherwise, queued
@@ -1744,13 +1591,7 @@ class HopperAttnBwd:
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
-        if const_expr(self.ds_guard and self.dq_wg0):
-            # As if a step -1's dQ GEMM were done: warpgroup 1's first dS store passes.
-            if wg == 0:
-                cute.arch.barrier_arrive(
-                    barrier_id=_BAR_DQ_READ, number_of_threads=self.num_mma_threads
-                )
-        elif const_expr(self.ds_guard):
+        if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
                 barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
@@ -1759,24 +1600,19 @@ class HopperAttnBwd:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
-            # dS has one buffer with dq_double (see its comment in __init__) unless ds_staged,
-            # one per stage else.
-            ds_stage = Int32(0) if const_expr(self.ds_single) else stage
+            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
+            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
-                if const_expr(self.dq_wg0):
-                    self._stop_dq_wg0(buf, wg)
-                else:
-                    # Tell the dQ writer to stop (one more handshake on the dQ buffer).
-                    self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                    self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                    if const_expr(self.ds_guard):
-                        # The other warpgroup's last arrival (after its last dQ GEMM).
-                        cute.arch.barrier(
-                            barrier_id=_BAR_DQ_READ + 1 - wg,
-                            number_of_threads=self.num_mma_threads,
-                        )
+                # Tell the dQ writer to stop (one more handshake on the dQ buffer).
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's last arrival (after its last dQ GEMM).
+                    cute.arch.barrier(
+                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    )
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -1796,16 +1632,6 @@ class HopperAttnBwd:
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
                 rLSE = None
-                shfl = None
-                if const_expr(self.stat_shfl):
-                    # This lane's LSE2 and delta rows 64 t + 2 lane (+ 1) (_stat_map).
-                    rL = cute.make_rmem_tensor(self.block_m // 32, Float32)
-                    rD = cute.make_rmem_tensor(self.block_m // 32, Float32)
-                    for t in cutlass.range_constexpr(self.block_m // 64):
-                        for k in cutlass.range_constexpr(2):
-                            rL[2 * t + k] = sLSE[64 * t + 2 * lane + k, stage]
-                            rD[2 * t + k] = sDelta[64 * t + 2 * lane + k, stage]
-                    shfl = (rL, rD, lane % 4, stat_map)
                 if const_expr(self.early_lse):
                     rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                     for i in cutlass.range_constexpr(cute.size(rLSE)):
@@ -1821,110 +1647,93 @@ class HopperAttnBwd:
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
-                        self._probs(*probs_args, True, shfl=shfl)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
+                        self._probs(*probs_args, True)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False, shfl=shfl)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
+                        self._probs(*probs_args, False)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
                     # wgmma wait above every exponential of its own block.
                     split = max(cute.size(acc_S) - self.exp_tail, 0)
                     if edge != 0:
-                        self._probs(*probs_args, True, 0, split, shfl=shfl)
+                        self._probs(*probs_args, True, 0, split)
                     else:
-                        self._probs(*probs_args, False, 0, split, shfl=shfl)
+                        self._probs(*probs_args, False, 0, split)
                     warpgroup.wait_group(0)
                     if edge != 0:
-                        self._probs(*probs_args, True, split, shfl=shfl)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
+                        self._probs(*probs_args, True, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        self._probs(*probs_args, False, split, shfl=shfl)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
+                        self._probs(*probs_args, False, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 else:
                     if edge != 0:
-                        self._probs(*probs_args, True, shfl=shfl)
+                        self._probs(*probs_args, True)
                     else:
-                        self._probs(*probs_args, False, shfl=shfl)
+                        self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage, shfl)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                if const_expr(self.dq_wg0):
-                    self._back_half_dq_wg0(
-                        rP, rdS, acc_dV, acc_dK, tVrdO[None, None, None, do_stage],
-                        tKrQ[None, None, None, stage], tQrdS[None, None, None, ds_stage],
-                        tQrdS_hi[None, None, None, ds_stage], tQrK, ds_copy, thr_ds,
-                        tDsdS[None, None, None, ds_stage], sdQ, buf, tidx, wg, mma_dkv, mma_dq,
-                        thr_dq,
-                    )  # fmt: skip
-                    if const_expr(self.dq_double):
-                        buf = buf ^ 1
-                else:
-                    acc_dQ = cute.make_rmem_tensor(
-                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
+                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                # back. P's registers stay live until dV is done.
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                    cute.arch.barrier(
+                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
                     )
-                    # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
-                    # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
-                    # back. P's registers stay live until dV is done.
-                    if const_expr(self.ds_guard):
-                        # The other warpgroup's previous dQ GEMM has read the dS buffer.
-                        cute.arch.barrier(
-                            barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                        )
-                    cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                    wgmma(
-                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
-                    if const_expr(self.dq_swap):
-                        wgmma(
-                            mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True
-                        )
-                    else:
-                        wgmma(
-                            mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True
-                        )
-                    warpgroup.wait_group(1)  # dV done: P's registers are free
-                    if const_expr(self.do_single):
-                        # dV was dO's last reader: the producer may load the next step's dO.
-                        cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-                        do_phase = do_phase ^ 1
-                    wgmma(
-                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
-                    warpgroup.wait_group(1)  # dQ done, dK may still run
-                    if const_expr(self.ds_guard):
-                        cute.arch.barrier_arrive(
-                            barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
-                        )
+                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                wgmma(
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
+                    zero_init=False,
+                )  # fmt: skip
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+                if const_expr(self.dq_swap):
+                    wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
+                else:
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
+                warpgroup.wait_group(1)  # dV done: P's registers are free
+                if const_expr(self.do_single):
+                    # dV was dO's last reader: the producer may load the next step's dO.
+                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                    do_phase = do_phase ^ 1
+                wgmma(
+                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                warpgroup.wait_group(1)  # dQ done, dK may still run
+                if const_expr(self.ds_guard):
+                    cute.arch.barrier_arrive(
+                        barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                    )
 
-                    # Hand the dQ partial to the dQ writer once its buffer is free.
-                    self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                    if const_expr(self.dq_frag):
-                        self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                    elif const_expr(self.dq_double):
-                        tile = self.block_m * self.head_dim
-                        # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
-                        offset = cute.assume(buf * tile, divby=tile)
-                        sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
-                        self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
-                    else:
-                        self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
-                    cute.arch.fence_view_async_shared()
-                    self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                    if const_expr(self.dq_double):
-                        buf = buf ^ 1
+                # Hand the dQ partial to the dQ writer once its buffer is free.
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                if const_expr(self.dq_frag):
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                elif const_expr(self.dq_double):
+                    tile = self.block_m * self.head_dim
+                    # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
+                    offset = cute.assume(buf * tile, divby=tile)
+                    sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
+                    self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
+                else:
+                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                cute.arch.fence_view_async_shared()
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.dq_double):
+                    buf = buf ^ 1
 
-                    warpgroup.wait_group(0)
+                warpgroup.wait_group(0)
                 if const_expr(self.dkv_sum):
                     if flags & _F_LAST == 0:
                         cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)

@@ -142,23 +142,13 @@ VARIANTS["t128_xm24r_sm2_fs_dq2"] = {
 VARIANTS["t128_xm24r_sm2_fs_nt"] = {**VARIANTS["t128_xm24r_sm2_fs"], "early_turn": False}
 VARIANTS["t128_xm24r_sm2_fs_nt2"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "early_turn": False}
 VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "drain_ticket": True}
-# Session 29 (not GPU-run yet): the drain's arrival at the chain's last turn instead of after its
-# adds (drain_at_turn, "_dt"), on the shipped causal kernels.
+# Session 29: the drain's arrival at the chain's last turn instead of after its adds
+# (drain_at_turn, "_dt"), on the causal kernels then shipped (shipped in session 30).
+# (Session 30, measured and not kept, code in git history at fc8ff44: warpgroup 0 computing both
+# dQ halves, dq_wg0 "_q0"; LSE2/delta shuffled between lanes, stat_shfl "_ss"; dS per ring
+# stage beside two dQ buffers, ds_staged "_ds2"; benchmarks/NOTES.md items 138-141.)
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dt"] = {**VARIANTS[_name], "drain_ticket": True, "drain_at_turn": True}
-# Session 30: warpgroup 0 alone computes dQ (both halves) and warpgroup 1 runs ahead of it
-# (dq_wg0, "_q0"), so that one warpgroup's exponentials can overlap the other's GEMMs; the same
-# bits as the kernel without it. On the shipped hd-64 kernels.
-for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dr", "t128_xm24r_sm2_fs_dq2_dt"):
-    VARIANTS[_name + "_q0"] = {**VARIANTS[_name], "dq_wg0": True}
-# Session 30: LSE2 and delta rows shuffled from the lanes that read them (stat_shfl, "_ss"),
-# on the shipped hd-64 kernels.
-for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
-    VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "stat_shfl": True}
-# Session 30: two dQ staging buffers and dS per ring stage (ds_staged, "_ds2": no dS guard), on
-# the shipped hd-64 kernels without their dS guard.
-for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
-    VARIANTS[_name + "_ds2"] = {**VARIANTS[_name], "ds_guard": False, "ds_staged": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

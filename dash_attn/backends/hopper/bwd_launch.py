@@ -146,14 +146,11 @@ VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "dr
 # (drain_at_turn, "_dt"), on the causal kernels then shipped (shipped in session 30).
 # (Session 30, measured and not kept, code in git history at fc8ff44: warpgroup 0 computing both
 # dQ halves, dq_wg0 "_q0"; LSE2/delta shuffled between lanes, stat_shfl "_ss"; dS per ring
-# stage beside two dQ buffers, ds_staged "_ds2"; benchmarks/NOTES.md items 138-141.)
+# stage beside two dQ buffers, ds_staged "_ds2"; benchmarks/NOTES.md items 138-141. The
+# exponentials after the dP^T wait re-tuned, exp_tail 16-48 on the shipped hd-64 kernels, "_x16"
+# ... "_x48": within the rounds' spread, item 143; variants in git history at 414c0da.)
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dt"] = {**VARIANTS[_name], "drain_ticket": True, "drain_at_turn": True}
-# Session 30: the exponentials after the dP^T wait (exp_tail, 24 since session 16) re-tuned on
-# the shipped hd-64 kernels ("_x16" ... "_x48").
-for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
-    for _tail in (16, 32, 40, 48):
-        VARIANTS[f"{_name}_x{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

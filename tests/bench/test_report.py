@@ -220,7 +220,13 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert whole.markdown_table(session26 / "call2-8b65582-wip") in text
     call4 = session26 / "call4-8b65582"
     _assert_sweep_and_e2e_tables(text, call4 / "sweep", call4 / "e2e")
-    # Session 30: Nsight Compute of the head-dim-64 kernels beside FA4's.
+    # Session 30: the causal orders with drain_at_turn, and Nsight Compute of the head-dim-64
+    # kernels beside FA4's.
+    orders30 = results / "session30-4f6fa3a" / "call7-8908f70" / "orders"
+    rows = report.read_csv(orders30 / "bench.csv")
+    assert report.readme_table(rows).strip() in text
+    orders = report.read_csv(orders30 / "determinism.csv")
+    assert report.determinism_table(orders, markdown=True).strip() in text
     ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
     raw = results / "session30-4f6fa3a" / "call2-c63de68" / "raw_d64f8k.csv.gz"
     assert ncu.metric_table(raw, NCU_LABELS_SESSION30) in text

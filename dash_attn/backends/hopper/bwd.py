@@ -111,6 +111,7 @@ from ._cute_utils import (
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
 from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
+from .stat_order import check_block_m, stat_group, stat_tile_len
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -202,6 +203,7 @@ class HopperAttnBwd:
         pdl: bool = False,
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
+        stat_vec: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -425,6 +427,22 @@ class HopperAttnBwd:
         if drain_at_turn and not drain_ticket:
             raise ValueError("drain_at_turn moves drain_ticket's arrival: needs drain_ticket")
         self.drain_at_turn = drain_at_turn and self.drain_ticket
+        # stat_vec: LSE2 and delta in lane order (stat_order.py, written so by the preprocess
+        #   of ``bwd_pre_post``): each thread reads its block_m / 4 values of a step with
+        #   block_m / 16 128-bit shared loads per statistic, each just before the elements
+        #   that use it, instead of block_m / 8 64-bit ones in row order. At hd 64 that is 16
+        #   loads fewer per thread and step in the MIO queue the exponentials issue through,
+        #   and each load feeds 8 exponentials (in row order an FFMA waited for one of three
+        #   64-bit loads in flight and the MUFUs came in runs behind it: MUFU "wait" stalls,
+        #   6% of the samples at hd 64 full 8k, none in FA4; session 30, NOTES item 142).
+        if stat_vec:
+            if early_lse or split_exp:
+                raise ValueError("stat_vec reads the statistics its own way: not with "
+                                 "early_lse or split_exp")
+            check_block_m(block_m)
+        self.stat_vec = stat_vec
+        # Floats per Q tile in the LSE2/delta rows: lane order pads each lane's group.
+        self.stat_len = stat_tile_len(block_m) if stat_vec else block_m
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -564,8 +582,9 @@ class HopperAttnBwd:
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
         # One stage of LSE2/delta rows per 128 bytes at least: TMA writes to 128-byte aligned
         # shared memory (80 rows are 320 bytes).
-        lse_stride = -(-bm // 32) * 32
-        sLSE_layout = cute.make_layout((bm, st), stride=(1, lse_stride))
+        lse_stride = -(-self.stat_len // 32) * 32
+        self.lse_stride = lse_stride
+        sLSE_layout = cute.make_layout((self.stat_len, st), stride=(1, lse_stride))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
         # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
@@ -583,9 +602,10 @@ class HopperAttnBwd:
         )
         tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
-        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, cute.make_layout(bm), (bm,))
+        stat_box = cute.make_layout(self.stat_len)
+        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, stat_box, (self.stat_len,))
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
-            g2s, mDelta_t, cute.make_layout(bm), (bm,)
+            g2s, mDelta_t, stat_box, (self.stat_len,)
         )
         if const_expr(self.dq_frag):
             # Flat bulk reduces from plain addresses: no TMA atom (the Q atom stands in for
@@ -604,7 +624,9 @@ class HopperAttnBwd:
         # The bytes the ring's "full" mbarrier expects per step: Q, LSE2, delta, and dO unless
         # it has its own buffer and mbarriers (do_single).
         self.bytes_do = bm * hd * elem
-        self.bytes_step = (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * bm * 4
+        self.bytes_step = (
+            (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * self.stat_len * 4
+        )
         self.bytes_kv = 2 * bn * hd * elem
 
         @cute.struct
@@ -873,8 +895,8 @@ class HopperAttnBwd:
                 cute.arch.sync_warp()
                 gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
                 gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
-                gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
-                gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
+                gL = cute.local_tile(mLSE[None, b * heads + qh], (self.stat_len,), (qt,))
+                gD = cute.local_tile(mDelta[None, b * heads + qh], (self.stat_len,), (qt,))
                 self._tma_load(tma_q, gQ, sQ, stage, full, 2)
                 if const_expr(not self.do_single):
                     self._tma_load(tma_do, gdO, sdO, stage, full, 2)
@@ -1443,11 +1465,54 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
+        stat_base: Int32 | None = None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); delta from the
+        thread's lane group at ``stat_base`` (stat_vec) or the stage's rows."""
+        chunk = None
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            _, m = tScS[i]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+            if const_expr(stat_base is not None):
+                if const_expr(chunk is None or i % 8 == 0):
+                    chunk = self._stat_chunk(sDelta, stat_base, i // 8)
+                delta = chunk[self._stat_lane_index(i)]
+            else:
+                _, m = tScS[i]
+                delta = sDelta[m, stage]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
+
+    @staticmethod
+    def _stat_lane_index(i: int) -> int:
+        """Where accumulator element ``i``'s Q row lies in its 4-value chunk of the thread's
+        lane group (stat_vec): element i is at column 8 (i // 4) + 2 (lane % 4) + i % 2
+        (the WGMMA accumulator's layout, checked by ``_check_stat_layout``), whose value is
+        number 2 (i // 4) + i % 2 of the group, in chunk i // 8."""
+        return (i // 4) % 2 * 2 + i % 2
+
+    def _check_stat_layout(self, mma_sdp: cute.TiledMma) -> None:
+        """Trace-time check of the accumulator layout ``_stat_lane_index`` assumes (stat_vec):
+        warpgroup 0's thread t holds S^T's column 8 (i // 4) + 2 (t % 4) + i % 2 as element
+        i (the layout maps a warpgroup's (thread, element) to its 64 x block_m tile, column
+        major)."""
+        tv = mma_sdp.tv_layout_C
+        rows = 64
+        for t in range(8):
+            for i in range(self.block_m // 2):
+                col = cute.crd2idx((t, i), tv) // rows
+                if col != 8 * (i // 4) + 2 * (t % 4) + i % 2:
+                    raise NotImplementedError(
+                        f"stat_vec: thread {t}'s accumulator element {i} is at S^T column "
+                        f"{col}, not in the lane order stat_order.py writes"
+                    )
+
+    @cute.jit
+    def _stat_chunk(self, sStat: cute.Tensor, stat_base: Int32, chunk: cutlass.Constexpr[int]):
+        """Values 4 chunk .. 4 chunk + 3 of the thread's lane group (stat_vec) in registers:
+        one 128-bit shared load (the group starts on a 16-byte boundary)."""
+        offset = cute.assume(stat_base + 4 * chunk, divby=4)
+        src = cute.make_tensor(sStat.iterator + offset, cute.make_layout(4))
+        dst = cute.make_rmem_tensor((4,), Float32)
+        cute.autovec_copy(src, dst)
+        return dst
 
     @cute.jit
     def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1475,6 +1540,7 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
         rLSE: cute.Tensor | None,
+        stat_base: Int32 | None,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -1489,8 +1555,10 @@ class HopperAttnBwd:
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
         lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from ``rLSE`` (one per
-        element, read by early_lse) when given, else from the stage's ``sLSE`` rows."""
+        element, read by early_lse) when given, from the thread's lane group at ``stat_base``
+        (stat_vec), else from the stage's ``sLSE`` rows."""
         end = cute.size(acc_S) if const_expr(end is None) else end
+        chunk = None
         if const_expr(self.split_exp):
             for i in cutlass.range_constexpr(first, end):
                 _, m = tScS[i]
@@ -1502,6 +1570,10 @@ class HopperAttnBwd:
                 x = acc_S[i]
             elif const_expr(rLSE is not None):
                 x = acc_S[i] * scale_log2 - rLSE[i]
+            elif const_expr(stat_base is not None):
+                if const_expr(chunk is None or i % 8 == 0):
+                    chunk = self._stat_chunk(sLSE, stat_base, i // 8)
+                x = acc_S[i] * scale_log2 - chunk[self._stat_lane_index(i)]
             else:
                 x = acc_S[i] * scale_log2 - sLSE[m, stage]
             if const_expr(i % poly_period >= poly_period - poly_count):
@@ -1585,6 +1657,11 @@ class HopperAttnBwd:
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
 
+        if const_expr(self.stat_vec):
+            # The start of this thread's lane group in a stage's LSE2/delta rows.
+            lane_group = tidx % 4 * stat_group(bm)
+            self._check_stat_layout(mma_sdp)
+
         stage = Int32(0)
         phase = Int32(0)
         kv_phase = Int32(0)
@@ -1642,16 +1719,23 @@ class HopperAttnBwd:
                 # shared memory here unless early_lse read them before the wait.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                stat_base = None
+                if const_expr(self.stat_vec):
+                    stat_base = stage * self.lse_stride + lane_group
+                probs_args = (
+                    acc_S, tScS, sLSE, rLSE, stat_base, stage, scale_log2, n0, m0, shift,
+                    seqlen_k,
+                )  # fmt: skip
+                grad_args = (acc_S, acc_dP, tScS, sDelta, stage, stat_base)
                 if const_expr(self.joint_wait):
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
                         self._probs(*probs_args, True)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._grad_scores(*grad_args)
                     else:
                         self._probs(*probs_args, False)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._grad_scores(*grad_args)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
@@ -1664,17 +1748,17 @@ class HopperAttnBwd:
                     warpgroup.wait_group(0)
                     if edge != 0:
                         self._probs(*probs_args, True, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._grad_scores(*grad_args)
                     else:
                         self._probs(*probs_args, False, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                        self._grad_scores(*grad_args)
                 else:
                     if edge != 0:
                         self._probs(*probs_args, True)
                     else:
                         self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    self._grad_scores(*grad_args)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

@@ -111,7 +111,6 @@ from ._cute_utils import (
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
 from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
-from .stat_order import check_block_m, stat_group, stat_tile_len
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
@@ -132,6 +131,7 @@ _I_BATCH, _I_KVH, _I_KVT, _I_QH, _I_QT, _I_RANK, _I_FLAGS = range(7)
 _F_FIRST = 1  # first step of its chain: K/V of the chain arrive with it
 _F_LAST = 2  # last step of its chain: epilogue and K/V release after it
 _F_DONE = 4  # no more work: leave the loop
+_F_QUIET = 8  # with _F_DONE: no stop handshake (the second dQ warp's terminator, dq_writers=2)
 
 
 class _DkvSums(NamedTuple):
@@ -203,7 +203,7 @@ class HopperAttnBwd:
         pdl: bool = False,
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
-        stat_vec: bool = False,
+        dq_writers: int = 1,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -427,22 +427,24 @@ class HopperAttnBwd:
         if drain_at_turn and not drain_ticket:
             raise ValueError("drain_at_turn moves drain_ticket's arrival: needs drain_ticket")
         self.drain_at_turn = drain_at_turn and self.drain_ticket
-        # stat_vec: LSE2 and delta in lane order (stat_order.py, written so by the preprocess
-        #   of ``bwd_pre_post``): each thread reads its block_m / 4 values of a step with
-        #   block_m / 16 128-bit shared loads per statistic, each just before the elements
-        #   that use it, instead of block_m / 8 64-bit ones in row order. At hd 64 that is 16
-        #   loads fewer per thread and step in the MIO queue the exponentials issue through,
-        #   and each load feeds 8 exponentials (in row order an FFMA waited for one of three
-        #   64-bit loads in flight and the MUFUs came in runs behind it: MUFU "wait" stalls,
-        #   6% of the samples at hd 64 full 8k, none in FA4; session 30, NOTES item 142).
-        if stat_vec:
-            if early_lse or split_exp:
-                raise ValueError("stat_vec reads the statistics its own way: not with "
-                                 "early_lse or split_exp")
-            check_block_m(block_m)
-        self.stat_vec = stat_vec
-        # Floats per Q tile in the LSE2/delta rows: lane order pads each lane's group.
-        self.stat_len = stat_tile_len(block_m) if stat_vec else block_m
+        # dq_writers = 2: two dQ warps, one per staging buffer, each handling every other step
+        #   (its ring stage and its buffer), so that one warp's wait for its adds to land and
+        #   its release overlap the other's turn and reduce. With one warp that cycle (acquire,
+        #   reduce, wait for the writes, release) runs step after step in series, and the
+        #   deterministic kernel cannot be faster than it: at hd 64 full, the non-deterministic
+        #   kernel without its exponentials, or without the warpgroups' per-step barriers, was
+        #   1.04x faster and the deterministic one was not (session 31, NOTES item 146). The
+        #   order of the adds is the ranks' either way (the same bits). Needs the two buffers
+        #   (dq_double), two ring stages (a warp's stage and buffer stay fixed), early_turn
+        #   (the warp reads its step from the ring slot) and dq_frag's flat reduces.
+        if dq_writers not in (1, 2):
+            raise ValueError(f"dq_writers must be 1 or 2, got {dq_writers}")
+        if dq_writers == 2 and not (dq_double and stages == 2 and early_turn and dq_frag):
+            raise ValueError(
+                "dq_writers=2 needs dq_double, stages=2, early_turn and dq_frag (one warp per "
+                "staging buffer and ring stage)"
+            )
+        self.dq_writers = dq_writers
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -582,9 +584,8 @@ class HopperAttnBwd:
             sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
         # One stage of LSE2/delta rows per 128 bytes at least: TMA writes to 128-byte aligned
         # shared memory (80 rows are 320 bytes).
-        lse_stride = -(-self.stat_len // 32) * 32
-        self.lse_stride = lse_stride
-        sLSE_layout = cute.make_layout((self.stat_len, st), stride=(1, lse_stride))
+        lse_stride = -(-bm // 32) * 32
+        sLSE_layout = cute.make_layout((bm, st), stride=(1, lse_stride))
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
         # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
@@ -602,10 +603,9 @@ class HopperAttnBwd:
         )
         tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
-        stat_box = cute.make_layout(self.stat_len)
-        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, stat_box, (self.stat_len,))
+        tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, cute.make_layout(bm), (bm,))
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
-            g2s, mDelta_t, stat_box, (self.stat_len,)
+            g2s, mDelta_t, cute.make_layout(bm), (bm,)
         )
         if const_expr(self.dq_frag):
             # Flat bulk reduces from plain addresses: no TMA atom (the Q atom stands in for
@@ -624,9 +624,7 @@ class HopperAttnBwd:
         # The bytes the ring's "full" mbarrier expects per step: Q, LSE2, delta, and dO unless
         # it has its own buffer and mbarriers (do_single).
         self.bytes_do = bm * hd * elem
-        self.bytes_step = (
-            (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * self.stat_len * 4
-        )
+        self.bytes_step = (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * bm * 4
         self.bytes_kv = 2 * bn * hd * elem
 
         @cute.struct
@@ -790,8 +788,14 @@ class HopperAttnBwd:
             if warp_idx == 1:
                 self.dq_writer(
                     mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
-                    sInfo, storage,
+                    sInfo, storage, 0,
                 )  # fmt: skip
+            if const_expr(self.dq_writers == 2):  # noqa: SIM102 (compile-time, then runtime)
+                if warp_idx == 2:
+                    self.dq_writer(
+                        mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
+                        sInfo, storage, 1,
+                    )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             # The dK/dV semaphores (dkv_sum) follow the dQ tiles' in mFlags.
@@ -895,8 +899,8 @@ class HopperAttnBwd:
                 cute.arch.sync_warp()
                 gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
                 gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
-                gL = cute.local_tile(mLSE[None, b * heads + qh], (self.stat_len,), (qt,))
-                gD = cute.local_tile(mDelta[None, b * heads + qh], (self.stat_len,), (qt,))
+                gL = cute.local_tile(mLSE[None, b * heads + qh], (bm,), (qt,))
+                gD = cute.local_tile(mDelta[None, b * heads + qh], (bm,), (qt,))
                 self._tma_load(tma_q, gQ, sQ, stage, full, 2)
                 if const_expr(not self.do_single):
                     self._tma_load(tma_do, gdO, sdO, stage, full, 2)
@@ -950,6 +954,17 @@ class HopperAttnBwd:
         if lane == 0:
             sInfo[_I_FLAGS, stage] = Int32(_F_DONE)
             cute.arch.mbarrier_arrive(storage.full_bar.data_ptr() + stage)
+        if const_expr(self.dq_writers == 2):
+            # The other dQ warp waits on the other stage: a terminator there too, without the
+            # MMA warpgroups' stop handshake (they left at the first one).
+            stage = stage + 1
+            if stage == self.stages:
+                stage = Int32(0)
+                phase = phase ^ 1
+            cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
+            if lane == 0:
+                sInfo[_I_FLAGS, stage] = Int32(_F_DONE | _F_QUIET)
+                cute.arch.mbarrier_arrive(storage.full_bar.data_ptr() + stage)
         if const_expr(self.pdl):
             # The dQ cast may launch (it waits for this grid's end before reading anything).
             cute.arch.griddepcontrol_launch_dependents()
@@ -997,9 +1012,13 @@ class HopperAttnBwd:
         sDqFail: cute.Tensor,
         sInfo: cute.Tensor,
         storage,
+        writer: cutlass.Constexpr[int] = 0,
     ):
+        """dQ warp ``writer`` (of ``dq_writers``): the steps of ring stage ``writer`` and
+        its staging buffer with two warps, every step with one."""
         bm, hd = self.block_m, self.head_dim
         lane = cute.arch.lane_idx()
+        two = const_expr(self.dq_writers == 2)
         # Hand-offs per step: one per warpgroup half with dq_wg (each reduced as soon as its
         # warpgroup has written it), else one of the whole tile.
         parts = 2 if const_expr(self.dq_wg) else 1
@@ -1007,12 +1026,16 @@ class HopperAttnBwd:
         # The buffers start free; afterwards each is freed as soon as the TMA unit has read it,
         # so the MMA warpgroups write the next partial while this one's adds complete.
         for buf0 in cutlass.range_constexpr(self.dq_bufs):
-            for p in cutlass.range_constexpr(parts):
-                self._dq_barrier(_BAR_DQ_EMPTY, Int32(buf0), Int32(p), wait=False)
+            if const_expr(not two or buf0 == writer):
+                for p in cutlass.range_constexpr(parts):
+                    self._dq_barrier(_BAR_DQ_EMPTY, Int32(buf0), Int32(p), wait=False)
         done = Int32(0)
-        stage = Int32(0)
+        stage = Int32(writer)
         phase = Int32(0)  # of the ring's "full" mbarriers (early_turn)
-        buf = Int32(0)  # the staging buffer of this step (always 0 without dq_double)
+        # The staging buffer of this step (always 0 without dq_double; the warp's own with
+        # two warps).
+        buf = Int32(writer)
+        fail = writer  # this warp's word in sDqFail
         while done == 0:
             if const_expr(self.early_turn):
                 cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
@@ -1041,14 +1064,16 @@ class HopperAttnBwd:
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                stage = stage + 1
-                if stage == self.stages:
-                    stage = Int32(0)
-                    phase = phase ^ 1
+                # This warp's next step: the next stage, or with two warps the one after it.
+                for _ in cutlass.range_constexpr(self.dq_writers):
+                    stage = stage + 1
+                    if stage == self.stages:
+                        stage = Int32(0)
+                        phase = phase ^ 1
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(self.deterministic):
                     if lane == 0:
-                        sDqFail[0] = self._wait_turn(sem_ptr, rank, timeout_ns)
+                        sDqFail[fail] = self._wait_turn(sem_ptr, rank, timeout_ns)
                         if const_expr(self.drain_at_turn):  # noqa: SIM102 (compile-time, then runtime)
                             if last != 0:
                                 cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
@@ -1059,7 +1084,7 @@ class HopperAttnBwd:
                     if const_expr(p > 0 or self.early_turn):
                         self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
                     if const_expr(self.deterministic):
-                        if sDqFail[0] != 0:
+                        if sDqFail[fail] != 0:
                             # Never a silent wrong result: poison what this step adds and
                             # raise the error flag (a plain store: every writer writes 1).
                             nan = Float32(float("nan"))
@@ -1107,7 +1132,7 @@ class HopperAttnBwd:
                     cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
                     cute.arch.sync_warp()
                     self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
-                if const_expr(self.dq_double):
+                if const_expr(self.dq_double and not two):
                     buf = buf ^ 1
                 if const_expr(self.deterministic):
                     # Release only once the adds have been performed in global memory (the wait
@@ -1125,7 +1150,7 @@ class HopperAttnBwd:
                             if last != 0:
                                 cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
                     cute.arch.sync_warp()
-            else:
+            elif info[_I_FLAGS] & _F_QUIET == 0:
                 # The MMA warpgroups' stop handshake (part 0's was the barrier above, unless
                 # early_turn).
                 for p in cutlass.range_constexpr(parts):
@@ -1465,54 +1490,11 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sDelta: cute.Tensor,
         stage: Int32,
-        stat_base: Int32 | None = None,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T); delta from the
-        thread's lane group at ``stat_base`` (stat_vec) or the stage's rows."""
-        chunk = None
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            if const_expr(stat_base is not None):
-                if const_expr(chunk is None or i % 8 == 0):
-                    chunk = self._stat_chunk(sDelta, stat_base, i // 8)
-                delta = chunk[self._stat_lane_index(i)]
-            else:
-                _, m = tScS[i]
-                delta = sDelta[m, stage]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - delta)
-
-    @staticmethod
-    def _stat_lane_index(i: int) -> int:
-        """Where accumulator element ``i``'s Q row lies in its 4-value chunk of the thread's
-        lane group (stat_vec): element i is at column 8 (i // 4) + 2 (lane % 4) + i % 2
-        (the WGMMA accumulator's layout, checked by ``_check_stat_layout``), whose value is
-        number 2 (i // 4) + i % 2 of the group, in chunk i // 8."""
-        return (i // 4) % 2 * 2 + i % 2
-
-    def _check_stat_layout(self, mma_sdp: cute.TiledMma) -> None:
-        """Trace-time check of the accumulator layout ``_stat_lane_index`` assumes (stat_vec):
-        warpgroup 0's thread t holds S^T's column 8 (i // 4) + 2 (t % 4) + i % 2 as element
-        i (the layout maps a warpgroup's (thread, element) to its 64 x block_m tile, column
-        major)."""
-        tv = mma_sdp.tv_layout_C
-        rows = 64
-        for t in range(8):
-            for i in range(self.block_m // 2):
-                col = cute.crd2idx((t, i), tv) // rows
-                if col != 8 * (i // 4) + 2 * (t % 4) + i % 2:
-                    raise NotImplementedError(
-                        f"stat_vec: thread {t}'s accumulator element {i} is at S^T column "
-                        f"{col}, not in the lane order stat_order.py writes"
-                    )
-
-    @cute.jit
-    def _stat_chunk(self, sStat: cute.Tensor, stat_base: Int32, chunk: cutlass.Constexpr[int]):
-        """Values 4 chunk .. 4 chunk + 3 of the thread's lane group (stat_vec) in registers:
-        one 128-bit shared load (the group starts on a 16-byte boundary)."""
-        offset = cute.assume(stat_base + 4 * chunk, divby=4)
-        src = cute.make_tensor(sStat.iterator + offset, cute.make_layout(4))
-        dst = cute.make_rmem_tensor((4,), Float32)
-        cute.autovec_copy(src, dst)
-        return dst
+            _, m = tScS[i]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
 
     @cute.jit
     def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1540,7 +1522,6 @@ class HopperAttnBwd:
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
         rLSE: cute.Tensor | None,
-        stat_base: Int32 | None,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -1555,10 +1536,8 @@ class HopperAttnBwd:
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
         lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from ``rLSE`` (one per
-        element, read by early_lse) when given, from the thread's lane group at ``stat_base``
-        (stat_vec), else from the stage's ``sLSE`` rows."""
+        element, read by early_lse) when given, else from the stage's ``sLSE`` rows."""
         end = cute.size(acc_S) if const_expr(end is None) else end
-        chunk = None
         if const_expr(self.split_exp):
             for i in cutlass.range_constexpr(first, end):
                 _, m = tScS[i]
@@ -1570,10 +1549,6 @@ class HopperAttnBwd:
                 x = acc_S[i]
             elif const_expr(rLSE is not None):
                 x = acc_S[i] * scale_log2 - rLSE[i]
-            elif const_expr(stat_base is not None):
-                if const_expr(chunk is None or i % 8 == 0):
-                    chunk = self._stat_chunk(sLSE, stat_base, i // 8)
-                x = acc_S[i] * scale_log2 - chunk[self._stat_lane_index(i)]
             else:
                 x = acc_S[i] * scale_log2 - sLSE[m, stage]
             if const_expr(i % poly_period >= poly_period - poly_count):
@@ -1657,11 +1632,6 @@ class HopperAttnBwd:
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
 
-        if const_expr(self.stat_vec):
-            # The start of this thread's lane group in a stage's LSE2/delta rows.
-            lane_group = tidx % 4 * stat_group(bm)
-            self._check_stat_layout(mma_sdp)
-
         stage = Int32(0)
         phase = Int32(0)
         kv_phase = Int32(0)
@@ -1719,23 +1689,16 @@ class HopperAttnBwd:
                 # shared memory here unless early_lse read them before the wait.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                stat_base = None
-                if const_expr(self.stat_vec):
-                    stat_base = stage * self.lse_stride + lane_group
-                probs_args = (
-                    acc_S, tScS, sLSE, rLSE, stat_base, stage, scale_log2, n0, m0, shift,
-                    seqlen_k,
-                )  # fmt: skip
-                grad_args = (acc_S, acc_dP, tScS, sDelta, stage, stat_base)
+                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if const_expr(self.joint_wait):
                     warpgroup.wait_group(0)
                     # P^T and dS^T inside each branch: one basic block each.
                     if edge != 0:
                         self._probs(*probs_args, True)
-                        self._grad_scores(*grad_args)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
                         self._probs(*probs_args, False)
-                        self._grad_scores(*grad_args)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 elif const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
@@ -1748,17 +1711,17 @@ class HopperAttnBwd:
                     warpgroup.wait_group(0)
                     if edge != 0:
                         self._probs(*probs_args, True, split)
-                        self._grad_scores(*grad_args)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
                         self._probs(*probs_args, False, split)
-                        self._grad_scores(*grad_args)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                 else:
                     if edge != 0:
                         self._probs(*probs_args, True)
                     else:
                         self._probs(*probs_args, False)
                     warpgroup.wait_group(0)
-                    self._grad_scores(*grad_args)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

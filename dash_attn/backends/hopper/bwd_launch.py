@@ -26,7 +26,6 @@ from . import bwd_variant, kernel_cache
 from ._tensor_args import fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
-from .stat_order import stat_tile_len
 
 # Kernel variants by name: compile-time options of HopperAttnBwd (see its constructor) and,
 # per head dim, the tiles (block_m, block_n) they run with (the schedule tables must be built
@@ -152,13 +151,13 @@ VARIANTS["t128_xm24r_sm2_fs_dq2_dr"] = {**VARIANTS["t128_xm24r_sm2_fs_dq2"], "dr
 # ... "_x48": within the rounds' spread, item 143; variants in git history at 414c0da.)
 for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
     VARIANTS[_name + "_dt"] = {**VARIANTS[_name], "drain_ticket": True, "drain_at_turn": True}
-# Session 31: LSE2 and delta in lane order, 128-bit loads per thread (stat_vec, "_sv"), on the
-# shipped kernels.
-for _name in (
-    "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt", "t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs",
-    "t128_wg2gr_sm2_fs_dt",
-):  # fmt: skip
-    VARIANTS[_name + "_sv"] = {**VARIANTS[_name], "stat_vec": True}
+# (Session 31, measured and not kept, code in git history at 21ecbdb: LSE2 and delta written in
+# lane order by the preprocess and read with one 128-bit load per four values, stat_vec "_sv":
+# 0.97-1.02x at hd 64, 0.98-1.04x at hd 128, the same shared-load wavefronts; NOTES item 145.)
+# Session 31 (not GPU-run yet): two dQ warps, one per staging buffer (dq_writers=2, "_w2"), on
+# the shipped hd-64 kernels.
+for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
+    VARIANTS[_name + "_w2"] = {**VARIANTS[_name], "dq_writers": 2}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -181,12 +180,6 @@ def dq_first_store(variant: str) -> bool:
     """Whether ``variant``'s deterministic kernel stores each dQ tile's rank-0 partial (so the
     accumulator needs no zero fill where every tile has a rank-0 step)."""
     return bool(VARIANTS[variant].get("dq_first_store"))
-
-
-def lane_ordered_stats(variant: str) -> bool:
-    """Whether ``variant`` reads LSE2 and delta in lane order (``stat_order``; written so by
-    ``bwd_pre_post``'s preprocess, not by the Triton one)."""
-    return bool(VARIANTS[variant].get("stat_vec"))
 
 
 def programmatic_launches(variant: str) -> bool:
@@ -441,11 +434,6 @@ def hopper_bwd_main(
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
         variant = bwd_variant(q.shape[-1], causal, k.shape[1])
-    if lane_ordered_stats(variant):
-        raise ValueError(
-            f"variant {variant!r} reads LSE2/delta in lane order, not the rows given here: "
-            "run it through prepare_full"
-        )
     if dkv_heads is None:
         dkv_heads = k.shape[2]
     if dkv_heads not in (k.shape[2], q.shape[2]):
@@ -686,17 +674,16 @@ def prepare_full(
     # The accumulator is (batch, heads, q_tiles, block_m * head_dim): its tiles are main's.
     q_tiles, tile_size = main.dq_shape[2:]
     block_m = tile_size // head_dim
-    stat_block_m = block_m if lane_ordered_stats(variant) else 0
-    rows_pad = q_tiles * (stat_tile_len(block_m) if stat_block_m else block_m)
+    rows_pad = q_tiles * block_m
     cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
     pdl = programmatic_launches(variant)
     rows = batch * heads * rows_pad
-    # rows_pad is a multiple of 16 and dq_size of block_m * head_dim: the accumulator and the
-    # flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
+    # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and
+    # the flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
     padding = -main.flag_count % 4
     return FullBackward(
         main=main,
-        preprocess=compile_preprocess(cutlass_dtype, head_dim, pdl=pdl, stat_block_m=stat_block_m),
+        preprocess=compile_preprocess(cutlass_dtype, head_dim, pdl=pdl),
         cast=compile_dq_cast(cutlass_dtype, head_dim, block_m, pdl=pdl),
         rows_pad=rows_pad,
         parts=(rows, rows, main.dq_size, main.flag_count, padding),

@@ -39,7 +39,6 @@ from cutlass import Float32, Int32, Int64, const_expr
 
 from . import kernel_cache
 from .dq_fragment import WG_THREADS, half_size, wg_split
-from .stat_order import check_block_m, stat_position, stat_tile_len
 
 LOG2_E = 1.4426950408889634
 PRE_ROWS = 64  # rows per preprocess CTA
@@ -60,22 +59,11 @@ class BwdPreprocess:
     """LSE2 and delta of every row, and the zero fill of the flags (and of the dQ accumulator
     where the main kernel adds every partial; see the module)."""
 
-    def __init__(
-        self,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        pdl: bool = False,
-        stat_block_m: int = 0,
-    ) -> None:
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
-        if stat_block_m:
-            check_block_m(stat_block_m)
         self.dtype = dtype
         self.head_dim = head_dim
-        # stat_block_m: LSE2 and delta written in lane order for Q tiles of this many rows
-        #   (stat_order.py; the main kernel's stat_vec), 0: in row order.
-        self.stat_block_m = stat_block_m
         # pdl: let the main kernel (a programmatic dependent launch) start once this CTA's loads
         # are issued; the main kernel waits for this grid's end before reading its outputs.
         self.pdl = pdl
@@ -89,23 +77,16 @@ class BwdPreprocess:
         mO: cute.Tensor,  # (b, seqlen_q, heads, hd)
         mdO: cute.Tensor,
         mLSE: cute.Tensor,  # (b, heads, seqlen_q) fp32, natural log
-        mLSE2: cute.Tensor,  # (b * heads, rows_pad) fp32 (rows_pad: positions in lane order)
+        mLSE2: cute.Tensor,  # (b * heads, rows_pad) fp32
         mDelta: cute.Tensor,
         mZero: cute.Tensor,  # (n, 4) fp32 zeroed here: the flags (and the dQ accumulator)
         stream: cuda.CUstream,
     ):
         batch, heads = mO.shape[0], mO.shape[2]
-        blocks = (self._rows(mLSE2) + PRE_ROWS - 1) // PRE_ROWS
+        blocks = (mLSE2.shape[1] + PRE_ROWS - 1) // PRE_ROWS
         self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mZero).launch(
             grid=[blocks, batch * heads, 1], block=[PRE_THREADS, 1, 1], stream=stream
         )
-
-    def _rows(self, mLSE2: cute.Tensor):
-        """The rows (whole Q tiles) that ``mLSE2``'s positions hold."""
-        if const_expr(self.stat_block_m):
-            bm = self.stat_block_m
-            return mLSE2.shape[1] // stat_tile_len(bm) * bm
-        return mLSE2.shape[1]
 
     @cute.kernel
     def kernel(
@@ -122,7 +103,7 @@ class BwdPreprocess:
         blocks, bhs, _ = cute.arch.grid_dim()
         heads = mO.shape[2]
         seqlen_q = mO.shape[1]
-        rows_pad = self._rows(mLSE2)
+        rows_pad = mLSE2.shape[1]
         b = bh // heads
         h = bh % heads
 
@@ -176,11 +157,8 @@ class BwdPreprocess:
                 lse2 = Float32(float("inf"))
                 if lses[p] != -Float32.inf:  # rows past seqlen_q were left at -inf
                     lse2 = lses[p] * LOG2_E
-                at = row
-                if const_expr(self.stat_block_m):
-                    at = stat_position(row, self.stat_block_m)
-                mLSE2[bh, at] = lse2
-                mDelta[bh, at] = totals[p]
+                mLSE2[bh, row] = lse2
+                mDelta[bh, row] = totals[p]
 
         # This CTA's share of the zeroing: 16-byte rows cta, cta + ctas, ... (coalesced), after
         # the row work so that its stores do not hold the loads back.
@@ -326,18 +304,16 @@ def compile_preprocess(
     arch: str = "sm_90a",
     *,
     pdl: bool = False,
-    stat_block_m: int = 0,
     extra_options: str = "",
 ) -> Any:
     """The compiled ``BwdPreprocess`` for q's dtype and head dim (every shape); ``pdl``: it
-    lets a programmatic dependent launch start early; ``stat_block_m``: LSE2 and delta in lane
-    order for Q tiles of that many rows (``BwdPreprocess``); ``extra_options``: further
-    CuTe-DSL compile options (tests keep the PTX with them)."""
+    lets a programmatic dependent launch start early (``BwdPreprocess``); ``extra_options``:
+    further CuTe-DSL compile options (tests keep the PTX with them)."""
     from cutlass.cute.runtime import make_fake_stream
 
     from ._tensor_args import fake_tensor
 
-    kernel = BwdPreprocess(dtype, head_dim, pdl, stat_block_m)
+    kernel = BwdPreprocess(dtype, head_dim, pdl)
 
     def build() -> Any:
         return cute.compile(
@@ -353,8 +329,6 @@ def compile_preprocess(
         )
 
     key = ("bwd_pre", dtype.__name__, head_dim, arch, extra_options) + (("pdl",) if pdl else ())
-    if stat_block_m:
-        key += (("stat", stat_block_m),)
     return kernel_cache.compile_once(key, build, disk=not extra_options)
 
 

@@ -25,7 +25,6 @@ from .bwd_launch import (
     cast_dq,
     dq_first_store,
     dq_fragment_order,
-    lane_ordered_stats,
     prepare_bwd,
     prepare_full,
 )
@@ -180,11 +179,6 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
     )  # fmt: skip
     if not (CUTE_PRE_POST and dq_fragment_order(variant)):
-        if lane_ordered_stats(variant):
-            # Only bwd_pre_post's preprocess writes LSE2/delta in the order it reads.
-            raise NotImplementedError(
-                f"variant {variant!r} needs the CuTe-DSL preprocess (DASH_ATTN_CUTE_PRE_POST)"
-            )
         return main
     # A deterministic first-store kernel writes every dQ tile before adding to it, where the
     # tables give each tile a rank-0 step; then only the flags need zeroing.

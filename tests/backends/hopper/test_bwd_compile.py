@@ -240,6 +240,9 @@ VARIANT_CONFIGS = [
     # Session 29: the drain's arrival at the last turn (drain_at_turn), both head dims.
     ("t128_xm24r_sm2_fs_dq2_dt", (64, torch.bfloat16, True, True)),
     ("t128_wg2gr_sm2_fs_dt", (128, torch.float16, True, True)),
+    # Session 31: two dQ warps, one per staging buffer.
+    ("t128_xm24r_sm2_fs_dq2_w2", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
 ]
 
 
@@ -282,15 +285,20 @@ def _check_kernel_code(
     assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
     assert ("griddepcontrol.launch_dependents" in ptx) == bool(options.get("pdl"))
     # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
+    # Each dQ warp's loop has its own (dq_writers).
+    writers = options.get("dq_writers", 1)
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
     first_store = bool(options.get("dq_first_store")) and det
-    assert copies == ((2 if options.get("dq_wg") else 1) if first_store else 0)
+    assert copies == ((2 if options.get("dq_wg") else 1) * writers if first_store else 0)
+    if det:
+        # One acquire loop and one release per dQ warp.
+        assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
     if bwd_launch.dq_fragment_order(variant):
         # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with
         # dq_wg), no tensor (TMA) reduce.
         assert "cp.reduce.async.bulk.tensor" not in ptx
         reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
-        assert reduces == (2 if options.get("dq_wg") else 1)
+        assert reduces == (2 if options.get("dq_wg") else 1) * writers
     else:
         # One bulk reduce-add per 32-column box of the swizzled dQ tile.
         assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
@@ -512,6 +520,16 @@ def test_bad_kernel_options_raise() -> None:
     ):
         with pytest.raises(ValueError, match=match):
             HopperAttnBwd(**base, **bad)
+    # Two dQ warps own one staging buffer and ring stage each.
+    two = {"block_m": 128, "head_dim": 64, "dq_writers": 2}
+    for bad, match in (
+        ({"dq_writers": 3}, "dq_writers must be 1 or 2"),
+        ({**two, "early_turn": True}, "dq_writers=2 needs dq_double"),
+        ({**two, "dq_double": True}, "dq_writers=2 needs"),
+        ({**two, "dq_double": True, "early_turn": True, "stages": 3}, "dq_writers=2 needs"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            HopperAttnBwd(**{**base, **bad})
 
 
 @pytest.mark.parametrize("variant", [None, "t128_smq", "t128_fq2"])

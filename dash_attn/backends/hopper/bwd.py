@@ -27,7 +27,8 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              partial is copied instead, so dq_acc need not be zeroed), frees the buffer once
              it has been read, then waits for the adds' full completion and releases the
              semaphore (red.release.gpu). Non-deterministic mode skips the wait and the
-             release (and always adds).
+             release (and always adds). With ``dq_writers=2`` warp 2 is a second dQ writer:
+             each takes every other step (one ring stage and one staging buffer each).
 warps 2-3    idle (they only give registers back).
 WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
@@ -430,19 +431,21 @@ class HopperAttnBwd:
         # dq_writers = 2: two dQ warps, one per staging buffer, each handling every other step
         #   (its ring stage and its buffer), so that one warp's wait for its adds to land and
         #   its release overlap the other's turn and reduce. With one warp that cycle (acquire,
-        #   reduce, wait for the writes, release) runs step after step in series, and the
-        #   deterministic kernel cannot be faster than it: at hd 64 full, the non-deterministic
-        #   kernel without its exponentials, or without the warpgroups' per-step barriers, was
-        #   1.04x faster and the deterministic one was not (session 31, NOTES item 146). The
-        #   order of the adds is the ranks' either way (the same bits). Needs the two buffers
-        #   (dq_double), two ring stages (a warp's stage and buffer stay fixed), early_turn
-        #   (the warp reads its step from the ring slot) and dq_frag's flat reduces.
+        #   reduce, wait for the writes, release) runs step after step in series. At hd 64
+        #   full, the non-deterministic kernel without its exponentials, or without the
+        #   warpgroups' per-step barriers, was 1.04x faster and the deterministic one was not
+        #   (session 31, NOTES item 146): that cycle may be as long as the step. Each warp
+        #   reads its steps from the ring slots (as early_turn does; it must see its
+        #   terminator, which has no partial behind it) and takes the turn where early_turn
+        #   says. The order of the adds is the ranks' either way (the same bits). Needs the two
+        #   buffers (dq_double), two ring stages (a warp's stage and buffer stay fixed) and
+        #   dq_frag's flat reduces.
         if dq_writers not in (1, 2):
             raise ValueError(f"dq_writers must be 1 or 2, got {dq_writers}")
-        if dq_writers == 2 and not (dq_double and stages == 2 and early_turn and dq_frag):
+        if dq_writers == 2 and not (dq_double and stages == 2 and dq_frag):
             raise ValueError(
-                "dq_writers=2 needs dq_double, stages=2, early_turn and dq_frag (one warp per "
-                "staging buffer and ring stage)"
+                "dq_writers=2 needs dq_double, stages=2 and dq_frag (one warp per staging "
+                "buffer and ring stage)"
             )
         self.dq_writers = dq_writers
 
@@ -1036,8 +1039,12 @@ class HopperAttnBwd:
         # two warps).
         buf = Int32(writer)
         fail = writer  # this warp's word in sDqFail
+        # Where a step starts: at its ring slot's "full" mbarrier (early_turn, and always with
+        # two warps: a warp must see its terminator, which has no partial behind it), else at
+        # its partial's hand-off.
+        ring_first = const_expr(self.early_turn or two)
         while done == 0:
-            if const_expr(self.early_turn):
+            if const_expr(ring_first):
                 cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             else:
                 self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=True)
@@ -1071,6 +1078,9 @@ class HopperAttnBwd:
                         stage = Int32(0)
                         phase = phase ^ 1
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
+                if const_expr(two and not self.early_turn):
+                    # The turn after the partial's first part is in, as with one warp.
+                    self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=True)
                 if const_expr(self.deterministic):
                     if lane == 0:
                         sDqFail[fail] = self._wait_turn(sem_ptr, rank, timeout_ns)
@@ -1150,14 +1160,25 @@ class HopperAttnBwd:
                             if last != 0:
                                 cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
                     cute.arch.sync_warp()
-            elif info[_I_FLAGS] & _F_QUIET == 0:
-                # The MMA warpgroups' stop handshake (part 0's was the barrier above, unless
-                # early_turn).
-                for p in cutlass.range_constexpr(parts):
-                    if const_expr(p > 0 or self.early_turn):
-                        self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
+            elif const_expr(two):
+                # The first terminator comes with the MMA warpgroups' stop handshake, the
+                # other warp's (_F_QUIET) without.
+                if info[_I_FLAGS] & _F_QUIET == 0:
+                    self._writer_stop(buf, parts, ring_first)
+            else:
+                self._writer_stop(buf, parts, ring_first)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def _writer_stop(
+        self, buf: Int32, parts: cutlass.Constexpr[int], ring_first: cutlass.Constexpr
+    ):
+        """The dQ warp's side of the MMA warpgroups' stop handshake: one more hand-off per
+        part (part 0's was already waited for unless the step started at its ring slot)."""
+        for p in cutlass.range_constexpr(parts):
+            if const_expr(p > 0 or ring_first):
+                self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
 
     @cute.jit
     def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):

@@ -155,8 +155,10 @@ for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
 # lane order by the preprocess and read with one 128-bit load per four values, stat_vec "_sv":
 # 0.97-1.02x at hd 64, 0.98-1.04x at hd 128, the same shared-load wavefronts; NOTES item 145.)
 # Session 31 (not GPU-run yet): two dQ warps, one per staging buffer (dq_writers=2, "_w2"), on
-# the shipped hd-64 kernels.
-for _name in ("t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
+# the shipped kernels with two staging buffers (all but hd 128 full below 8k keys).
+for _name in (
+    "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt", "t80_wg2r_p14_fs", "t128_wg2gr_sm2_fs_dt",
+):  # fmt: skip
     VARIANTS[_name + "_w2"] = {**VARIANTS[_name], "dq_writers": 2}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)

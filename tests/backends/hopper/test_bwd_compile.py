@@ -243,6 +243,8 @@ VARIANT_CONFIGS = [
     # Session 31: two dQ warps, one per staging buffer.
     ("t128_xm24r_sm2_fs_dq2_w2", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
+    ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, True)),
+    ("t128_wg2gr_sm2_fs_dt_w2", (128, torch.bfloat16, True, True)),
 ]
 
 
@@ -525,8 +527,8 @@ def test_bad_kernel_options_raise() -> None:
     for bad, match in (
         ({"dq_writers": 3}, "dq_writers must be 1 or 2"),
         ({**two, "early_turn": True}, "dq_writers=2 needs dq_double"),
-        ({**two, "dq_double": True}, "dq_writers=2 needs"),
-        ({**two, "dq_double": True, "early_turn": True, "stages": 3}, "dq_writers=2 needs"),
+        ({**two, "dq_double": True, "stages": 3}, "dq_writers=2 needs"),
+        ({**two, "dq_double": True, "dq_frag": False, "dq_swizzle": True}, "dq_writers=2 needs"),
     ):
         with pytest.raises(ValueError, match=match):
             HopperAttnBwd(**{**base, **bad})

@@ -74,6 +74,25 @@ def test_uneven_steps_and_a_slow_read_make_a_second_buffer_pay(mask, name: str) 
     assert writer_makespan(schedule, 2.5, 2.0, "early", 1, jitter=0.2, seed=4, read=1.6) != one
 
 
+def test_two_writers_lift_the_writers_bound() -> None:
+    """A reduction longer than a step bounds one writer at r per step; two writers taking
+    turns overlap the reductions (one chain alone: n c + r once 2 c >= r). With r <= c a second
+    writer changes nothing. Buffers as in the kernel: one per writer."""
+    spec = ScheduleSpec(
+        batch=1, q_heads=1, kv_heads=1, q_tiles=6, kv_tiles=1, mask=FULL, workers=1
+    )  # fmt: skip
+    schedule = make_schedule("fa3", spec)
+    assert writer_makespan(schedule, 1.0, 1.5, "early", 2) == pytest.approx(1.0 + 6 * 1.5)
+    assert writer_makespan(schedule, 1.0, 1.5, "early", 2, writers=2) == pytest.approx(7.5)
+    assert writer_makespan(schedule, 2.0, 1.0, "early", 2, writers=2) == pytest.approx(
+        writer_makespan(schedule, 2.0, 1.0, "early", 2)
+    )
+    # On the shift order of many heads too (rank waits across workers).
+    shift = make_schedule("shift", _spec(FULL, tiles=12, heads=24, workers=20))
+    one, two = (writer_makespan(shift, 1.0, 1.6, "early", 2, writers=w) for w in (1, 2))
+    assert two < 0.9 * one
+
+
 def test_bad_arguments() -> None:
     schedule = make_schedule("fa3", _spec(FULL))
     with pytest.raises(ValueError, match="mode"):
@@ -84,3 +103,7 @@ def test_bad_arguments() -> None:
         writer_makespan(schedule, 1.0, 1.0, "early", jitter=0.5)
     with pytest.raises(ValueError, match="read"):
         writer_makespan(schedule, 1.0, 1.0, "early", read=2.0)
+    with pytest.raises(ValueError, match="writers"):
+        writer_makespan(schedule, 1.0, 1.0, "coupled", writers=2)
+    with pytest.raises(ValueError, match="writers"):
+        writer_makespan(schedule, 1.0, 1.0, "early", writers=0)

@@ -20,7 +20,9 @@ step, not before its ticket); the partial is handed over at ``max(compute end, a
 and the MMA warpgroups are free again then; the reduction starts at ``max(hand-over, the
 writer's previous reduction ended, the rank predecessor's reduction ended)`` and lasts ``r``;
 the buffer is free again ``read`` after its reduction starts (the bulk copy's read of it; 0:
-at once).
+at once). With ``writers`` dQ writers (the kernel's ``dq_writers``) step k of a worker goes to
+writer k mod ``writers``, and "the writer's previous reduction" is that writer's: two writers
+overlap one reduction's latency with the next one's.
 
 Steps need not take the same time: with ``jitter`` each step's compute is ``c (1 + jitter z)``,
 z a standard normal clipped to +-3 (seeded, the same draws for every mode and buffer count), so
@@ -34,7 +36,7 @@ reduction (``--r-us``). Pure CPU, from the repository root::
 
     PYTHONPATH=. python tools/hopper/writer_model.py [--r-us 1,2] [--seqlens 1024,2048]
         [--headdims 64] [--orders fa3,descending,shift,symmetric_shift] [--buffers 2]
-        [--jitter 0.1] [--read-us 1]
+        [--jitter 0.1] [--read-us 1] [--writers 2]
 """
 
 from __future__ import annotations
@@ -63,26 +65,36 @@ RESULTS = REPO / "benchmarks" / "results" / "h200" / "bench.csv"
 
 
 class _Worker:
-    """One worker's clocks: its MMA warpgroups, its dQ writer, and when each staging buffer is
-    free again (oldest first: ``read`` after its partial's reduce starts)."""
+    """One worker's clocks: its MMA warpgroups, its dQ writers (step k goes to writer
+    k mod ``writers``: the kernel's ``dq_writers``), and when each staging buffer is free again
+    (oldest first: ``read`` after its partial's reduce starts)."""
 
-    def __init__(self, coupled: bool, buffers: int, read: float = 0.0) -> None:
+    def __init__(self, coupled: bool, buffers: int, read: float = 0.0, writers: int = 1) -> None:
         self.coupled = coupled
         self.read = read
         self.mma = 0.0
-        self.writer = 0.0
+        self.writers = [0.0] * writers
+        self.steps = 0
         self.held = deque([0.0] * buffers, maxlen=buffers)
+
+    @property
+    def writer(self) -> float:
+        """When every writer is done with the steps handed to it so far."""
+        return max(self.writers)
 
     def step(self, c: float, r: float, done: float) -> float:
         """Run one step whose rank predecessor's reduction ended at ``done``; its reduce end."""
         if self.coupled:  # the next compute after this reduction (the paper's model)
             start = max(self.mma + c, self.writer, done)
-            self.mma = self.writer = start + r
-        else:  # hand over when a buffer is free; the writer reduces in order
+            self.mma = start + r
+            self.writers = [start + r] * len(self.writers)
+        else:  # hand over when a buffer is free; each writer reduces its steps in order
+            w = self.steps % len(self.writers)
             handed = max(self.mma + c, self.held[0])
-            start = max(handed, self.writer, done)
+            start = max(handed, self.writers[w], done)
             self.held.append(start + self.read)
-            self.mma, self.writer = handed, start + r
+            self.mma, self.writers[w] = handed, start + r
+        self.steps += 1
         return start + r
 
 
@@ -95,11 +107,13 @@ def writer_makespan(
     jitter: float = 0.0,
     seed: int = 0,
     read: float = 0.0,
+    writers: int = 1,
 ) -> float:
     """The makespan of ``schedule`` with compute cost ``c`` (times ``1 + jitter z`` per step,
     module docstring) and reduction cost ``r`` per step: dynamic schedules with workers free
     for the next ticket as ``mode`` says (module docstring); static ones (no tickets: ``early``
-    and ``drain`` are the same there) with the writer decoupled, or ``coupled``."""
+    and ``drain`` are the same there) with the writer decoupled, or ``coupled``. ``writers``:
+    dQ writers per worker taking turns by step (``dq_writers``; not with ``coupled``)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if buffers < 1:
@@ -108,13 +122,17 @@ def writer_makespan(
         raise ValueError(f"jitter must be in [0, 1/3) (steps of positive length), got {jitter}")
     if not 0.0 <= read <= r:
         raise ValueError(f"read must be in [0, r] (part of the reduction), got {read}")
+    if writers < 1 or (writers > 1 and mode == "coupled"):
+        raise ValueError(f"writers must be >= 1, and 1 in coupled mode, got {writers}")
     validate(schedule)
     z = np.random.default_rng(seed).standard_normal(schedule.num_steps).clip(-3.0, 3.0)
     costs = (c * (1.0 + jitter * z)).tolist()
     pred = rank_predecessors(schedule).tolist()
     starts = schedule.chain_start.tolist()
     order = schedule.order.tolist()
-    workers = [_Worker(mode == "coupled", buffers, read) for _ in range(schedule.spec.workers)]
+    workers = [
+        _Worker(mode == "coupled", buffers, read, writers) for _ in range(schedule.spec.workers)
+    ]
     reduce_end = [-1.0] * schedule.num_steps
     if schedule.dispatch is Dispatch.STATIC:
         _run_static(schedule, pred, starts, order, workers, reduce_end, costs, r)
@@ -190,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         "--read-us", type=float, default=0.0,
         help="how long the bulk copy reads a staging buffer (its part of r), in us",
     )  # fmt: skip
+    parser.add_argument(
+        "--writers", type=int, default=1,
+        help="dQ writers per worker, taking turns by step (dq_writers; early and drain modes)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     r_values = [float(x) * 1e-3 for x in args.r_us.split(",") if x]
     read = args.read_us * 1e-3
@@ -200,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     if shown.is_relative_to(REPO):
         shown = shown.relative_to(REPO)
     print(f"measured: {shown}; c from each config's hopper non-det time; ms")
-    print(f"step time jitter (sigma / mean): {args.jitter:g}; buffer read: {args.read_us:g} us")
+    print(
+        f"step time jitter (sigma / mean): {args.jitter:g}; buffer read: {args.read_us:g} us; "
+        f"dQ writers: {args.writers} (coupled: 1)"
+    )
     header = f"{'hd':>3} {'mask':6} {'seqlen':>6} {'order':10} {'bufs':>4} {'measured':>9}"
     for r in r_values:
         header += "".join(f" {m + ' r' + format(r * 1e3, 'g'):>14}" for m in MODES)
@@ -225,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             line = f"{headdim:>3} {'causal' if causal else 'full':6} {seqlen:>6} {order:10} "
             line += f"{buffers:>4} {float(measured['ms']):>9.3f}"
             for r in r_values:
-                line += "".join(
-                    f" {writer_makespan(schedule, c, r, m, buffers, args.jitter, 0, read):>14.3f}"
-                    for m in MODES
-                )
+                for m in MODES:
+                    w = 1 if m == "coupled" else args.writers
+                    ms = writer_makespan(schedule, c, r, m, buffers, args.jitter, 0, read, w)
+                    line += f" {ms:>14.3f}"
             print(line, flush=True)
     return 0
 

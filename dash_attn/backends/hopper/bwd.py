@@ -29,7 +29,7 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              semaphore (red.release.gpu). Non-deterministic mode skips the wait and the
              release (and always adds). With ``dq_writers=2`` warp 2 is a second dQ writer:
              each takes every other step (one ring stage and one staging buffer each).
-warps 2-3    idle (they only give registers back).
+warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
 WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
              the masks, dS^T = P^T (dP^T - delta), dV += P^T dO and dK += dS^T Q (RS WGMMA from

@@ -187,6 +187,40 @@ def test_hopper_long_key_variant_gives_the_same_bits(monkeypatch):
             assert_close_to_ref(f"{name} [hopper, {variant}]", g, r, s, atol=1e-3)
 
 
+def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
+    """Deterministic hopper backwards run the ``BWD_DET_TWIN`` of the variant (two dQ warps):
+    for every schedule, with GQA (the kernel's dK/dV group sums) and a length that is not a
+    tile multiple, its gradients equal the one-writer variant's bit for bit, and repeat with
+    another stream busy."""
+    from dash_attn.backends import hopper
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    cases = [(key, 1000) for key in hopper.BWD_VARIANT]
+    cases += [(key, start + 8) for key, (start, _) in hopper.BWD_VARIANT_LONG.items()]
+    for (headdim, kind), seqlen in cases:
+        causal = kind == "causal"
+        name = hopper.bwd_variant(headdim, causal, seqlen)
+        twin = hopper.bwd_variant(headdim, causal, seqlen, deterministic=True)
+        if twin == name:
+            continue
+        q, k, v = make_qkv(1, seqlen, seqlen, 4, 2, headdim, torch.bfloat16, "cuda", 11)
+        _skip_if_uncovered("hopper", q, k, causal)
+        dout = torch.randn_like(q)
+        for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
+            two = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            with monkeypatch.context() as m:
+                m.setattr(hopper, "BWD_DET_TWIN", {})
+                m.setattr(hopper_launch, "_launches", {})
+                one = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            for grad, x, y in zip(GRADS, two, one, strict=True):
+                assert torch.equal(x, y), f"{grad}: {twin} differs from {name} [{schedule}]"
+        _busy_stream_matmuls(torch.cuda.Stream())
+        again = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+        for grad, x, y in zip(GRADS, two, again, strict=True):
+            assert torch.equal(x, y), f"{grad}: {twin} not repeatable with a busy stream"
+        torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):

@@ -230,7 +230,9 @@ class Problem:
         preprocess (timing of the whole backward). ``sched`` must be built for ``variant``'s
         tiles (schedule_for(..., variant=variant))."""
         spec = sched.spec
-        variant = variant or bwd_variant(self.shape.head_dim, self.causal)
+        variant = variant or bwd_variant(
+            self.shape.head_dim, self.causal, self.shape.seqlen_k, deterministic
+        )
         block_m, block_n = bwd_launch.variant_tiles(variant, self.shape.head_dim)
         if preprocess:
             self.lse2, self.delta = attn_bwd_preprocess(

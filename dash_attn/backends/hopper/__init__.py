@@ -87,6 +87,21 @@ BWD_VARIANT = {
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
 # 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
+# Deterministic backwards run, in place of these variants, their twins with two dQ warps
+# (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and
+# takes every other step's turn). Same tiles and arithmetic: gradients bitwise equal for every
+# schedule (session32-1f5e3a2 call1 w2_probe64.txt, w2_probe128.txt). Timed in interleaved
+# triples beside FA4 (call2 ab_pairs.txt, median of 40 per-triple ratios; an A/A row read
+# 0.994x): det 1.016-1.020x at hd 64 full 4k-16k, 1.015-1.025x causal 4k-16k, 1.024x at hd 128
+# full 8k, 1.015x causal 16k, 1.00-1.07x elsewhere; non-det 0.98-0.99x at hd 64 full 4k-16k, so
+# non-deterministic backwards keep one dQ warp. Only variants with two staging buffers have a
+# twin (hd 128 full below 8k keys has one).
+BWD_DET_TWIN = {
+    "t128_xm24r_sm2_fs_dq2": "t128_xm24r_sm2_fs_dq2_w2",
+    "t128_xm24r_sm2_fs_dq2_dt": "t128_xm24r_sm2_fs_dq2_dt_w2",
+    "t80_wg2r_p14_fs": "t80_wg2r_p14_fs_w2",
+    "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
+}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
@@ -121,11 +136,12 @@ def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
     return _BWD_TILES[headdim, _mask_kind(causal)]
 
 
-def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0) -> str:
-    """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask and
-    key length (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a ``seqlen_k``
-    of 0 asks for the latter). Every variant of one (head dim, mask) has the same tiles and the
-    same exponentials (``exp_poly``): the bits do not depend on the key length that picks it."""
+def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bool = False) -> str:
+    """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask,
+    key length and mode (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a
+    ``seqlen_k`` of 0 asks for the latter; deterministic runs take its ``BWD_DET_TWIN``). Every
+    variant of one (head dim, mask) has the same tiles and the same exponentials
+    (``exp_poly``): the bits do not depend on the key length or the twin that picks it."""
     if headdim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={headdim} is not supported by the Hopper backward "
@@ -133,9 +149,8 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0) -> str:
         )
     key = (headdim, _mask_kind(causal))
     long = BWD_VARIANT_LONG.get(key)
-    if long is not None and seqlen_k >= long[0]:
-        return long[1]
-    return BWD_VARIANT[key]
+    name = long[1] if long is not None and seqlen_k >= long[0] else BWD_VARIANT[key]
+    return BWD_DET_TWIN.get(name, name) if deterministic else name
 
 
 @functools.cache

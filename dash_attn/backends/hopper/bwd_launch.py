@@ -154,8 +154,9 @@ for _name in ("t128_xm24r_sm2_fs_dq2", "t128_wg2gr_sm2_fs"):
 # (Session 31, measured and not kept, code in git history at 21ecbdb: LSE2 and delta written in
 # lane order by the preprocess and read with one 128-bit load per four values, stat_vec "_sv":
 # 0.97-1.02x at hd 64, 0.98-1.04x at hd 128, the same shared-load wavefronts; NOTES item 145.)
-# Session 31 (not GPU-run yet): two dQ warps, one per staging buffer (dq_writers=2, "_w2"), on
-# the shipped kernels with two staging buffers (all but hd 128 full below 8k keys).
+# Two dQ warps, one per staging buffer (dq_writers=2, "_w2"), on the shipped kernels with two
+# staging buffers (all but hd 128 full below 8k keys): deterministic runs take them
+# (``hopper.BWD_DET_TWIN``).
 for _name in (
     "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt", "t80_wg2r_p14_fs", "t128_wg2gr_sm2_fs_dt",
 ):  # fmt: skip
@@ -339,7 +340,7 @@ def compile_bwd(
     if dtype not in _TORCH_TO_CUTLASS:
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     if variant is None:
-        variant = bwd_variant(head_dim, causal)
+        variant = bwd_variant(head_dim, causal, deterministic=deterministic)
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (known: {sorted(VARIANTS)})")
     tiles = variant_tiles(variant, head_dim)
@@ -435,7 +436,7 @@ def hopper_bwd_main(
     """
     _check_args(q, k, v, dout, lse2, delta, tables, block_m, block_n, q_tiles, kv_tiles)
     if variant is None:
-        variant = bwd_variant(q.shape[-1], causal, k.shape[1])
+        variant = bwd_variant(q.shape[-1], causal, k.shape[1], deterministic)
     if dkv_heads is None:
         dkv_heads = k.shape[2]
     if dkv_heads not in (k.shape[2], q.shape[2]):

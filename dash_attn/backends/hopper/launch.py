@@ -141,9 +141,9 @@ def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
 
 
 def _variant(plan: BackwardPlan) -> str:
-    """The kernel variant that runs the plan (by head dim, mask and key length)."""
+    """The kernel variant that runs the plan (by head dim, mask, key length and mode)."""
     problem = plan.problem
-    return bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k)
+    return bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k, plan.deterministic)
 
 
 def _main(

@@ -74,7 +74,7 @@ def _fake_inputs(
 
 def _compile(config: tuple, dump_dir: Path, variant: str | None = None, dkv_sum: bool = False):
     head_dim, dtype, causal, det = config
-    variant = variant or bwd_variant(head_dim, causal)
+    variant = variant or bwd_variant(head_dim, causal, deterministic=det)
     dump_dir.mkdir(parents=True, exist_ok=True)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     start = time.perf_counter()
@@ -101,9 +101,9 @@ def _config_id(config: tuple) -> str:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
-    """The kernel the backend ships for this head dim and mask (``hopper.BWD_VARIANT``), every
-    config."""
-    _check_kernel_code(config, bwd_variant(config[0], config[2]), tmp_path)
+    """The kernel the backend ships for this head dim, mask and mode (``hopper.BWD_VARIANT``,
+    deterministic runs its ``BWD_DET_TWIN``), every config."""
+    _check_kernel_code(config, bwd_variant(config[0], config[2], deterministic=config[3]), tmp_path)
 
 
 LONG_CONFIGS = [c for c in CONFIGS if (c[0], "causal" if c[2] else "full") in BWD_VARIANT_LONG]
@@ -112,7 +112,8 @@ LONG_CONFIGS = [c for c in CONFIGS if (c[0], "causal" if c[2] else "full") in BW
 @pytest.mark.parametrize("config", LONG_CONFIGS, ids=[_config_id(c) for c in LONG_CONFIGS])
 def test_long_sequence_variant_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for long key sequences (``hopper.BWD_VARIANT_LONG``)."""
-    _check_kernel_code(config, bwd_variant(config[0], config[2], seqlen_k=1 << 30), tmp_path)
+    variant = bwd_variant(config[0], config[2], seqlen_k=1 << 30, deterministic=config[3])
+    _check_kernel_code(config, variant, tmp_path)
 
 
 def _sass(compiled, tmp_path: Path) -> str | None:
@@ -129,11 +130,11 @@ def _sass(compiled, tmp_path: Path) -> str | None:
 # The GQA split's in-kernel dK/dV sums (``dkv_sum``, deterministic plans) on every shipped
 # variant: both head dims and masks, the long-sequence one, both dtypes.
 DKV_SUM_CONFIGS = [
-    (bwd_variant(64, True), (64, torch.bfloat16, True, True)),
-    (bwd_variant(64, False), (64, torch.float16, False, True)),
-    (bwd_variant(128, True), (128, torch.bfloat16, True, True)),
-    (bwd_variant(128, False), (128, torch.float16, False, True)),
-    (bwd_variant(128, False, seqlen_k=1 << 30), (128, torch.bfloat16, False, True)),
+    (bwd_variant(64, True, deterministic=True), (64, torch.bfloat16, True, True)),
+    (bwd_variant(64, False, deterministic=True), (64, torch.float16, False, True)),
+    (bwd_variant(128, True, deterministic=True), (128, torch.bfloat16, True, True)),
+    (bwd_variant(128, False, deterministic=True), (128, torch.float16, False, True)),
+    (bwd_variant(128, False, 1 << 30, deterministic=True), (128, torch.bfloat16, False, True)),
 ]
 
 
@@ -151,8 +152,9 @@ def test_dkv_sum_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert ptx.count("red.relaxed.gpu.global.add.v2.f32") == 2 * pairs
     assert ptx.count("ld.global.cg.f32") == 4 * pairs
     assert "fence.acq_rel.gpu" in ptx
-    # Two release sites: the dQ writer's and the chain epilogue's.
-    assert ptx.count("red.release.gpu") == 2
+    # Release sites: each dQ writer's and the chain epilogue's.
+    writers = bwd_launch._variant_options(variant).get("dq_writers", 1)
+    assert ptx.count("red.release.gpu") == writers + 1
     _, sass = _check_kernel_code(config, variant, tmp_path, dkv_sum=True)
     mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
     assert re.search(r"\bREDG\.E\.ADD\.F32x2\b|\bREDG\.E\.ADD\.64\b|REDG\.E\.ADD\.F32", mma_code)
@@ -240,11 +242,10 @@ VARIANT_CONFIGS = [
     # Session 29: the drain's arrival at the last turn (drain_at_turn), both head dims.
     ("t128_xm24r_sm2_fs_dq2_dt", (64, torch.bfloat16, True, True)),
     ("t128_wg2gr_sm2_fs_dt", (128, torch.float16, True, True)),
-    # Session 31: two dQ warps, one per staging buffer.
-    ("t128_xm24r_sm2_fs_dq2_w2", (64, torch.bfloat16, False, True)),
+    # Session 31: two dQ warps, one per staging buffer (deterministic runs ship them; here
+    # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
-    ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, True)),
-    ("t128_wg2gr_sm2_fs_dt_w2", (128, torch.bfloat16, True, True)),
+    ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, False)),
 ]
 
 
@@ -457,6 +458,23 @@ def test_variants_resolve() -> None:
         options = {n: bwd_launch.VARIANTS[n] for n in (name, hopper.BWD_VARIANT[head_dim, kind])}
         for key in ("tiles", "exp_poly", "exp_poly_degree"):
             assert len({repr(o.get(key)) for o in options.values()}) == 1, (key, options)
+    # Deterministic runs take the twin with two dQ warps where there is one, and only that
+    # option differs (the same tiles and arithmetic: the same bits).
+    shipped = {*hopper.BWD_VARIANT.values(), *(n for _, n in hopper.BWD_VARIANT_LONG.values())}
+    assert set(hopper.BWD_DET_TWIN) <= shipped
+    for name, twin in hopper.BWD_DET_TWIN.items():
+        assert twin in bwd_launch.VARIANTS
+        base, two = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
+        assert two == {**base, "dq_writers": 2} and base.get("dq_writers", 1) == 1
+    for (head_dim, kind), name in hopper.BWD_VARIANT.items():
+        causal = kind == "causal"
+        twin = hopper.BWD_DET_TWIN.get(name, name)
+        assert bwd_variant(head_dim, causal, deterministic=True) == twin
+        assert bwd_variant(head_dim, causal, deterministic=False) == name
+    for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
+        twin = hopper.BWD_DET_TWIN.get(name, name)
+        assert bwd_variant(head_dim, kind == "causal", min_seqlen_k, True) == twin
+    assert bwd_variant(64, False, deterministic=True).endswith("_w2")
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
@@ -586,6 +604,9 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
 
     shipped = [*hopper.BWD_VARIANT.items()]
     shipped += [(key, name) for key, (_, name) in hopper.BWD_VARIANT_LONG.items()]
+    shipped += [
+        (key, hopper.BWD_DET_TWIN[name]) for key, name in shipped if name in hopper.BWD_DET_TWIN
+    ]
     for (headdim, kind), variant in shipped:
         tiles = hopper.bwd_tiles(headdim, kind == "causal")
         assert bwd_launch.variant_tiles(variant, headdim) == (tiles.block_m, tiles.block_n)

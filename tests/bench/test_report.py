@@ -159,9 +159,9 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
     # Session 22's d128 full rows at both clocks, session 28's forward sweep, session 29's
-    # sweeps and causal orders, session 32's sweep, and session 13's interleaved host-path table, from their own
-    # files (session 18's runs are in git history at 96f6fcc, session 19's and 20's at b887b0f,
-    # session 21's at cd36427).
+    # sweeps and causal orders, session 32's sweep, and session 13's interleaved host-path
+    # table, from their own files (session 18's runs are in git history at 96f6fcc, session
+    # 19's and 20's at b887b0f, session 21's at cd36427).
     text = readme.read_text()
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     session29 = results / "session29-01bb4dd"

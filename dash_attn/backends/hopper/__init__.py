@@ -102,6 +102,15 @@ BWD_DET_TWIN = {
     "t80_wg2r_p14_fs": "t80_wg2r_p14_fs_w2",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
 }
+# Non-deterministic backwards run, in place of these variants, these: at hd 64 full the
+# one-buffer kernel shipped there before session 29 (one dQ staging buffer, dS per ring stage, no
+# dS guard). A non-deterministic kernel has no turn to wait for, so the second buffer buys
+# nothing while its single dS buffer and guard still cost. Same tiles and arithmetic (exp_tail,
+# early_meta as BWD_VARIANT's). Timed in interleaved triples beside FA4 (session33-3d56de5
+# call2/call3, median of 24-30 per-triple ratios): 1.015x / 1.001x / 1.016x / 1.020x / 1.004x
+# at full 1k / 2k / 4k / 8k / 16k (ranges above 1.0 at 4k and 8k). Causal: 1.010x and 1.015x
+# at 8k and 16k but 0.973x and 0.993x at 2k and 4k (ranges +-8%), so it keeps the shipped one.
+BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2": "t128_xm24r_sm2_fs"}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
@@ -139,9 +148,10 @@ def bwd_tiles(headdim: int, causal: bool) -> BackwardTiles:
 def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bool = False) -> str:
     """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask,
     key length and mode (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a
-    ``seqlen_k`` of 0 asks for the latter; deterministic runs take its ``BWD_DET_TWIN``). Every
-    variant of one (head dim, mask) has the same tiles and the same exponentials
-    (``exp_poly``): the bits do not depend on the key length or the twin that picks it."""
+    ``seqlen_k`` of 0 asks for the latter; deterministic runs take its ``BWD_DET_TWIN``,
+    non-deterministic ones its ``BWD_NONDET_TWIN``). Every variant of one (head dim, mask) has
+    the same tiles and the same exponentials (``exp_poly``): the bits do not depend on the key
+    length or the twin that picks it."""
     if headdim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={headdim} is not supported by the Hopper backward "
@@ -150,7 +160,8 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
     key = (headdim, _mask_kind(causal))
     long = BWD_VARIANT_LONG.get(key)
     name = long[1] if long is not None and seqlen_k >= long[0] else BWD_VARIANT[key]
-    return BWD_DET_TWIN.get(name, name) if deterministic else name
+    twins = BWD_DET_TWIN if deterministic else BWD_NONDET_TWIN
+    return twins.get(name, name)
 
 
 @functools.cache

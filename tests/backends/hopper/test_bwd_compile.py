@@ -445,12 +445,12 @@ def test_variants_resolve() -> None:
         assert bwd_launch.variant_tiles(name, 64) == (128, 128)
         expected = (80, 128) if name.startswith("t80_") else (64, 128)
         assert bwd_launch.variant_tiles(name, 128) == expected
-    for (head_dim, kind), name in hopper.BWD_VARIANT.items():
-        assert bwd_variant(head_dim, kind == "causal") == name in bwd_launch.VARIANTS
+    assert set(hopper.BWD_VARIANT.values()) <= set(bwd_launch.VARIANTS)
     # Long key sequences: the long variant from its length on, the other below.
     for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
         causal = kind == "causal"
         assert bwd_variant(head_dim, causal, min_seqlen_k) == name in bwd_launch.VARIANTS
+        assert set(hopper.BWD_NONDET_TWIN).isdisjoint({name, hopper.BWD_VARIANT[head_dim, kind]})
         assert bwd_variant(head_dim, causal, min_seqlen_k - 1) == hopper.BWD_VARIANT[head_dim, kind]
         # Same tiles and the same arithmetic of the exponentials as the short variant, so the
         # bits do not depend on the launch's longest key sequence (order invariance: a sequence
@@ -466,15 +466,22 @@ def test_variants_resolve() -> None:
         assert twin in bwd_launch.VARIANTS
         base, two = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
         assert two == {**base, "dq_writers": 2} and base.get("dq_writers", 1) == 1
+    # Non-deterministic runs take the one-buffer kernel where there is one: only the second dQ
+    # buffer and the dS guard it needs differ.
+    assert set(hopper.BWD_NONDET_TWIN) <= shipped
+    for name, twin in hopper.BWD_NONDET_TWIN.items():
+        base, one = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
+        assert base == {**one, "dq_double": True, "ds_guard": True} and "dq_double" not in one
     for (head_dim, kind), name in hopper.BWD_VARIANT.items():
         causal = kind == "causal"
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, causal, deterministic=True) == twin
-        assert bwd_variant(head_dim, causal, deterministic=False) == name
+        assert bwd_variant(head_dim, causal) == hopper.BWD_NONDET_TWIN.get(name, name)
     for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, kind == "causal", min_seqlen_k, True) == twin
     assert bwd_variant(64, False, deterministic=True).endswith("_w2")
+    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs"
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=96"):
@@ -605,7 +612,10 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
     shipped = [*hopper.BWD_VARIANT.items()]
     shipped += [(key, name) for key, (_, name) in hopper.BWD_VARIANT_LONG.items()]
     shipped += [
-        (key, hopper.BWD_DET_TWIN[name]) for key, name in shipped if name in hopper.BWD_DET_TWIN
+        (key, twins[name])
+        for twins in (hopper.BWD_DET_TWIN, hopper.BWD_NONDET_TWIN)
+        for key, name in shipped
+        if name in twins
     ]
     for (headdim, kind), variant in shipped:
         tiles = hopper.bwd_tiles(headdim, kind == "causal")

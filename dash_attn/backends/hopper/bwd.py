@@ -78,7 +78,8 @@ is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all o
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
-exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/dV through
+exponentials by a polynomial on the FMA pipe; ``ds_staged`` keeps dS per ring stage beside
+``dq_double``'s two dQ buffers (no guard); ``dkv_smem`` takes the chain's dK/dV through
 shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
 adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
@@ -205,6 +206,7 @@ class HopperAttnBwd:
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
         dq_writers: int = 1,
+        ds_staged: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -448,6 +450,19 @@ class HopperAttnBwd:
                 "buffer and ring stage)"
             )
         self.dq_writers = dq_writers
+        # ds_staged (with dq_double): dS keeps one buffer per ring stage, as without dq_double
+        #   (FA4's two dS stages), so no warpgroup waits for the other's previous dQ GEMM before
+        #   its dS store (ds_guard's barrier): a stage is refilled only after both warpgroups
+        #   released it, after their GEMMs. At 128 x 128 tiles and hd 64 this takes all 227 KiB
+        #   a CTA may have. Session 30 timed it with one dQ warp by six-round probes (det
+        #   0.96-1.04x, non-det 0.95-0.99x; NOTES item 141), whose spread was as large; session 33's
+        #   profile of hd 128 full put the gap to FA4 on the warpgroups' waits, the guard's among
+        #   them (item 152), so it is back, with two dQ warps, for interleaved triples.
+        if ds_staged and (not dq_double or ds_guard):
+            raise ValueError("ds_staged keeps dS per stage beside dq_double: needs it, no ds_guard")
+        self.ds_staged = ds_staged
+        # dS has one buffer (dq_double's shared memory) or one per ring stage.
+        self.ds_single = dq_double and not ds_staged
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -571,7 +586,7 @@ class HopperAttnBwd:
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
+        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.ds_single) else st)
         if const_expr(self.dq_frag):
             # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
             sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
@@ -1668,8 +1683,9 @@ class HopperAttnBwd:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
-            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
-            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+            # dS has one buffer with dq_double (see its comment in __init__) unless ds_staged,
+            # one per stage else.
+            ds_stage = Int32(0) if const_expr(self.ds_single) else stage
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:

@@ -460,7 +460,6 @@ class HopperAttnBwd:
         #   them (item 152), so it is back, with two dQ warps, for interleaved triples.
         if ds_staged and (not dq_double or ds_guard):
             raise ValueError("ds_staged keeps dS per stage beside dq_double: needs it, no ds_guard")
-        self.ds_staged = ds_staged
         # dS has one buffer (dq_double's shared memory) or one per ring stage.
         self.ds_single = dq_double and not ds_staged
 

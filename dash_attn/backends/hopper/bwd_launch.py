@@ -167,6 +167,13 @@ for _name in ("t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt_w2"):
     VARIANTS[_name.replace("_w2", "_ds2_w2")] = {
         **VARIANTS[_name], "ds_guard": False, "ds_staged": True,
     }  # fmt: skip
+# Session 34: the next step's S^T issued once this step's dQ GEMM is done (st_prefetch, "_sp"),
+# on the shipped hd-64 kernels (both modes) and hd-128 causal.
+for _name in (
+    "t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt",
+    "t128_xm24r_sm2_fs_dq2_dt_w2", "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
+):  # fmt: skip
+    VARIANTS[_name + "_sp"] = {**VARIANTS[_name], "st_prefetch": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -159,7 +159,7 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
     # Session 22's d128 full rows at both clocks, session 28's forward sweep, session 29's
-    # sweeps and causal orders, session 32's sweep, and session 13's interleaved host-path
+    # sweeps and causal orders, session 32's and 34's sweeps, and session 13's interleaved host-path
     # table, from their own files (session 18's runs are in git history at 96f6fcc, session
     # 19's and 20's at b887b0f, session 21's at cd36427).
     text = readme.read_text()
@@ -172,6 +172,8 @@ def test_readme_results_are_generated_from_the_committed_files(
         session29 / "call7-b887b0f" / "sweep" / "bench.csv",
         session29 / "call4-c34fc73" / "orders" / "bench.csv",
         results / "session32-1f5e3a2" / "call3-564484a" / "sweep" / "bench.csv",
+        results / "session34-e616bec" / "call3-f1921c2" / "sweep" / "bench.csv",
+        results / "session34-e616bec" / "call4-f1921c2" / "sweep" / "bench.csv",
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in text

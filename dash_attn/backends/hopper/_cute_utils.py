@@ -89,27 +89,6 @@ def wgmma(
     warpgroup.commit_group()
 
 
-@cute.jit
-def wgmma_runtime_init(
-    tiled_mma: cute.TiledMma,
-    acc: cute.Tensor,
-    frag_a: cute.Tensor,
-    frag_b: cute.Tensor,
-    accumulate: cutlass.Boolean,
-) -> None:
-    """``wgmma`` with a runtime ACCUMULATE flag for the first k-block (False: ``acc`` is
-    overwritten), so that a chain's first step needs no zero fill of its accumulators: a fill
-    is a non-wgmma definition of accumulator registers, which makes ptxas serialise every
-    wgmma when another one may be in flight there (C7515)."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, accumulate)
-    for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
-        cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-
-
 @dsl_user_op
 def pack_16bit_pair(
     lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None

@@ -78,15 +78,16 @@ is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all o
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
-exponentials by a polynomial on the FMA pipe; ``ds_staged`` keeps dS per ring stage beside
-``dq_double``'s two dQ buffers (no guard); ``dkv_smem`` takes the chain's dK/dV through
+exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/dV through
 shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
 adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
-Not done yet: hd 96/192/256; intra-warpgroup overlap of the next step's S/dP with this step's
-pointwise work.
+Not done yet: hd 96/192/256. (The next step's S^T issued inside this step, once its dQ GEMM is
+done: 0.91-0.95x, since the two-stage ring has the next step's Q loaded only by the end of this
+step; ptxas keeps no wgmma in flight across the step loop's back edge. benchmarks/NOTES.md item
+157, code in git history at f1921c2.)
 """
 
 from __future__ import annotations
@@ -110,7 +111,6 @@ from ._cute_utils import (
     select_modes,
     transpose_view,
     wgmma,
-    wgmma_runtime_init,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
 from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
@@ -207,8 +207,6 @@ class HopperAttnBwd:
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
         dq_writers: int = 1,
-        ds_staged: bool = False,
-        st_prefetch: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -452,33 +450,6 @@ class HopperAttnBwd:
                 "buffer and ring stage)"
             )
         self.dq_writers = dq_writers
-        # ds_staged (with dq_double): dS keeps one buffer per ring stage, as without dq_double
-        #   (FA4's two dS stages), so no warpgroup waits for the other's previous dQ GEMM before
-        #   its dS store (ds_guard's barrier): a stage is refilled only after both warpgroups
-        #   released it, after their GEMMs. At 128 x 128 tiles and hd 64 this takes all 227 KiB
-        #   a CTA may have. Session 30 timed it with one dQ warp by six-round probes (det
-        #   0.96-1.04x, non-det 0.95-0.99x; NOTES item 141), whose spread was as large; session 33's
-        #   profile of hd 128 full put the gap to FA4 on the warpgroups' waits, the guard's among
-        #   them (item 152), so it is back, with two dQ warps, for interleaved triples.
-        if ds_staged and (not dq_double or ds_guard):
-            raise ValueError("ds_staged keeps dS per stage beside dq_double: needs it, no ds_guard")
-        # dS has one buffer (dq_double's shared memory) or one per ring stage.
-        self.ds_single = dq_double and not ds_staged
-        # st_prefetch: the next step's S^T GEMM is issued as soon as this step's dQ GEMM is
-        #   done (dK still running), when the next step continues this chain (same K tile; its
-        #   ring slot is already loaded by then), instead of at the top of the next step. The
-        #   two warpgroups meet at the dS barrier every step, so the top of a step (S^T issued,
-        #   its wait, the exponentials beside dP^T alone) leaves the tensor pipe half idle,
-        #   while the dQ hand-off (barrier wait, staging stores) leaves it with dK alone; with
-        #   the prefetch S^T runs beside the hand-off. Costs S^T's accumulator (64 registers at
-        #   128 x 128 tiles) across the hand-off, where dK, dV, dQ and dS^T are live. A step
-        #   without a prefetch commits an empty group in its place, so the wait counts are the
-        #   same on both paths.
-        #   Needs dkv_row_ptr's chain epilogue; off with dkv_sum (its own epilogue; the same
-        #   bits either way).
-        if st_prefetch and not dkv_row_ptr:
-            raise ValueError("st_prefetch needs dkv_row_ptr (its chain epilogue)")
-        self.st_prefetch = st_prefetch and not dkv_sum
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -602,7 +573,7 @@ class HopperAttnBwd:
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.ds_single) else st)
+        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
         if const_expr(self.dq_frag):
             # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
             sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
@@ -1448,76 +1419,6 @@ class HopperAttnBwd:
                         cute.make_tensor(ptr, cute.make_layout(1))[0] = words[j]
 
     @cute.jit
-    def _hand_off_dq(self, acc_dQ, sdQ, buf, tQcdQ, tidx, wg, mma_dq) -> Int32:
-        """Hand this step's dQ partial to the dQ writer once its staging buffer ``buf`` is
-        free; returns the next step's buffer."""
-        self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-        if const_expr(self.dq_frag):
-            self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-        elif const_expr(self.dq_double):
-            tile = self.block_m * self.head_dim
-            # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
-            offset = cute.assume(buf * tile, divby=tile)
-            sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
-            self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
-        else:
-            self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
-        cute.arch.fence_view_async_shared()
-        self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-        next_buf = buf
-        if const_expr(self.dq_double):
-            next_buf = buf ^ 1
-        return next_buf
-
-    @cute.jit
-    def _end_step(
-        self, storage, sInfo, stage, flags, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-        softmax_scale, seqlen_k, sK, sV, dkv_sums, tidx, wg,
-    ):  # fmt: skip
-        """Once the step's dK GEMM is done: release its ring stage, and after a chain's last
-        step its K/V and dK/dV (one of three epilogues)."""
-        warpgroup.wait_group(0)
-        if const_expr(self.dkv_sum):
-            if flags & _F_LAST == 0:
-                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-            else:
-                self._sum_chain_epilogue(
-                    storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                    softmax_scale, seqlen_k, dkv_sums, tidx, wg,
-                )  # fmt: skip
-        elif const_expr(self.dkv_row_ptr):
-            # The chain's (batch, kv head, kv tile) are read at its last step only: read at
-            # every step, ptxas moves them into uniform registers before the branch, and every
-            # step waits there for the shared load (queued behind the dQ partial's stores).
-            if flags & _F_LAST == 0:
-                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-            else:
-                self._chain_epilogue(
-                    storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                    softmax_scale, seqlen_k, sK, sV, tidx, wg,
-                )  # fmt: skip
-        else:
-            b = sInfo[_I_BATCH, stage]
-            kvh = sInfo[_I_KVH, stage]
-            kvt = sInfo[_I_KVT, stage]
-            # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
-            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-            if flags & _F_LAST != 0:
-                # K/V are free for the next chain; dK/dV leave from registers.
-                cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-                rdK = cute.make_fragment_like(acc_dK, self.dtype)
-                rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
-                rdV = cute.make_fragment_like(acc_dV, self.dtype)
-                rdV.store(acc_dV.load().to(self.dtype))
-                gdK = mdK[b, None, kvh, None]
-                gdV = mdV[b, None, kvh, None]
-                # 32-bit stores of two neighbouring 16-bit values (the accumulator holds column
-                # pairs), rows past seqlen_k dropped.
-                bn = self.block_n
-                self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
-
-    @cute.jit
     def _dq_barrier(self, base: int, buf: Int32, wg: Int32, wait: cutlass.Constexpr[bool]):
         """Wait on (``wait``) or arrive at the named barrier ``base`` of dQ buffer ``buf``
         (of warpgroup ``wg``'s half with dq_wg): ``base + 2 (buf + dq_bufs wg)``, ids 2-9.
@@ -1751,7 +1652,6 @@ class HopperAttnBwd:
         ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
         thr_ds = ds_copy.get_slice(tidx)
         tDsdS = thr_ds.partition_D(sdS)
-        tQcdQ = None
         if const_expr(self.dq_swizzle):
             tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
 
@@ -1761,15 +1661,6 @@ class HopperAttnBwd:
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
-        if const_expr(self.st_prefetch):
-            # Every step's S^T is issued by the step before it (see __init__), the first one
-            # here: S^T's accumulator outlives the step.
-            acc_S_carried = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-            cute.arch.mbarrier_wait(storage.full_bar.data_ptr(), phase)
-            if sInfo[_I_FLAGS, 0] & _F_DONE == 0:
-                cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                kv_phase = kv_phase ^ 1
-            wgmma(mma_sdp, acc_S_carried, tSrK, tSrQ[None, None, None, 0], zero_init=True)
         if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
@@ -1779,14 +1670,11 @@ class HopperAttnBwd:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
-            # dS has one buffer with dq_double (see its comment in __init__) unless ds_staged,
-            # one per stage else.
-            ds_stage = Int32(0) if const_expr(self.ds_single) else stage
+            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
+            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
-                if const_expr(self.st_prefetch):
-                    warpgroup.wait_group(0)  # the dummy S^T issued on the terminator's slot
                 # Tell the dQ writer to stop (one more handshake on the dQ buffer).
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
                 self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
@@ -1798,25 +1686,18 @@ class HopperAttnBwd:
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
-                if const_expr(not self.st_prefetch):  # noqa: SIM102 (compile-time, then runtime)
-                    # (with st_prefetch the step before waited for K/V, before this S^T)
-                    if flags & _F_FIRST != 0:
-                        cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                        kv_phase = kv_phase ^ 1
-                        acc_dK.fill(0.0)
-                        acc_dV.fill(0.0)
+                if flags & _F_FIRST != 0:
+                    cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                    kv_phase = kv_phase ^ 1
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
 
                 if const_expr(self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                # S^T = K Q^T, dP^T = V dO^T (two commit groups; with st_prefetch S^T was
-                # issued, and is done, by the step before).
-                if const_expr(self.st_prefetch):
-                    acc_S = acc_S_carried
-                else:
-                    acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                # S^T = K Q^T, dP^T = V dO^T (two commit groups).
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                if const_expr(not self.st_prefetch):
-                    wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
@@ -1880,18 +1761,10 @@ class HopperAttnBwd:
                         barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
                     )
                 cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                if const_expr(self.st_prefetch):
-                    # (a chain's first step overwrites dK/dV instead of a zero fill: see
-                    # wgmma_runtime_init)
-                    wgmma_runtime_init(
-                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
-                        sInfo[_I_FLAGS, stage] & _F_FIRST == 0,
-                    )  # fmt: skip
-                else:
-                    wgmma(
-                        mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
-                        zero_init=False,
-                    )  # fmt: skip
+                wgmma(
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
+                    zero_init=False,
+                )  # fmt: skip
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
                 if const_expr(self.dq_swap):
@@ -1903,73 +1776,73 @@ class HopperAttnBwd:
                     # dV was dO's last reader: the producer may load the next step's dO.
                     cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
                     do_phase = do_phase ^ 1
-                if const_expr(self.st_prefetch):
-                    wgmma_runtime_init(
-                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                        sInfo[_I_FLAGS, stage] & _F_FIRST == 0,
-                    )  # fmt: skip
-                else:
-                    wgmma(
-                        mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                        zero_init=False,
-                    )  # fmt: skip
+                wgmma(
+                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
                 warpgroup.wait_group(1)  # dQ done, dK may still run
                 if const_expr(self.ds_guard):
                     cute.arch.barrier_arrive(
                         barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
                     )
-                if const_expr(self.st_prefetch):
-                    # The next step's S^T (see __init__): within a chain (same K) once its ring
-                    # slot is loaded, beside this step's hand-off; after a chain's last step
-                    # behind its hand-off, its epilogue and the next chain's K/V (the shipped
-                    # order: the producer may wait for the hand-off and the K/V release before
-                    # it loads that slot), or, on the terminator's slot, a dummy that nobody
-                    # reads. ptxas serialises every wgmma of the kernel when one is issued on
-                    # one path only, so both paths issue it.
-                    next_stage = stage + 1
-                    next_phase = phase
-                    if next_stage == self.stages:
-                        next_stage = Int32(0)
-                        next_phase = phase ^ 1
+
+                # Hand the dQ partial to the dQ writer once its buffer is free.
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                if const_expr(self.dq_frag):
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                elif const_expr(self.dq_double):
+                    tile = self.block_m * self.head_dim
+                    # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
+                    offset = cute.assume(buf * tile, divby=tile)
+                    sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
+                    self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
+                else:
+                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                cute.arch.fence_view_async_shared()
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.dq_double):
+                    buf = buf ^ 1
+
+                warpgroup.wait_group(0)
+                if const_expr(self.dkv_sum):
                     if flags & _F_LAST == 0:
-                        cute.arch.mbarrier_wait(
-                            storage.full_bar.data_ptr() + next_stage, next_phase
-                        )  # fmt: skip
-                        wgmma(
-                            mma_sdp, acc_S_carried, tSrK, tSrQ[None, None, None, next_stage],
-                            zero_init=True,
-                        )  # fmt: skip
-                        buf = self._hand_off_dq(acc_dQ, sdQ, buf, tQcdQ, tidx, wg, mma_dq)
-                        warpgroup.wait_group(1)  # dK done
                         cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
                     else:
-                        buf = self._hand_off_dq(acc_dQ, sdQ, buf, tQcdQ, tidx, wg, mma_dq)
-                        warpgroup.wait_group(0)  # dK done
+                        self._sum_chain_epilogue(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k, dkv_sums, tidx, wg,
+                        )  # fmt: skip
+                elif const_expr(self.dkv_row_ptr):
+                    # The chain's (batch, kv head, kv tile) are read at its last step only:
+                    # read at every step, ptxas moves them into uniform registers before the
+                    # branch, and every step waits there for the shared load (queued behind
+                    # the dQ partial's stores).
+                    if flags & _F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
                         self._chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
                             softmax_scale, seqlen_k, sK, sV, tidx, wg,
                         )  # fmt: skip
-                        cute.arch.mbarrier_wait(
-                            storage.full_bar.data_ptr() + next_stage, next_phase
-                        )  # fmt: skip
-                        if sInfo[_I_FLAGS, next_stage] & _F_DONE == 0:
-                            cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                            kv_phase = kv_phase ^ 1
-                        wgmma(
-                            mma_sdp, acc_S_carried, tSrK, tSrQ[None, None, None, next_stage],
-                            zero_init=True,
-                        )  # fmt: skip
-                    # S^T done before the next step: ptxas keeps no wgmma in flight across this
-                    # loop's back edge (it waits here itself, and serialises every wgmma of the
-                    # kernel when the wait is placed after the loop instead).
-                    warpgroup.wait_group(0)
                 else:
-                    # Hand the dQ partial to the dQ writer once its buffer is free.
-                    buf = self._hand_off_dq(acc_dQ, sdQ, buf, tQcdQ, tidx, wg, mma_dq)
-                    self._end_step(
-                        storage, sInfo, stage, flags, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                        softmax_scale, seqlen_k, sK, sV, dkv_sums, tidx, wg,
-                    )  # fmt: skip
+                    b = sInfo[_I_BATCH, stage]
+                    kvh = sInfo[_I_KVH, stage]
+                    kvt = sInfo[_I_KVT, stage]
+                    # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    if flags & _F_LAST != 0:
+                        # K/V are free for the next chain; dK/dV leave from registers.
+                        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                        rdV.store(acc_dV.load().to(self.dtype))
+                        gdK = mdK[b, None, kvh, None]
+                        gdV = mdV[b, None, kvh, None]
+                        # 32-bit stores of two neighbouring 16-bit values (the accumulator
+                        # holds column pairs), rows past seqlen_k dropped.
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
 
                 stage = stage + 1
                 if stage == self.stages:

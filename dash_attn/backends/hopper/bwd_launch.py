@@ -161,19 +161,10 @@ for _name in (
     "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt", "t80_wg2r_p14_fs", "t128_wg2gr_sm2_fs_dt",
 ):  # fmt: skip
     VARIANTS[_name + "_w2"] = {**VARIANTS[_name], "dq_writers": 2}
-# Session 33, not run yet: the hd-64 det twins with dS per ring stage and no dS guard
-# (ds_staged, "_ds2"; session 30's item 141 measured it with one dQ warp only).
-for _name in ("t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt_w2"):
-    VARIANTS[_name.replace("_w2", "_ds2_w2")] = {
-        **VARIANTS[_name], "ds_guard": False, "ds_staged": True,
-    }  # fmt: skip
-# Session 34: the next step's S^T issued once this step's dQ GEMM is done (st_prefetch, "_sp"),
-# on the shipped hd-64 kernels (both modes) and hd-128 causal.
-for _name in (
-    "t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt",
-    "t128_xm24r_sm2_fs_dq2_dt_w2", "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
-):  # fmt: skip
-    VARIANTS[_name + "_sp"] = {**VARIANTS[_name], "st_prefetch": True}
+# (Sessions 33-34, measured and not kept: the hd-64 det twins with dS per ring stage and no dS
+# guard, ds_staged "_ds2_w2", 0.96-0.99x, code in git history at e616bec; the next step's S^T
+# issued once this step's dQ GEMM is done, st_prefetch "_sp", 0.91-0.95x, code in git history
+# at f1921c2; benchmarks/NOTES.md items 156-157.)
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

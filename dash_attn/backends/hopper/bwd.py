@@ -84,10 +84,10 @@ adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_tick
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
-Not done yet: hd 96/192/256. (The next step's S^T issued inside this step, once its dQ GEMM is
-done: 0.91-0.95x, since the two-stage ring has the next step's Q loaded only by the end of this
-step; ptxas keeps no wgmma in flight across the step loop's back edge. benchmarks/NOTES.md item
-157, code in git history at f1921c2.)
+Not done yet: hd 96/192/256. (The next step's S^T issued inside this step measured 0.91-0.95x
+once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
+after the dQ hand-off; ptxas keeps no wgmma in flight across the step loop's back edge.
+benchmarks/NOTES.md item 157, code in git history at f1921c2.)
 """
 
 from __future__ import annotations

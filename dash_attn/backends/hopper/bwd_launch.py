@@ -163,8 +163,8 @@ for _name in (
     VARIANTS[_name + "_w2"] = {**VARIANTS[_name], "dq_writers": 2}
 # (Sessions 33-34, measured and not kept: the hd-64 det twins with dS per ring stage and no dS
 # guard, ds_staged "_ds2_w2", 0.96-0.99x, code in git history at e616bec; the next step's S^T
-# issued once this step's dQ GEMM is done, st_prefetch "_sp", 0.91-0.95x, code in git history
-# at f1921c2; benchmarks/NOTES.md items 156-157.)
+# issued once this step's dQ GEMM is done, st_prefetch "_sp", 0.91-0.95x (0.98-0.99x issued
+# after the dQ hand-off), code in git history at f1921c2; benchmarks/NOTES.md items 156-157.)
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -1,4 +1,5 @@
-"""The README's GQA tables from the probes' outputs: one header line per shape (with its repeat
+"""The GQA tables of benchmarks/HISTORY.md from the probes' outputs: one header line per
+shape (with its repeat
 check, and in session 24's probe its dk/dv errors), then one line per provider with its median
 ms. No torch or GPU.
 

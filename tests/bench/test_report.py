@@ -147,7 +147,8 @@ def _load_tool(path: Path) -> ModuleType:
 def test_readme_results_are_generated_from_the_committed_files(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The README's result tables are exactly what the report makes of benchmarks/results/."""
+    """The result tables in the README and in benchmarks/HISTORY.md (the runs by session) are
+    exactly what the report makes of benchmarks/results/."""
     repo = Path(__file__).resolve().parents[2]
     results, readme = repo / "benchmarks" / "results" / "h200", repo / "README.md"
     if not (results.is_dir() and readme.is_file()):
@@ -162,26 +163,28 @@ def test_readme_results_are_generated_from_the_committed_files(
     # sweeps and causal orders, session 32's and 34's sweeps, and session 13's interleaved host-path
     # table, from their own files (session 18's runs are in git history at 96f6fcc, session
     # 19's and 20's at b887b0f, session 21's at cd36427).
-    text = readme.read_text()
+    # The README has the current runs; the earlier ones are in the history, by session.
+    readme_text = readme.read_text()
+    text = (repo / "benchmarks" / "HISTORY.md").read_text()
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     session29 = results / "session29-01bb4dd"
-    for path in (
-        session28 / "fwd" / "bench.csv",
-        results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv",
-        results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv",
-        session29 / "call7-b887b0f" / "sweep" / "bench.csv",
-        session29 / "call4-c34fc73" / "orders" / "bench.csv",
-        results / "session32-1f5e3a2" / "call3-564484a" / "sweep" / "bench.csv",
-        results / "session34-e616bec" / "call3-f1921c2" / "sweep" / "bench.csv",
-        results / "session34-e616bec" / "call4-f1921c2" / "sweep" / "bench.csv",
+    for path, doc in (
+        (session28 / "fwd" / "bench.csv", readme_text),
+        (results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv", text),
+        (results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv", text),
+        (session29 / "call7-b887b0f" / "sweep" / "bench.csv", text),
+        (session29 / "call4-c34fc73" / "orders" / "bench.csv", text),
+        (results / "session32-1f5e3a2" / "call3-564484a" / "sweep" / "bench.csv", text),
+        (results / "session34-e616bec" / "call3-f1921c2" / "sweep" / "bench.csv", readme_text),
+        (results / "session34-e616bec" / "call4-f1921c2" / "sweep" / "bench.csv", readme_text),
     ):
         rows = report.read_csv(path)
-        assert report.readme_table(rows).strip() in text
-        assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
+        assert report.readme_table(rows).strip() in doc
+        assert report.summary_table(rows, markdown=True, only_measured=True).strip() in doc
     orders = report.read_csv(session29 / "call4-c34fc73" / "orders" / "determinism.csv")
     assert report.determinism_table(orders, markdown=True).strip() in text
     e2e = report.e2e_table(report.read_csv(session28 / "e2e" / "e2e.csv"), markdown=True)
-    assert "hopper vs fa4_det" in e2e and e2e.strip() in text
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in readme_text
     # Session 23: the GQA split's probe table and end-to-end blocks.
     session23 = results / "session23-87322f7"
     e2e = report.read_csv(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")
@@ -238,7 +241,7 @@ def test_readme_results_are_generated_from_the_committed_files(
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 24
-    assert compare.markdown_table(rows) in readme.read_text()
+    assert compare.markdown_table(rows) in text
 
 
 # The kernels of session 30's ncu_probe.py in launch order (its README table's columns).
@@ -293,18 +296,19 @@ def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_fi
         assert report.readme_table(rows) in text
 
 
-def test_readme_graphs_table_is_generated_from_the_committed_file() -> None:
-    """Session 27's eager-vs-replayed table is what ``graphs_table`` makes of its graphs.json."""
+def test_history_graphs_table_is_generated_from_the_committed_file() -> None:
+    """Session 27's eager-vs-replayed table (benchmarks/HISTORY.md) is what ``graphs_table``
+    makes of its graphs.json."""
     from dash_attn.bench.graphs import graphs_table
 
     repo = Path(__file__).resolve().parents[2]
     run = repo / "benchmarks" / "results" / "h200" / "session27-99c799f" / "call6-ae7383e"
-    readme = repo / "README.md"
-    if not (run.is_dir() and readme.is_file()):
+    history = repo / "benchmarks" / "HISTORY.md"
+    if not (run.is_dir() and history.is_file()):
         pytest.skip("not a source checkout")
     rows = json.loads((run / "graphs" / "graphs.json").read_text())["rows"]
     assert len(rows) == 12 * 4 and all(r["status"] == "ok" for r in rows)
-    assert graphs_table(rows) in readme.read_text()
+    assert graphs_table(rows) in history.read_text()
 
 
 def test_readme_check_demo_output_is_the_committed_log() -> None:

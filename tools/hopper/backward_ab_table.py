@@ -1,4 +1,5 @@
-"""The README's table of whole hopper backwards (preprocess, main kernel, dQ cast) timed at a
+"""The table (benchmarks/HISTORY.md) of whole hopper backwards (preprocess, main kernel, dQ
+cast) timed at a
 fixed clock, a kernel variant against its candidate (no torch or GPU).
 
 The timing call runs a probe under Nsight Compute (``--clock-control base``, one metric,

@@ -12,8 +12,8 @@ GPU with the CuTe-DSL/FA4 kit::
 
     OUT=out PYTHONPATH=$PWD python3 tools/hopper/compare_host_paths.py [--seqlens 512,1024]
 
-``--table CSV`` prints the markdown table of a written CSV instead (any machine; the README's
-session-13 table is this output).
+``--table CSV`` prints the markdown table of a written CSV instead (any machine;
+benchmarks/HISTORY.md's session-13 table is this output).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The markdown table of a ``compare_host_paths.csv`` (no torch or GPU needed): the README's
-session-13 table is ``python3 tools/hopper/compare_host_paths.py --table CSV``, which prints
-this."""
+"""The markdown table of a ``compare_host_paths.csv`` (no torch or GPU needed):
+benchmarks/HISTORY.md's session-13 table is ``python3 tools/hopper/compare_host_paths.py --table
+CSV``, which prints this."""
 
 from __future__ import annotations
 

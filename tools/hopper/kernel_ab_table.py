@@ -1,4 +1,5 @@
-"""The README's table of hopper backward variants timed at a fixed clock (no torch or GPU).
+"""The table (benchmarks/HISTORY.md) of hopper backward variants timed at a fixed clock (no
+torch or GPU).
 
 A timing call runs a probe under Nsight Compute (``--clock-control base``, one metric,
 ``gpu__time_duration.sum``) that launches each config's variants interleaved, and logs one line

@@ -8,17 +8,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if [ -n "${KIT:-}" ] && [ -f "$KIT/install.sh" ]; then
-  # shellcheck disable=SC1091
-  source "$KIT/install.sh" /tmp/kit >/dev/null 2>&1 || echo "kit install failed"
-fi
-{
-  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  python3 -c "import cutlass; print('cutlass-dsl', cutlass.__version__)" 2>/dev/null || echo "no cutlass-dsl"
-  echo "commit ${COMMIT:-unknown}"
-} 2>&1 | tee "$OUT/env.txt"
+R=$OUT
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/device_setup.sh"
 if [ "${TESTS:-}" != "none" ]; then
   # shellcheck disable=SC2086
   timeout "${TEST_TIMEOUT:-330}" python3 -m pytest tests/backends/test_gpu.py -q -x -rfEs \

@@ -172,6 +172,8 @@ def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(hfwd, "_CACHE", {})
     monkeypatch.setattr(hfwd.cute, "compile", fake_compile)
+    # In memory only: the stand-in kernels cannot be exported to a disk cache.
+    monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
     # The plain-number launch first (the shipped default is the TVM-FFI one).
     monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", False)
     first = hfwd.compile_fwd(64, torch.bfloat16, False)

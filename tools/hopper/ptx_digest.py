@@ -58,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     seen: dict[tuple, str] = {}
     for head_dim, causal, det, label, variant in shipped_configs():
         key = (head_dim, causal, det, variant)
+        mask, mode = "causal" if causal else "full", "det" if det else "nondet"
         if key not in seen:
             ptx = masked_ptx(head_dim, causal, det, variant)
             seen[key] = hashlib.md5(ptx.encode()).hexdigest()
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
-                mask, mode = "causal" if causal else "full", "det" if det else "nondet"
                 (args.keep / f"hd{head_dim}-{mask}-{mode}-{variant}.ptx").write_text(ptx)
-        mask, mode = "causal" if causal else "full", "det" if det else "nondet"
         print(f"hd{head_dim} {mask:6s} {mode:6s} {label:5s} {variant:30s} {seen[key]}", flush=True)
     return 0
 

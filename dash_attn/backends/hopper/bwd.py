@@ -207,8 +207,6 @@ class HopperAttnBwd:
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
         dq_writers: int = 1,
-        spin_relaxed: bool = False,
-        spin_sleep_ns: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -452,15 +450,6 @@ class HopperAttnBwd:
                 "buffer and ring stage)"
             )
         self.dq_writers = dq_writers
-        # spin_relaxed: a turn's wait polls its semaphore with relaxed loads and orders what
-        #   follows by one fence.acq_rel once the rank is seen (PTX: a relaxed read of the
-        #   released value then a fence is an acquire pattern), instead of an acquire load per
-        #   poll. spin_sleep_ns: nanosleep between polls (0: none). Timing options only: the
-        #   order of the adds, and so every bit, is the same.
-        if spin_sleep_ns < 0:
-            raise ValueError(f"spin_sleep_ns must be >= 0, got {spin_sleep_ns}")
-        self.spin_relaxed = spin_relaxed
-        self.spin_sleep_ns = spin_sleep_ns
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1204,26 +1193,20 @@ class HopperAttnBwd:
 
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
-        """Spin until *sem_ptr == rank (acquire loads, or with ``spin_relaxed`` relaxed ones
-        and one fence after); 1 if timeout_ns passed first."""
-        sem = const_expr("relaxed" if self.spin_relaxed else "acquire")
-        seen = cute.arch.load(sem_ptr, Int32, sem=sem, scope="gpu")
+        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first."""
+        seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
         failed = Int32(0)
         if seen != rank:
             start = cute.arch.globaltimer()
             waiting = Int32(1)
             while waiting != 0:
-                if const_expr(self.spin_sleep_ns > 0):
-                    cute_prims.nanosleep(self.spin_sleep_ns)
-                seen = cute.arch.load(sem_ptr, Int32, sem=sem, scope="gpu")
+                seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
                 if seen == rank:
                     waiting = Int32(0)
                 else:
                     if cute.arch.globaltimer() - start > timeout_ns:
                         failed = Int32(1)
                         waiting = Int32(0)
-        if const_expr(self.spin_relaxed):
-            cute.arch.fence_acq_rel_gpu()
         return failed
 
     @cute.jit

@@ -202,7 +202,6 @@ class HopperAttnBwd:
         dkv_sum: bool = False,
         dkv_smem: bool = False,
         dkv_smem_unroll: int = 1,
-        dkv_ds: bool = False,
         dq_first_store: bool = False,
         pdl: bool = False,
         drain_ticket: bool = False,
@@ -390,23 +389,6 @@ class HopperAttnBwd:
         if dkv_smem_unroll < 1:
             raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
         self.dkv_smem_unroll = dkv_smem_unroll
-        # dkv_ds: dkv_smem's staging in the dS buffer instead of the K/V tiles, so that K/V are
-        #   released as soon as both warpgroups' last GEMMs are done and the next chain's K/V
-        #   load overlaps this chain's dK/dV stores (the session 36 trace: the first step of a
-        #   chain waited ~2200 cycles for K/V at hd 64, behind the ~1900-cycle epilogue). The
-        #   dS buffer must hold a K and a V tile in K's swizzle: hd 64 with 128-row Q tiles.
-        #   Like dkv_smem, off with dkv_sum (its own epilogue).
-        elem = dtype.width // 8
-        if dkv_ds and not (
-            dkv_smem and block_m >= 2 * head_dim and (head_dim * elem) % 128 == 0
-            and (block_m * elem) % 128 == 0
-        ):  # fmt: skip
-            raise ValueError(
-                "dkv_ds stages dK/dV in the dS buffer: needs dkv_smem and a dS tile that holds "
-                "K and V in K's swizzle (block_m >= 2 * head_dim, rows of 128-byte multiples; "
-                f"got block_m={block_m}, head_dim={head_dim})"
-            )
-        self.dkv_ds = dkv_ds and self.dkv_smem
         # dq_first_store: in deterministic mode the rank-0 contribution to each dQ tile is
         #   stored (a bulk copy) instead of added, so the accumulator needs no zero fill: the
         #   preprocess then zeroes the flags only (``bwd_launch.FullBackward``), which saves
@@ -1249,23 +1231,6 @@ class HopperAttnBwd:
         if const_expr(self.dkv_smem):
             rdV = cute.make_fragment_like(acc_dV, self.dtype)
             rdV.store(acc_dV.load().to(self.dtype))
-            if const_expr(self.dkv_ds):
-                # Both warpgroups' GEMMs of the last step are done (they read K, V and dS):
-                # K/V are free, and the next chain's K/V load runs while dK/dV go out through
-                # the dS buffer, viewed as a K tile and a V tile.
-                cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
-                cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-                two = self._smem_layout(self.block_n, self.head_dim, 2)
-                staging = storage.sdS.get_tensor(two.outer, swizzle=two.inner)
-                self._store_dkv_staged(
-                    rdK, rdV, staging[None, None, 0], staging[None, None, 1],
-                    mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt, seqlen_k, mma_dkv,
-                    tidx, wg, synced=True,
-                )  # fmt: skip
-                # Both warpgroups have read their rows back before either stores the next
-                # step's dS over them.
-                cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
-                return
             self._store_dkv_staged(
                 rdK, rdV, sK, sV, mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt,
                 seqlen_k, mma_dkv, tidx, wg,
@@ -1278,17 +1243,12 @@ class HopperAttnBwd:
         self._store_pairs(rdV, mdV[b, None, kvh, None], tKcK, mma_dkv, kvt * bn, seqlen_k)
 
     @cute.jit
-    def _store_dkv_staged(
-        self, rdK, rdV, sK, sV, gK, gV, kvt, seqlen_k, mma_dkv, tidx, wg,
-        synced: cutlass.Constexpr[bool] = False,
-    ):  # fmt: skip
+    def _store_dkv_staged(self, rdK, rdV, sK, sV, gK, gV, kvt, seqlen_k, mma_dkv, tidx, wg):
         """dkv_smem: a chain's dK/dV (16-bit fragments) to global rows ``kvt * block_n + n``
         through the K/V tiles in shared memory, written by stmatrix and read back as 16-byte
-        chunks of whole rows (full L2 sectors). ``synced``: the caller has already waited for
-        both warpgroups' last GEMMs (the staging tiles are free)."""
-        if const_expr(not synced):
-            # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of K).
-            cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        chunks of whole rows (full L2 sectors)."""
+        # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of K).
+        cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
         st_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )

@@ -165,13 +165,6 @@ for _name in (
 # guard, ds_staged "_ds2_w2", 0.96-0.99x, code in git history at e616bec; the next step's S^T
 # issued once this step's dQ GEMM is done, st_prefetch "_sp", 0.91-0.95x (0.98-0.99x issued
 # after the dQ hand-off), code in git history at f1921c2; benchmarks/NOTES.md items 156-157.)
-# Session 36: at hd 64 dK/dV staged in the dS buffer instead of the K/V tiles (dkv_ds, "_kd"),
-# so that the next chain's K/V load overlaps the epilogue, on the kernels hd 64 runs.
-for _name in (
-    "t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt",
-    "t128_xm24r_sm2_fs_dq2_dt_w2",
-):  # fmt: skip
-    VARIANTS[_name + "_kd"] = {**VARIANTS[_name], "dkv_ds": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -2,7 +2,9 @@
 # scripts kept beside their results under benchmarks/results/): sources the CuTe-DSL/FA4 kit
 # when KIT names one, exports what the checkout runs with (no install), and writes env.txt (GPU,
 # clocks, versions, date, commit) into R, printing it too.
-#   KIT=.peers/fa4 COMMIT=<sha> R="$OUT/r" source tools/device_setup.sh
+#   KIT=.peers/fa4; COMMIT=<sha>; R="$OUT/r"
+#   source tools/device_setup.sh
+# (plain assignments, not prefixes of `source`: the caller reads R afterwards).
 R=${R:-${OUT:-/tmp/out}}
 mkdir -p "$R"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

@@ -39,6 +39,7 @@ SHAPES = [
     pytest.param((1, 300, 300, 2, 2, 96), id="b1-s300-d96"),
     pytest.param((1, 300, 300, 2, 1, 192), id="b1-s300-mqa-d192"),
     pytest.param((1, 200, 260, 2, 2, 256), id="b1-sq200-sk260-d256"),
+    pytest.param((2, 257, 513, 6, 2, 96), id="b2-sq257-sk513-gqa6:2-d96"),
 ]
 BACKENDS = ["triton", "hopper"]
 GRADS = ("out", "dq", "dk", "dv")
@@ -99,7 +100,7 @@ def _busy_stream_matmuls(stream: torch.cuda.Stream, count: int = 20) -> None:
 
 @pytest.mark.parametrize("busy", [False, True], ids=["alone", "busy-stream"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("headdim", [64, 96, 128])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bitwise_repeatable_every_schedule(backend, headdim, causal, busy):
     """10 runs per schedule give the same bits, also while another stream runs matmuls (the
@@ -223,9 +224,10 @@ def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
         torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("headdim", [96, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):
+def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal, headdim):
     """GQA runs one chain per q head (the plan's ``gqa_split``, the default): for every
     schedule the gradients equal, bit for bit, the MHA backward of K/V repeated per q head
     followed by the fixed-order group sum (the same tables). Where the kernel adds the group's
@@ -235,7 +237,7 @@ def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal):
     rule. With ``gqa_split=False`` (one chain per kv head) the backward still meets the rule."""
     from dash_attn.backends.triton.group_sum import sum_kv_groups
 
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = 2, 700, 1100, 6, 2, 128
+    batch, seqlen_q, seqlen_k, heads, kv_heads = 2, 700, 1100, 6, 2
     q, k, v = make_qkv(
         batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", 21
     )

@@ -26,9 +26,9 @@ _NAMES = re.compile(r"cutlass_\w+")
 
 def shipped_configs() -> Iterator[tuple[int, bool, bool, str, str]]:
     """(head dim, causal, deterministic, key-length class, variant) of every shipped kernel."""
-    from dash_attn.backends.hopper import bwd_variant
+    from dash_attn.backends.hopper import BWD_HEADDIMS, bwd_variant
 
-    for head_dim in (64, 128):
+    for head_dim in BWD_HEADDIMS:
         for causal in (False, True):
             for deterministic in (True, False):
                 for label, seqlen_k in SEQLEN_CLASSES.items():

@@ -19,13 +19,16 @@ if TYPE_CHECKING:
 # What the kernels are written and tested for (register and shared-memory budgets per head dim:
 # README, "Hopper backend").
 FWD_HEADDIMS = (64, 96, 128, 192, 256)
-BWD_HEADDIMS = (64, 128)  # the head dims of _BWD_TILES
+BWD_HEADDIMS = (64, 96, 128)  # the head dims of _BWD_TILES
 # Tiles per (head dim, mask kind). One KV tile (block_n rows) is one chain; each of the two MMA
 # warpgroups owns 64 of its rows; block_m query rows per step. num_warps counts the producer/dQ
 # warpgroup too; num_stages is the depth of the Q/dO ring. At hd 128 the full mask takes FA4's
 # 80-row Q tiles (a quarter more work per step for the same per-step costs; dQ is computed
-# transposed), the causal mask keeps 64 rows, as FA4 does.
+# transposed), the causal mask keeps 64 rows, as FA4 does. At hd 96 both masks take 64 x 128,
+# FA4's tile there (128 Q rows would need ~270 accumulator registers per MMA thread).
 _BWD_TILES = {
+    (96, "full"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    (96, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
     (64, "full"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
     (64, "causal"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
     (128, "full"): BackwardTiles(block_m=80, block_n=128, num_warps=12, num_stages=2),
@@ -72,8 +75,13 @@ _BWD_TILES = {
 # whole backward det 1.03-1.05x at full 2k-16k, 1.01x at causal 2k-16k, bits equal (session29
 # call5 d64_ab.txt; a late partial holds a buffer while the next step is ready: uneven steps
 # and the bulk copy's read of the buffer, benchmarks/NOTES.md item 135).
+# At hd 96 both masks run the hd-128 causal kernel at the same 64 x 128 tiles (K in 32-byte
+# swizzled rows: each warpgroup's dQ GEMM reads 48 of its 96 columns); drain_ticket only
+# matters under dynamic dispatch, which full masks take only when asked (fa3, descending).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
+    (96, "full"): "t128_wg2gr_sm2_fs_dt",
+    (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (64, "full"): "t128_xm24r_sm2_fs_dq2",
     (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs",

@@ -115,7 +115,7 @@ from ._cute_utils import (
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
 from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
 
 # Named barrier ids (0 is __syncthreads).
@@ -453,16 +453,22 @@ class HopperAttnBwd:
 
     # ------------------------------------------------------------------ host-side setup
 
-    def _smem_layout(self, rows: int, cols: int, stages: int | None) -> cute.ComposedLayout:
+    def _smem_layout(
+        self, rows: int, cols: int, stages: int | None, part_cols: int | None = None
+    ) -> cute.ComposedLayout:
         """A swizzled K-major layout (cols contiguous) that WGMMA reads both as a K-major
         operand and, through a transposed view, as an MN-major one. The widest swizzle whose
-        atom divides a row: 128 bytes for rows of 128 or 256 bytes, 32 bytes for the dS tile's
-        160-byte rows with 80-row Q tiles (80 = 5 x 16)."""
+        atom divides a row (and ``part_cols`` columns, where one warpgroup's MMA reads only
+        that many: an MN-major operand is partitioned by whole swizzle atoms): 128 bytes for
+        rows of 128 or 256 bytes, 64 bytes for hd 96's 192-byte rows, 32 bytes for the dS
+        tile's 160-byte rows with 80-row Q tiles (80 = 5 x 16) and for K at hd 96, whose dQ
+        GEMM gives each warpgroup 48 of the 96 columns."""
         row_bytes = cols * self.dtype.width // 8
+        part_bytes = (part_cols or cols) * self.dtype.width // 8
         kinds = warpgroup.SmemLayoutAtomKind
         kind = next(
             k for k, width in ((kinds.K_SW128, 128), (kinds.K_SW64, 64), (kinds.K_SW32, 32))
-            if row_bytes % width == 0
+            if row_bytes % width == 0 and part_bytes % width == 0
         )  # fmt: skip
         atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         shape = (rows, cols) if stages is None else (rows, cols, stages)
@@ -569,7 +575,10 @@ class HopperAttnBwd:
         bm, bn, hd, st = self.block_m, self.block_n, self.head_dim, self.stages
         sQ_layout = self._smem_layout(bm, hd, st)
         sdO_layout = self._smem_layout(bm, hd, 1 if const_expr(self.do_single) else st)
-        sK_layout = self._smem_layout(bn, hd, None)
+        # K is dQ's B operand (dQ = dS K, read MN-major): with 64-row Q tiles each warpgroup
+        # takes half the head dim of it.
+        dq_cols = hd // 2 if const_expr(bm == 64 and not self.dq_swap) else hd
+        sK_layout = self._smem_layout(bn, hd, None, dq_cols)
         # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
         # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
         # it as an MN-major A operand.
@@ -1259,13 +1268,19 @@ class HopperAttnBwd:
         # Each warpgroup reads back only its own 64 rows.
         cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
         hd = self.head_dim
-        chunks = hd // 8  # 16-byte chunks per row
+        # 16-byte chunks per row and thread pass: all of a row's (8 at hd 64, 16 at hd 128),
+        # or at hd 96 4 of its 12 (128 threads cover whole rows only in powers of two; each
+        # thread then takes 3 chunks of its row, 64 bytes apart).
+        chunks = hd // 8
+        chunks_per_pass = chunks & -chunks
         ld_atom = cute.make_copy_atom(
             cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128
         )
         ld_copy = cute.make_tiled_copy_tv(
             ld_atom,
-            cute.make_layout((128 // chunks, chunks), stride=(chunks, 1)),
+            cute.make_layout(
+                (128 // chunks_per_pass, chunks_per_pass), stride=(chunks_per_pass, 1)
+            ),
             cute.make_layout((1, 8)),
         )
         thr_ld = ld_copy.get_slice(tidx % 128)

@@ -30,6 +30,7 @@ def _fragment_cast_kernel(
     BLOCK_M: tl.constexpr,
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    COLS: tl.constexpr,
     SPLIT: tl.constexpr,
     WG_THREADS: tl.constexpr,
 ):
@@ -37,9 +38,10 @@ def _fragment_cast_kernel(
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
-    # ROWS: BLOCK_M rounded up to a power of two (Triton's ranges), the extra rows masked.
+    # ROWS, COLS: BLOCK_M and HEAD_DIM rounded up to powers of two (Triton's ranges), the extra
+    # rows and columns masked.
     row = tl.arange(0, ROWS)[:, None]
-    col = tl.arange(0, HEAD_DIM)[None, :]
+    col = tl.arange(0, COLS)[None, :]
     # dq_fragment.tile_offset, element-wise.
     if SPLIT == "cols":
         wg = col // (HEAD_DIM // 2)
@@ -58,8 +60,7 @@ def _fragment_cast_kernel(
     half = BLOCK_M * HEAD_DIM // 2
     offset = wg * half + (index // 4) * (WG_THREADS * 4) + thread * 4 + index % 4
     base = (bh.to(tl.int64) * q_tiles + tile) * (BLOCK_M * HEAD_DIM)
-    # (col >= 0 is always true: it broadcasts the row masks to the tile's shape.)
-    in_tile = (row < BLOCK_M) & (col >= 0)
+    in_tile = (row < BLOCK_M) & (col < HEAD_DIM)
     acc = tl.load(ACC + base + offset, mask=in_tile)
     seq = tile * BLOCK_M + row
     dst = OUT + b.to(tl.int64) * stride_ob + seq.to(tl.int64) * stride_os + h * stride_oh + col
@@ -79,8 +80,8 @@ def scale_cast_fragments(
     batch, heads, q_tiles, tile = acc.shape
     split = wg_split(block_m)
     head_dim = tile // block_m
-    if head_dim * block_m != tile or head_dim not in (64, 128):
-        raise ValueError(f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/128")
+    if head_dim * block_m != tile or head_dim not in (64, 96, 128):
+        raise ValueError(f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/96/128")
     if q_tiles != -(-seqlen_q // block_m):
         raise ValueError(f"q_tiles={q_tiles} does not tile seqlen_q={seqlen_q} by {block_m}")
     out = torch.empty((batch, seqlen_q, heads, head_dim), device=acc.device, dtype=dtype)
@@ -88,7 +89,8 @@ def scale_cast_fragments(
         return out
     _fragment_cast_kernel[(q_tiles, batch * heads)](
         acc, out, seqlen_q, heads, q_tiles, out.stride(0), out.stride(1), out.stride(2), scale,
-        BLOCK_M=block_m, ROWS=triton.next_power_of_2(block_m), HEAD_DIM=head_dim, SPLIT=split,
+        BLOCK_M=block_m, ROWS=triton.next_power_of_2(block_m), HEAD_DIM=head_dim,
+        COLS=triton.next_power_of_2(head_dim), SPLIT=split,
         WG_THREADS=WG_THREADS,
         num_warps=8,
     )  # fmt: skip

@@ -21,13 +21,18 @@ import pytest
 cutlass = pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import BWD_VARIANT_LONG, bwd_launch, bwd_variant  # noqa: E402
+from dash_attn.backends.hopper import (  # noqa: E402
+    BWD_HEADDIMS,
+    BWD_VARIANT_LONG,
+    bwd_launch,
+    bwd_variant,
+)
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
 
 CONFIGS = list(
-    itertools.product((64, 128), (torch.bfloat16, torch.float16), (True, False), (True, False))
+    itertools.product(BWD_HEADDIMS, (torch.bfloat16, torch.float16), (True, False), (True, False))
 )
 COMPILE_TIMES: dict[tuple, float] = {}
 
@@ -128,8 +133,9 @@ def _sass(compiled, tmp_path: Path) -> str | None:
 
 
 # The GQA split's in-kernel dK/dV sums (``dkv_sum``, deterministic plans) on every shipped
-# variant: both head dims and masks, the long-sequence one, both dtypes.
+# variant: every head dim and mask, the long-sequence one, both dtypes.
 DKV_SUM_CONFIGS = [
+    (bwd_variant(96, True, deterministic=True), (96, torch.bfloat16, True, True)),
     (bwd_variant(64, True, deterministic=True), (64, torch.bfloat16, True, True)),
     (bwd_variant(64, False, deterministic=True), (64, torch.float16, False, True)),
     (bwd_variant(128, True, deterministic=True), (128, torch.bfloat16, True, True)),
@@ -486,8 +492,8 @@ def test_variants_resolve() -> None:
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs"
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
-    with pytest.raises(NotImplementedError, match="head_dim=96"):
-        bwd_variant(96, True)
+    with pytest.raises(NotImplementedError, match="head_dim=192"):
+        bwd_variant(192, True)
     # Every variant's options are constructor arguments of the kernel.
     import cutlass
 
@@ -522,8 +528,10 @@ def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
 def test_unsupported_head_dim_raises() -> None:
     import cutlass
 
-    with pytest.raises(NotImplementedError, match="head_dim=96"):
-        HopperAttnBwd(cutlass.BFloat16, 96, causal=False, deterministic=True)
+    with pytest.raises(NotImplementedError, match="head_dim=192"):
+        HopperAttnBwd(cutlass.BFloat16, 192, causal=False, deterministic=True)
+    with pytest.raises(NotImplementedError, match="block_m=128"):
+        HopperAttnBwd(cutlass.BFloat16, 96, causal=False, deterministic=True, block_m=128)
     with pytest.raises(NotImplementedError, match="block_m=128"):
         HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, block_m=128)
     with pytest.raises(NotImplementedError, match="block_m=32"):
@@ -570,10 +578,10 @@ def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
         causal=False, softmax_scale=0.125, deterministic=True, dynamic=False,
         timeout_ns=10**9, variant=variant,
     )  # fmt: skip
-    q96 = torch.zeros(*q.shape[:3], 96, dtype=q.dtype)
-    with pytest.raises(NotImplementedError, match="head_dim=96"):
+    q192 = torch.zeros(*q.shape[:3], 192, dtype=q.dtype)
+    with pytest.raises(NotImplementedError, match="head_dim=192"):
         bwd_launch.hopper_bwd_main(
-            q96, q96[:, :, :2], q96[:, :, :2], q96, lse2, delta, tables, **kwargs
+            q192, q192[:, :, :2], q192[:, :, :2], q192, lse2, delta, tables, **kwargs
         )
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         bwd_launch.hopper_bwd_main(q.float(), k, v, dout, lse2, delta, tables, **kwargs)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 DTYPES = [torch.float16, torch.bfloat16]
 # (head dim, block_m) of every shipped backward variant.
-SHIPPED = [(64, 128), (128, 80), (128, 64)]
+SHIPPED = [(64, 128), (96, 64), (128, 80), (128, 64)]
 
 
 def _cutlass_dtype(dtype: torch.dtype):
@@ -38,7 +38,7 @@ def test_shipped_tiles_are_covered() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> None:
     from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 
@@ -398,7 +398,7 @@ def test_cute_pre_post_backward_matches_reference(cute_pre_post, shape, causal, 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_cute_pre_post_backward_is_bitwise_repeatable(cute_pre_post, head_dim, causal) -> None:
     """10 runs per schedule, the last five with matmuls queued on another stream."""
     from dash_attn.schedule import CAUSAL, FULL, applicable_schedules
@@ -424,7 +424,7 @@ def test_cute_pre_post_backward_is_bitwise_repeatable(cute_pre_post, head_dim, c
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_det_backward_needs_no_zeroed_accumulator(cute_pre_post, head_dim, causal) -> None:
     """Deterministic kernels store each dQ tile's first partial instead of adding it to a
     zeroed accumulator (``dq_first_store``): with the allocator's free memory full of NaN

@@ -9,8 +9,8 @@ import pytest
 
 from dash_attn.backends.hopper import dq_fragment
 
-# (block_m, head_dim) of the hopper backward: hd 128 causal and full, hd 64.
-TILES = [(64, 128), (80, 128), (128, 64)]
+# (block_m, head_dim) of the hopper backward: hd 128 causal and full, hd 96, hd 64.
+TILES = [(64, 128), (80, 128), (64, 96), (128, 64)]
 
 
 @pytest.mark.parametrize("block_m,head_dim", TILES)

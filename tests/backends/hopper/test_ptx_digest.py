@@ -10,13 +10,18 @@ import pytest
 pytest.importorskip("cutlass")
 pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import BWD_VARIANT, BWD_VARIANT_LONG, bwd_variant  # noqa: E402
+from dash_attn.backends.hopper import (  # noqa: E402
+    BWD_HEADDIMS,
+    BWD_VARIANT,
+    BWD_VARIANT_LONG,
+    bwd_variant,
+)
 from tools.hopper import ptx_digest  # noqa: E402
 
 
 def test_configs_cover_every_shipped_variant() -> None:
     configs = list(ptx_digest.shipped_configs())
-    assert len(configs) == 2 * 2 * 2 * len(ptx_digest.SEQLEN_CLASSES)
+    assert len(configs) == len(BWD_HEADDIMS) * 2 * 2 * len(ptx_digest.SEQLEN_CLASSES)
     variants = {c[-1] for c in configs}
     # Every head dim and mask's variant, or its det / non-det twin, and the long-key ones.
     for head_dim, mask in BWD_VARIANT:

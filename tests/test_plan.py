@@ -153,9 +153,10 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
     odd = Problem(1, 100, 100, 2, 2, 192)
     with pytest.raises(NotImplementedError, match=r"bwd head dims \[64, 96, 128\], not 192"):
         make_backward_plan(odd, device=H200, backend="hopper")
-    # Head dim 96: covered, opt-in (auto keeps triton until a side-by-side run says otherwise).
+    # Head dim 96: covered, and auto takes it from 512 tokens (session 37's sweep).
     d96 = Problem(2, 4096, 4096, 8, 2, 96)
-    assert make_backward_plan(d96, device=H200, backend="hopper").backend == "hopper"
+    assert make_backward_plan(d96, device=H200).backend == "hopper"
+    assert make_backward_plan(Problem(2, 300, 300, 8, 2, 96), device=H200).backend == "triton"
     unaligned = Problem(1, 100, 100, 2, 2, 128, tma_aligned=False)
     with pytest.raises(NotImplementedError, match="16-byte aligned"):
         make_backward_plan(unaligned, device=H200, backend="hopper")
@@ -164,20 +165,20 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
 
 
 def test_forward_backend_by_the_same_rules() -> None:
-    """``auto`` runs the hopper forward at head dims 64 and 128 from 512 tokens (where the
-    forward sweep measured it faster than Triton's), Triton below and at other head dims."""
+    """``auto`` runs the hopper forward at head dims 64, 96 and 128 from 512 tokens (where the
+    forward sweeps measured it faster than Triton's), Triton below and at other head dims."""
     pytest.importorskip("cutlass")
     from dash_attn.backends import choose_forward_backend
 
-    for headdim in (64, 128):
+    for headdim in (64, 96, 128):
         at = Problem(2, 512, 512, 8, 8, headdim)
         assert choose_forward_backend(at, H200, "auto")[0] == "hopper"
         below = Problem(2, 511, 4096, 8, 8, headdim)
         name, why = choose_forward_backend(below, H200, "auto")
         assert name == "triton" and "below 512 tokens" in why
-    name, why = choose_forward_backend(Problem(2, 4096, 4096, 8, 8, 96), H200, "auto")
+    name, why = choose_forward_backend(Problem(2, 4096, 4096, 8, 8, 192), H200, "auto")
     assert name == "triton" and "opt-in" in why
-    assert choose_forward_backend(Problem(2, 300, 300, 8, 8, 96), H200, "hopper")[0] == "hopper"
+    assert choose_forward_backend(Problem(2, 300, 300, 8, 8, 192), H200, "hopper")[0] == "hopper"
 
 
 def test_auto_without_cutlass_runs_triton_and_says_why(monkeypatch) -> None:

@@ -25,9 +25,15 @@ BACKEND_NAMES = ("triton", "hopper")
 # hopper forward, persistent on full masks, is 1.05x Triton's at hd 64 full x 512, 1.00x causal,
 # 1.05-1.61x on the other 22 configs; at hd 64 x 512 it had been 0.89-1.01x; session 28's,
 # session28-96f6fcc/call4-96f6fcc/fwd/bench.csv: 1.05-1.64x on all 24 configs, and the
-# backward 1.71-2.18x in session 28's full run). Elsewhere they run when asked for by name.
-AUTO_HOPPER_HEADDIMS = {"fwd": (64, 128), "bwd": (64, 128)}
-AUTO_HOPPER_MIN_SEQLEN = {"fwd": {64: 512, 128: 512}, "bwd": {64: 512, 128: 512}}
+# backward 1.71-2.18x in session 28's full run). At hd 96 from session 37's sweeps (32 heads,
+# 16k tokens, 512 to 16k; session37-a31ae6c/call1-0a5e68d/bwd96/ and fwd96/): the backward
+# 2.01-2.40x Triton's on all 12 configs, the forward 1.53-1.78x. Elsewhere they run when asked
+# for by name.
+AUTO_HOPPER_HEADDIMS = {"fwd": (64, 96, 128), "bwd": (64, 96, 128)}
+AUTO_HOPPER_MIN_SEQLEN = {
+    "fwd": {64: 512, 96: 512, 128: 512},
+    "bwd": {64: 512, 96: 512, 128: 512},
+}
 
 
 def hopper_unsupported(problem: Problem, device: DeviceInfo, direction: str = "bwd") -> str | None:

@@ -453,7 +453,7 @@ def test_hopper_forward_192_row_tiles_match_reference(causal):
 @pytest.mark.parametrize(
     "shape",
     [(2, 1000, 1000, 4, 4, 64), (1, 777, 1500, 6, 2, 128), (3, 1500, 700, 8, 1, 64),
-     (4, 200, 333, 2, 2, 128), (1, 64, 64, 1, 1, 64)],
+     (4, 200, 333, 2, 2, 128), (1, 64, 64, 1, 1, 64), (2, 1000, 1500, 6, 2, 96)],
     ids=lambda s: "x".join(map(str, s)),
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -137,9 +137,12 @@ FWD_3WG_MIN_SEQLEN = {"full": 1, "causal": 2048}
 # masks, the CTAs walking tile lists made on the host (session19-c219362/call5-8b75135/
 # fwd_causal_ab.txt, git history at b887b0f): at hd 64 1.04-1.18x at 1k-16k (FA4: 0.92x ->
 # 1.04x at 2k, 0.92x -> 1.00x at 4k); at hd 128 1.17x at 1k, 1.04-1.11x to 8k, 0.985x at 16k.
+# At hd 96 (session37-a31ae6c/call2-d5b21b1/fwd96_ab.txt, interleaved rounds, 32 heads x 16k
+# tokens, bitwise equal): persistent 1.057x / 1.001x / 1.005x the per-tile kernel at full 2k /
+# 8k / 16k, 1.109x / 1.052x / 1.009x causal.
 FWD_PERSISTENT_MAX_SEQLEN_K = {
-    "full": {64: 1 << 30, 128: 4096},
-    "causal": {64: 1 << 30, 128: 8192},
+    "full": {64: 1 << 30, 96: 1 << 30, 128: 4096},
+    "causal": {64: 1 << 30, 96: 1 << 30, 128: 8192},
 }
 
 

@@ -63,7 +63,9 @@ stmatrix; FA4's order around the dS barrier (dS stored, dV issued, dQ queued beh
 dQ writer reads the step's metadata from the load-ring slot; the producer reads a step's tables
 before it waits for the free stage, and takes a dynamic ticket only once its CTA has finished
 the chain; dK/dV leave as 32-bit pairs, or (``dkv_smem``, shipped) through the K/V tiles in
-shared memory as 16-byte chunks of whole rows. 128 x 128 tiles at hd 64; at hd 128 64 x 128, or
+shared memory as 16-byte chunks of whole rows. 128 x 128 tiles at hd 64; 64 x 128 at hd 96 (K
+in 32-byte swizzled rows: each warpgroup's half of the dQ GEMM reads 48 of its columns, whole
+atoms of that swizzle only); at hd 128 64 x 128, or
 80 x 128 (FA4's tile for the full mask: dQ^T = K^T dS^T, since 80 rows are no multiple of the
 64-row WGMMA atom, dS in 32-byte swizzled rows of 160 bytes, 226 KiB of shared memory).
 
@@ -84,7 +86,7 @@ adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_tick
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
-Not done yet: hd 96/192/256. (The next step's S^T issued inside this step measured 0.91-0.95x
+Not done yet: hd 192/256. (The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
 after the dQ hand-off; ptxas keeps no wgmma in flight across the step loop's back edge.
 benchmarks/NOTES.md item 157, code in git history at f1921c2.)

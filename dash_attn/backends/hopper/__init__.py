@@ -27,10 +27,10 @@ BWD_HEADDIMS = (64, 96, 128)  # the head dims of _BWD_TILES
 # transposed), the causal mask keeps 64 rows, as FA4 does. At hd 96 both masks take 64 x 128,
 # FA4's tile there (128 Q rows would need ~270 accumulator registers per MMA thread).
 _BWD_TILES = {
-    (96, "full"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
-    (96, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
     (64, "full"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
     (64, "causal"): BackwardTiles(block_m=128, block_n=128, num_warps=12, num_stages=2),
+    (96, "full"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    (96, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
     (128, "full"): BackwardTiles(block_m=80, block_n=128, num_warps=12, num_stages=2),
     (128, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
 }
@@ -80,10 +80,10 @@ _BWD_TILES = {
 # matters under dynamic dispatch, which full masks take only when asked (fa3, descending).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (96, "full"): "t128_wg2gr_sm2_fs_dt",
-    (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (64, "full"): "t128_xm24r_sm2_fs_dq2",
     (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt",
+    (96, "full"): "t128_wg2gr_sm2_fs_dt",
+    (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs",
     (128, "causal"): "t128_wg2gr_sm2_fs_dt",
 }

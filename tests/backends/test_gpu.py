@@ -487,6 +487,29 @@ def test_hopper_persistent_forward_matches_per_tile_kernel(shape, causal):
         assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_forward_p_smem_matches_reference(causal):
+    """``p_smem`` (P through shared memory; opt-in, not chosen by the backend): at hd 96 with
+    two and three consumer warpgroups, persistent and per tile, out and lse within the
+    flash-attn rule on GQA with Sq != Sk, and bitwise repeatable."""
+    from dash_attn.backends.hopper.fwd import hopper_fwd
+
+    q, k, v = make_qkv(2, 1000, 1500, 6, 2, 96, torch.bfloat16, "cuda", seed=13)
+    _skip_if_uncovered_fwd(q, k)
+    scale = 96**-0.5
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
+    for wgs in (2, 3):
+        for persistent in (False, True):
+            kwargs = dict(causal=causal, softmax_scale=scale, consumer_wgs=wgs, p_smem=True)
+            out, lse = hopper_fwd(q, k, v, persistent=persistent, **kwargs)
+            again = hopper_fwd(q, k, v, persistent=persistent, **kwargs)
+            assert torch.equal(out, again[0]) and torch.equal(lse, again[1]), (wgs, persistent)
+            name = f"[p_smem fwd d96, {wgs} warpgroups, persistent={persistent}]"
+            assert_close_to_ref(f"out {name}", out, ref_out, same_out, atol=1e-3)
+            assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
+
+
 def _skip_if_uncovered_fwd(q: torch.Tensor, k: torch.Tensor) -> None:
     gap = hopper_unsupported(problem_of(q, k, CAUSAL), device_info(q.device), "fwd")
     if gap is not None:

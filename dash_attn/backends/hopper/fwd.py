@@ -81,6 +81,9 @@ _CONSUMER_REGS = {2: (240, 24), 3: (160, 32)}
 _BAR_EPILOGUE = 1
 # Scheduler barriers: consumer warpgroup w (1 or 2) waits on id _BAR_SCHED_BASE + w - 1.
 _BAR_SCHED_BASE = 2
+# p_smem: consumer warpgroup w's P tile fully in shared memory (its 128 threads), id
+# _BAR_P_BASE + w - 1 (after the scheduler barriers of up to three warpgroups).
+_BAR_P_BASE = 5
 
 
 def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None) -> Any:
@@ -181,6 +184,7 @@ class HopperFwd:
         causal: bool,
         consumer_wgs: int = 2,
         persistent: bool = False,
+        p_smem: bool = False,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -217,6 +221,14 @@ class HopperFwd:
             )
         self.persistent = persistent
         self.tile_list = persistent and causal
+        # p_smem: P goes to shared memory (stmatrix, one 64 x tile_n slab per consumer
+        #   warpgroup) and PV reads it there (SS WGMMA), instead of staying in registers as the
+        #   RS WGMMA's A operand across the next block's QK^T. Frees the 16-bit P registers
+        #   (tile_n / 4 per thread) at the cost of a store, a fence and a warpgroup barrier per
+        #   block; FA4's sm90 forward does so at hd 96 with 192-row tiles, where three
+        #   warpgroups at 160 registers spill with P in registers. Compile-checked only (not yet
+        #   run on a GPU: benchmarks/NOTES.md, session 37).
+        self.p_smem = p_smem
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -337,11 +349,12 @@ class HopperFwd:
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
             atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, tn),
         )  # fmt: skip
-        # PV: A = P from registers; B = V^T, i.e. V in smem read N-major (MN).
+        # PV: A = P from registers (p_smem: from shared memory); B = V^T, i.e. V in smem read
+        # N-major (MN).
+        p_source = warpgroup.OperandSource.SMEM if self.p_smem else warpgroup.OperandSource.RMEM
         tiled_mma_pv = sm90.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, hd),
-            a_source=warpgroup.OperandSource.RMEM,
+            atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, hd), a_source=p_source,
         )  # fmt: skip
 
         sQ_layout = _smem_layout(dt, tm, hd, None)
@@ -351,6 +364,8 @@ class HopperFwd:
         # O aliases Q's buffer, except in the persistent kernel, where the next tile's Q may
         # arrive while this tile's O is still being stored.
         o_words = cute.cosize(sO_layout) if const_expr(self.persistent) else 1
+        # P (p_smem): (tile_m, tile_n), keys contiguous (PV's A operand, K-major).
+        sP_layout = _smem_layout(dt, tm, tn, None)
 
         @cute.struct
         class SharedStorage:
@@ -362,7 +377,13 @@ class HopperFwd:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_words], 1024]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class SharedStorageP:
+            base: SharedStorage
+            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
+
+        # Kernels without p_smem keep the storage they had (no P buffer at all).
+        self.shared_storage = SharedStorageP if const_expr(self.p_smem) else SharedStorage
         self.bytes_q = cute.size_in_bytes(dt, sQ_layout)
         self.bytes_kv = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
 
@@ -385,7 +406,7 @@ class HopperFwd:
             grid = (cutlass.min(tiles, max_ctas), 1, 1)
         self.kernel(
             tQ, tK, tV, tO, mLSE, mTiles, mStarts, tma_q, tma_k, tma_v, tma_o, scale_log2,
-            sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+            sQ_layout, sK_layout, sV_layout, sO_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -414,6 +435,7 @@ class HopperFwd:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
     ) -> None:
@@ -444,6 +466,10 @@ class HopperFwd:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        sP = None
+        if const_expr(self.p_smem):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+            storage = storage.base
         producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         # PipelineTmaAsync releases with lane 0 of each consumer warp: arrive count = #warps.
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_consumer_threads // 32)
@@ -481,9 +507,9 @@ class HopperFwd:
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
-                mO, mLSE, sQ, sK, sV, sO, tma_o, pipe_q, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
-                scale_log2, tidx - 128, mTiles, first_tile, tile_step, tile_end, num_m_blocks,
-                heads, mK.shape[0],
+                mO, mLSE, sQ, sK, sV, sO, sP, tma_o, pipe_q, pipe_k, pipe_v, tiled_mma_qk,
+                tiled_mma_pv, scale_log2, tidx - 128, mTiles, first_tile, tile_step, tile_end,
+                num_m_blocks, heads, mK.shape[0],
             )  # fmt: skip
 
     @cute.jit
@@ -708,6 +734,7 @@ class HopperFwd:
         sK: cute.Tensor,
         sV: cute.Tensor,
         sO: cute.Tensor,
+        sP: cute.Tensor,
         tma_o: cute.CopyAtom,
         pipe_q: cpipe.PipelineTmaAsync,
         pipe_k: cpipe.PipelineTmaAsync,
@@ -739,7 +766,18 @@ class HopperFwd:
             sV, cute.make_ordered_layout((hd, tn, self.num_stages), order=(1, 0, 2))
         )
         tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
-        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((tm, tn)))
+        if const_expr(self.p_smem):
+            # PV's A operand is this warpgroup's slab of sP, written by stmatrix in the layout
+            # of the QK^T accumulator (_stage_p).
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_A(sP))
+            p_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            )
+            p_copy = cute.make_tiled_copy_C(p_atom, tiled_mma_qk).get_slice(tidx)
+            p_stage = (p_atom, p_copy, p_copy.partition_D(sP))
+        else:
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((tm, tn)))
+            p_stage = None
         acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((tm, hd)), Float32)
         acc_s_shape = wg_qk.partition_shape_C((tm, tn))
 
@@ -783,7 +821,7 @@ class HopperFwd:
                 pipe_k.consumer_release(kv_state)
                 self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
                 self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
-                _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+                self._set_p(acc_s, tOrP, p_stage, wg)
 
                 # Blocks left of n_unmasked need no mask: fully inside seqlen_k and left of every
                 # row's diagonal.
@@ -797,13 +835,13 @@ class HopperFwd:
                     kv_state = self._step(
                         n_block_max - 2 - i, True, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
                         acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
-                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift, p_stage,
                     )  # fmt: skip
                 for i in cutlass.range(n_unmasked, unroll=1):
                     kv_state = self._step(
                         n_unmasked - 1 - i, False, kv_state, wg, acc_o, tOrP, tOrVt, tSrQ, tSrK,
                         acc_s_shape, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, t_coord, t0_coord,
-                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift,
+                        row_max, row_sum, row_scale, scale_log2, m_block, seqlen_k, shift, p_stage,
                     )  # fmt: skip
                 # Q is read by no later GEMM of this tile: release it, so that (persistent) the
                 # next tile's Q loads during this tile's last PV and epilogue.
@@ -909,6 +947,7 @@ class HopperFwd:
         m_block: Int32,
         seqlen_k: Int32,
         shift: Int32,
+        p_stage: Any,
     ) -> Any:
         """One overlapped step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight, then the
         softmax of S_j.
@@ -938,9 +977,25 @@ class HopperFwd:
         self._online_softmax(acc_s, row_max, row_sum, row_scale, scale_log2)
         warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
         pipe_v.consumer_release(v_state)
-        _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+        self._set_p(acc_s, tOrP, p_stage, wg)
         self._rescale(acc_o, row_scale)
         return kv_state
+
+    @cute.jit
+    def _set_p(self, acc_s: cute.Tensor, tOrP: cute.Tensor, p_stage: Any, wg: Int32) -> None:
+        """P (the softmax'ed S block) in 16 bits as the next PV's A operand: into its registers,
+        or (p_smem, ``p_stage`` = (stmatrix atom, thread copy, its sP partition)) into this
+        warpgroup's slab of sP, made visible to the WGMMA (async proxy) and awaited by the
+        warpgroup's four warps, each of which issues its part of the PV."""
+        if const_expr(p_stage is None):
+            _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+        else:
+            p_atom, p_copy, p_dst = p_stage
+            r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            _convert_16bit(acc_s, r_p)
+            cute.copy(p_atom, p_copy.retile(r_p), p_dst)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_BAR_P_BASE - 1 + wg, number_of_threads=128)
 
 
 # ---------------------------------------------------------------------- torch launcher
@@ -1009,6 +1064,7 @@ def compile_fwd(
     consumer_wgs: int = 2,
     persistent: bool = False,
     tvm_ffi: bool | None = None,
+    p_smem: bool = False,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -1023,16 +1079,19 @@ def compile_fwd(
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
     from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``,
     except for the persistent causal kernel, whose tile lists have the TVM-FFI entry only.
+    p_smem: P through shared memory (``HopperFwd``; compile-checked, not yet run on a GPU);
+    with it consumer_wgs=3 compiles at hd 96 too. Never chosen by the backend.
     """
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
     _check_config(head_dim, dtype)
     if consumer_wgs not in _CONSUMER_REGS:
         raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
-    if consumer_wgs == 3 and head_dim != 64:
-        # 160 registers per consumer thread: hd 96 already spills (ptxas: 240 B), larger worse.
+    if consumer_wgs == 3 and head_dim != 64 and not (head_dim == 96 and p_smem):
+        # 160 registers per consumer thread: hd 96 spills with P in registers (ptxas: 240 B),
+        # larger head dims more.
         raise NotImplementedError(
-            f"consumer_wgs=3 is only implemented for head_dim 64, not {head_dim}"
+            f"consumer_wgs=3 is implemented for head_dim 64 (and 96 with p_smem), not {head_dim}"
         )
     if persistent and causal and not tvm_ffi:
         raise NotImplementedError(
@@ -1045,12 +1104,16 @@ def compile_fwd(
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
         )
     key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(persistent), bool(tvm_ffi))
+    if p_smem:
+        key += ("p_smem",)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
-        kernel = HopperFwd(cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent))
+        kernel = HopperFwd(
+            cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem)
+        )
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one
@@ -1132,6 +1195,7 @@ def hopper_fwd(
     softmax_scale: float,
     consumer_wgs: int = 2,
     persistent: bool = False,
+    p_smem: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1140,6 +1204,7 @@ def hopper_fwd(
     consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles, hd 64 only).
     persistent: one CTA per SM walking the tiles (head dims <= 128; causal: each CTA the list
     ``fwd_tiles.causal_tile_lists`` gives it, made once per shape).
+    p_smem: P through shared memory (``compile_fwd``; experimental, not yet run on a GPU).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1185,8 +1250,9 @@ def hopper_fwd(
     # The entry follows TVM_FFI_LAUNCH (compile_fwd's default), but the persistent causal
     # kernel's is always TVM-FFI.
     compiled = compile_fwd(
-        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent
-    )
+        head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
+        p_smem=p_smem,
+    )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
     if persistent and causal:
@@ -1219,12 +1285,13 @@ def compile_report(
     consumer_wgs: int = 2,
     tvm_ffi: bool = False,
     persistent: bool = False,
+    p_smem: bool = False,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
-        persistent=persistent, tvm_ffi=tvm_ffi,
+        persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

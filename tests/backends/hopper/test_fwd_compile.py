@@ -277,3 +277,19 @@ def test_bad_arguments_raise(
     monkeypatch.setattr(hfwd, "TVM_FFI_LAUNCH", tvm_ffi)
     with pytest.raises(ValueError, match=match):
         hfwd.hopper_fwd(q, k, v, causal=False, softmax_scale=1.0)
+
+
+def test_p_smem_kernel_compiles_at_hd96_with_three_warpgroups() -> None:
+    """``p_smem`` (P through shared memory, PV as an SS WGMMA; opt-in, never chosen by the
+    backend) lets the 192-row tile compile at hd 96: PV reads its A operand from a descriptor,
+    each warpgroup waits for its own P slab (a 128-thread barrier), no local memory. Without
+    it hd 96 keeps the 2-warpgroup limit."""
+    ptx, _ = hfwd.compile_report(96, "bfloat16", True, 3, True, True, True)
+    pv = "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16"
+    assert pv in ptx
+    assert not re.search(re.escape(pv) + r"\s*\{[^}]*\},\s*\{", ptx), "PV is still RS"
+    assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", ptx)
+    assert not re.search(r"\b(ld|st)\.local", ptx)
+    with pytest.raises(NotImplementedError, match="96 with p_smem"):
+        hfwd.compile_fwd(96, torch.bfloat16, True, consumer_wgs=3)

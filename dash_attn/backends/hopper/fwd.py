@@ -768,7 +768,7 @@ class HopperFwd:
         tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
         if const_expr(self.p_smem):
             # PV's A operand is this warpgroup's slab of sP, written by stmatrix in the layout
-            # of the QK^T accumulator (_stage_p).
+            # of the QK^T accumulator (_set_p).
             tOrP = wg_pv.make_fragment_A(wg_pv.partition_A(sP))
             p_atom = cute.make_copy_atom(
                 cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
@@ -1201,7 +1201,8 @@ def hopper_fwd(
 
     q (b, sq, h, d), k/v (b, sk, hk, d), bf16/fp16; returns out like q and lse (b, h, sq) fp32
     in natural log. GQA: q head h reads kv head h // (heads // kv_heads).
-    consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles, hd 64 only).
+    consumer_wgs: 2 (default, 128-row tiles) or 3 (192-row tiles: hd 64, and hd 96 with
+    p_smem).
     persistent: one CTA per SM walking the tiles (head dims <= 128; causal: each CTA the list
     ``fwd_tiles.causal_tile_lists`` gives it, made once per shape).
     p_smem: P through shared memory (``compile_fwd``; experimental, not yet run on a GPU).

@@ -429,25 +429,34 @@ def test_hopper_forward_other_head_dims_match_reference(headdim):
     assert_close_to_ref(f"lse [hopper fwd d{headdim}]", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("headdim", [64, 96])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hopper_forward_192_row_tiles_match_reference(causal):
-    """At hd 64 from FWD_3WG_MIN_SEQLEN query tokens (per mask) the hopper forward runs 192-row
-    tiles (three consumer warpgroups): right (out, lse) on a length that is no tile multiple,
-    GQA, and bitwise repeatable."""
+def test_hopper_forward_192_row_tiles_match_reference(causal, headdim):
+    """From FWD_3WG_MIN_SEQLEN query tokens (per mask and head dim) the hopper forward runs
+    192-row tiles (three consumer warpgroups; at hd 96 with P through shared memory): right
+    (out, lse) on a length that is no tile multiple, GQA, bitwise repeatable, and bitwise the
+    128-row kernel's outputs (the same per-row arithmetic), so the length that picks the tile
+    does not change the bits."""
     from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
-    from dash_attn.backends.hopper.launch import forward_consumer_wgs
+    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.launch import forward_consumer_wgs, forward_persistent
 
-    seqlen = max(FWD_3WG_MIN_SEQLEN["causal" if causal else "full"], 1000) + 1
-    assert forward_consumer_wgs(64, seqlen, causal) == 3
-    q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda", seed=3)
+    seqlen = max(FWD_3WG_MIN_SEQLEN["causal" if causal else "full"][headdim], 1000) + 1
+    q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, headdim, torch.bfloat16, "cuda", seed=3)
     _skip_if_uncovered_fwd(q, k)
-    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, 64**-0.5, "hopper")
-    again = torch.ops.dash_attn.fwd(q, k, v, causal, 64**-0.5, "hopper")
+    scale = headdim**-0.5
+    assert forward_consumer_wgs(headdim, seqlen, causal) == 3
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, scale, "hopper")
+    again = torch.ops.dash_attn.fwd(q, k, v, causal, scale, "hopper")
     assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    persistent = forward_persistent(headdim, seqlen, causal)
+    rows128 = hopper_fwd(q, k, v, causal=causal, softmax_scale=scale, persistent=persistent)
+    assert torch.equal(out, rows128[0]) and torch.equal(lse, rows128[1])
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
     same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
-    assert_close_to_ref("out [hopper fwd d64, 192 rows]", out, ref_out, same_out, atol=1e-3)
-    assert_close_to_ref("lse [hopper fwd d64, 192 rows]", lse, ref_lse, same_lse, atol=1e-3)
+    tag = f"hopper fwd d{headdim}, 192 rows"
+    assert_close_to_ref(f"out [{tag}]", out, ref_out, same_out, atol=1e-3)
+    assert_close_to_ref(f"lse [{tag}]", lse, ref_lse, same_lse, atol=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -226,8 +226,8 @@ class HopperFwd:
         #   RS WGMMA's A operand across the next block's QK^T. Frees the 16-bit P registers
         #   (tile_n / 4 per thread) at the cost of a store, a fence and a warpgroup barrier per
         #   block; FA4's sm90 forward does so at hd 96 with 192-row tiles, where three
-        #   warpgroups at 160 registers spill with P in registers. Compile-checked only (not yet
-        #   run on a GPU: benchmarks/NOTES.md, session 37).
+        #   warpgroups at 160 registers spill with P in registers. Bitwise the outputs of P in
+        #   registers (the same per-row arithmetic; benchmarks/NOTES.md, session 38).
         self.p_smem = p_smem
 
     # ------------------------------------------------------------------ host side
@@ -1072,15 +1072,15 @@ def compile_fwd(
     every batch / seqlen / heads / stride; the real tensors only differ in runtime values. Always
     targets sm_90a (explicitly, so this also works on a machine without a GPU).
     keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
-    consumer_wgs=3 is the 192-row tile for hd 64 (FA4's choice there); the backend runs it
-    from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
+    consumer_wgs=3 is the 192-row tile for hd 64, and hd 96 with p_smem (FA4's choices); the
+    backend runs it from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
     persistent: one CTA per SM walking tiles (``HopperFwd``; head dims <= 128; causal: from
     the host's tile lists, TVM-FFI entry only).
     tvm_ffi: compile the TVM-FFI entry (``call_tensors`` from symbolic fake tensors, stream
     from the environment) instead of the plain-number one; None follows ``TVM_FFI_LAUNCH``,
     except for the persistent causal kernel, whose tile lists have the TVM-FFI entry only.
-    p_smem: P through shared memory (``HopperFwd``; compile-checked, not yet run on a GPU);
-    with it consumer_wgs=3 compiles at hd 96 too. Never chosen by the backend.
+    p_smem: P through shared memory (``HopperFwd``); with it consumer_wgs=3 compiles at hd 96
+    too. The backend sets it for its 192-row hd-96 kernel (``FWD_P_SMEM_HEADDIMS``).
     """
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
@@ -1205,7 +1205,8 @@ def hopper_fwd(
     p_smem).
     persistent: one CTA per SM walking the tiles (head dims <= 128; causal: each CTA the list
     ``fwd_tiles.causal_tile_lists`` gives it, made once per shape).
-    p_smem: P through shared memory (``compile_fwd``; experimental, not yet run on a GPU).
+    p_smem: P through shared memory (``compile_fwd``; the backend's choice at hd 96 with
+    three warpgroups).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:

@@ -18,7 +18,12 @@ from ...schedule import Dispatch
 from .. import backward
 from ..tables import device_tables
 from ..triton.group_sum import sum_kv_groups
-from . import FWD_3WG_MIN_SEQLEN, FWD_PERSISTENT_MAX_SEQLEN_K, bwd_variant
+from . import (
+    FWD_3WG_MIN_SEQLEN,
+    FWD_P_SMEM_HEADDIMS,
+    FWD_PERSISTENT_MAX_SEQLEN_K,
+    bwd_variant,
+)
 from .bwd_launch import (
     BwdLaunch,
     FullBackward,
@@ -36,17 +41,19 @@ def run_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
     head_dim = q.shape[3]
+    consumer_wgs = forward_consumer_wgs(head_dim, q.shape[1], causal)
     return hopper_fwd(
-        q, k, v, causal=causal, softmax_scale=softmax_scale,
-        consumer_wgs=forward_consumer_wgs(head_dim, q.shape[1], causal),
+        q, k, v, causal=causal, softmax_scale=softmax_scale, consumer_wgs=consumer_wgs,
         persistent=forward_persistent(head_dim, k.shape[1], causal),
+        p_smem=consumer_wgs == 3 and head_dim in FWD_P_SMEM_HEADDIMS,
     )  # fmt: skip
 
 
 def forward_consumer_wgs(head_dim: int, seqlen_q: int, causal: bool) -> int:
-    """Consumer warpgroups of the hopper forward for this shape (``FWD_3WG_MIN_SEQLEN``)."""
-    min_seqlen = FWD_3WG_MIN_SEQLEN["causal" if causal else "full"]
-    return 3 if head_dim == 64 and seqlen_q >= min_seqlen else 2
+    """Consumer warpgroups of the hopper forward for this shape: 3 (192-row tiles) from
+    ``FWD_3WG_MIN_SEQLEN`` query tokens on, per mask kind and head dim, else 2."""
+    min_seqlen = FWD_3WG_MIN_SEQLEN["causal" if causal else "full"].get(head_dim)
+    return 3 if min_seqlen is not None and seqlen_q >= min_seqlen else 2
 
 
 def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:

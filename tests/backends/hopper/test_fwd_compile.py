@@ -228,15 +228,20 @@ def test_three_warpgroups_only_for_hd64() -> None:
 
 def test_forward_warpgroups_by_mask_and_length() -> None:
     """hd 64 runs 192-row tiles on full masks at every length and on causal ones from
-    FWD_3WG_MIN_SEQLEN["causal"] query tokens; every other head dim runs 128-row tiles."""
-    from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
+    FWD_3WG_MIN_SEQLEN query tokens, hd 96 from its own lengths (with P through shared memory,
+    the only way three warpgroups fit there); hd 128 and up run 128-row tiles."""
+    from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN, FWD_P_SMEM_HEADDIMS
     from dash_attn.backends.hopper.launch import forward_consumer_wgs
 
-    threshold = FWD_3WG_MIN_SEQLEN["causal"]
-    assert [forward_consumer_wgs(64, s, False) for s in (1, 512, threshold)] == [3, 3, 3]
-    assert forward_consumer_wgs(64, threshold - 1, True) == 2
-    assert forward_consumer_wgs(64, threshold, True) == 3
-    assert {forward_consumer_wgs(hd, 16384, c) for hd in (96, 128) for c in (False, True)} == {2}
+    assert [forward_consumer_wgs(64, s, False) for s in (1, 512, 1 << 20)] == [3, 3, 3]
+    for causal in (False, True):
+        for headdim, threshold in FWD_3WG_MIN_SEQLEN["causal" if causal else "full"].items():
+            assert forward_consumer_wgs(headdim, threshold, causal) == 3
+            if threshold > 1:
+                assert forward_consumer_wgs(headdim, threshold - 1, causal) == 2
+        assert {forward_consumer_wgs(hd, 1 << 20, causal) for hd in (128, 192, 256)} == {2}
+    assert forward_consumer_wgs(96, 512, False) == 2
+    assert sorted(FWD_P_SMEM_HEADDIMS) == [96]
 
 
 def test_unsupported_dtype_raises() -> None:
@@ -279,13 +284,17 @@ def test_bad_arguments_raise(
         hfwd.hopper_fwd(q, k, v, causal=False, softmax_scale=1.0)
 
 
-def test_p_smem_kernel_compiles_at_hd96_with_three_warpgroups() -> None:
-    """``p_smem`` (P through shared memory, PV as an SS WGMMA; opt-in, never chosen by the
-    backend) lets the 192-row tile compile at hd 96: PV reads its A operand from a descriptor,
-    each warpgroup waits for its own P slab (a 128-thread barrier), no local memory. Without
-    it hd 96 keeps the 2-warpgroup limit."""
-    ptx, _ = hfwd.compile_report(96, "bfloat16", True, 3, True, True, True)
-    pv = "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16"
+@pytest.mark.parametrize(
+    ("dtype", "causal"), [("bfloat16", True), ("float16", False)], ids=["bf16-causal", "fp16-full"]
+)
+def test_p_smem_kernel_compiles_at_hd96_with_three_warpgroups(dtype: str, causal: bool) -> None:
+    """``p_smem`` (P through shared memory, PV as an SS WGMMA; the backend's hd-96 kernel from
+    FWD_3WG_MIN_SEQLEN tokens on, persistent) lets the 192-row tile compile at hd 96: PV reads
+    its A operand from a descriptor, each warpgroup waits for its own P slab (a 128-thread
+    barrier), no local memory. Without it hd 96 keeps the 2-warpgroup limit."""
+    ptx, _ = hfwd.compile_report(96, dtype, causal, 3, True, True, True)
+    ab = "bf16" if dtype == "bfloat16" else "f16"
+    pv = f"wgmma.mma_async.sync.aligned.m64n96k16.f32.{ab}.{ab}"
     assert pv in ptx
     assert not re.search(re.escape(pv) + r"\s*\{[^}]*\},\s*\{", ptx), "PV is still RS"
     assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)

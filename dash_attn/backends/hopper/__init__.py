@@ -128,9 +128,10 @@ BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2": "t128_xm24r_sm2_fs"}
 # against 1.02x.
 # At hd 96 three warpgroups' P and O do not fit in 160 registers (ptxas: 240 B of spills), so
 # the 192-row tile there stages P through shared memory (``FWD_P_SMEM_HEADDIMS``, FA4's choice
-# too). Timed against the shipped 128-row kernel in interleaved rounds, both persistent, bitwise
-# equal outputs (session38-*/call1, call2: 32 heads x 16k tokens): 0.97x / 1.10x / 1.18x /
-# 1.16x at full 512 / 2k / 8k / 16k, 0.87x / 0.99x / 1.08x / 1.10x causal.
+# too). Timed against the 128-row kernel in interleaved rounds, both persistent, bitwise equal
+# outputs (session38-ace4448/call1-ace4448 and call2 fwd96_psmem.txt, 32 heads x 16k tokens):
+# full 0.97x / 0.99x / 1.10x / 1.12x / 1.18x / 1.16x at 512 / 1k / 2k / 4k / 8k / 16k, causal
+# 0.87x / 0.85x / 0.99x / 1.02x / 1.08x / 1.10x.
 # A shape always runs the same kernel; per mask kind, head dim -> query tokens.
 FWD_3WG_MIN_SEQLEN = {"full": {64: 1, 96: 2048}, "causal": {64: 2048, 96: 4096}}
 FWD_P_SMEM_HEADDIMS = frozenset({96})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..schedule.report import (
     PAPER_HEADDIMS,
@@ -39,6 +40,55 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+@dataclass(frozen=True)
+class HiddenSizes:
+    """``--hidden``: heads * head dim of the sweep's cases, one size for every head dim or
+    another for some (a head dim must divide its size).
+
+    >>> sizes = parse_hidden("2048,96:3072")
+    >>> [sizes.of(d) for d in (64, 96, 128)], str(sizes)
+    ([2048, 3072, 2048], '2048,96:3072')
+
+    so ``--headdims 64,96,128 --hidden 2048,96:3072`` sweeps 32, 32 and 16 heads in one run.
+    """
+
+    default: int
+    per_headdim: tuple[tuple[int, int], ...] = ()
+
+    def of(self, headdim: int) -> int:
+        return dict(self.per_headdim).get(headdim, self.default)
+
+    def __str__(self) -> str:
+        return ",".join([str(self.default), *(f"{d}:{h}" for d, h in self.per_headdim)])
+
+
+def parse_hidden(text: str) -> HiddenSizes:
+    """``"2048"`` or ``"2048,96:3072"`` (a default, then HEADDIM:HIDDEN overrides)."""
+    default, overrides = None, {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        headdim, sep, size = item.rpartition(":")
+        try:
+            value = int(size)
+            key = int(headdim) if sep else None
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--hidden is SIZE or SIZE,HEADDIM:SIZE,..., got {text!r}"
+            ) from None
+        if value < 1 or (key is not None and key < 1):
+            raise argparse.ArgumentTypeError(f"--hidden sizes must be positive, got {text!r}")
+        if key is None:
+            if default is not None:
+                raise argparse.ArgumentTypeError(f"--hidden has two default sizes: {text!r}")
+            default = value
+        else:
+            overrides[key] = value
+    if default is None:
+        raise argparse.ArgumentTypeError(f"--hidden needs a default size first, got {text!r}")
+    return HiddenSizes(default, tuple(sorted(overrides.items())))
 
 
 def _mask_list(text: str) -> list[str]:
@@ -96,12 +146,11 @@ def resolve_cases(args: argparse.Namespace) -> list[Case]:
         ]
     cases = []
     for headdim, causal, seqlen in triples:
+        hidden = args.hidden.of(headdim)
         try:
-            batch, heads = paper_batch_heads(headdim, seqlen, args.tokens, args.hidden)
+            batch, heads = paper_batch_heads(headdim, seqlen, args.tokens, hidden)
         except ValueError:
-            raise ValueError(
-                f"--hidden {args.hidden} is not a multiple of head dim {headdim}"
-            ) from None
+            raise ValueError(f"--hidden {hidden} is not a multiple of head dim {headdim}") from None
         cases.append(Case(batch, seqlen, heads, heads, headdim, causal, args.dtype))
     order = {c: i for i, c in enumerate(cases)}
     return sorted(
@@ -117,7 +166,7 @@ def is_default_grid(args: argparse.Namespace) -> bool:
         and tuple(args.seqlens) == DEFAULT_SEQLENS
         and tuple(sorted(args.masks)) == tuple(sorted(DEFAULT_MASKS))
         and args.tokens == DEFAULT_TOKENS
-        and args.hidden == DEFAULT_HIDDEN
+        and args.hidden == HiddenSizes(DEFAULT_HIDDEN)
     )
 
 

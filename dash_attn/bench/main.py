@@ -40,11 +40,13 @@ from .configs import (
     DEFAULT_SEQLENS,
     DEFAULT_TOKENS,
     QUICK_SEQLENS,
+    HiddenSizes,
     _int_list,
     _mask_list,
     determinism_cases,
     is_default_grid,
     parse_configs,
+    parse_hidden,
     resolve_cases,
 )
 from .providers import (
@@ -146,7 +148,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--masks", type=_mask_list, default=list(DEFAULT_MASKS), help="default full,causal"
     )
     grid.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="batch * seqlen")
-    grid.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="heads * head dim")
+    grid.add_argument(
+        "--hidden",
+        type=parse_hidden,
+        default=HiddenSizes(DEFAULT_HIDDEN),
+        help=f"heads * head dim (default {DEFAULT_HIDDEN}); per head dim: e.g. 2048,96:3072",
+    )
     grid.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
 
     what = parser.add_argument_group("what to run")
@@ -412,7 +419,8 @@ def _run_gpu(
                     "gpu_warmup_s": GPU_WARMUP_S,
                     "repeat_check": args.repeat_check,
                     "tokens": args.tokens,
-                    "hidden": args.hidden,
+                    # An int as before, the spec's text where head dims differ.
+                    "hidden": str(args.hidden) if args.hidden.per_headdim else args.hidden.default,
                     "timer": (
                         "triton.testing.do_bench, median, L2 flushed, at least "
                         f"{MIN_TIMED_CALLS} timed calls per round"

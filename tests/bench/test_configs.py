@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import doctest
+
+import pytest
+
 from dash_attn.bench import configs, main
 
 from .helpers import parse_bench_args
@@ -32,3 +37,33 @@ def test_grid_options_and_quick() -> None:
         main.QUICK_REP_MS,
         3,
     )
+
+
+def test_hidden_per_head_dim() -> None:
+    """``--hidden 2048,96:3072`` sweeps head dim 96 at 32 heads beside 64 and 128 at 2048."""
+    args = parse_bench_args(
+        [
+            "--headdims",
+            "64,96,128",
+            "--seqlens",
+            "2048",
+            "--masks",
+            "full",
+            "--hidden",
+            "2048,96:3072",
+        ]
+    )
+    cases = configs.resolve_cases(args)
+    assert {(c.headdim, c.heads, c.batch) for c in cases} == {
+        (64, 32, 8),
+        (96, 32, 8),
+        (128, 16, 8),
+    }
+    assert str(args.hidden) == "2048,96:3072" and not configs.is_default_grid(args)
+    assert configs.parse_hidden(" 4096 ") == configs.HiddenSizes(4096)
+    assert doctest.testmod(configs).failed == 0  # HiddenSizes' worked example
+    for bad in ("96:3072", "2048,4096", "2048,x:3", "0", "2048,96:0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--hidden"):
+            configs.parse_hidden(bad)
+    with pytest.raises(ValueError, match="--hidden 2048 is not a multiple of head dim 96"):
+        configs.resolve_cases(parse_bench_args(["--headdims", "96"]))

@@ -498,8 +498,8 @@ def test_hopper_persistent_forward_matches_per_tile_kernel(shape, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_p_smem_matches_reference(causal):
-    """``p_smem`` (P through shared memory; opt-in, not chosen by the backend): at hd 96 with
-    two and three consumer warpgroups, persistent and per tile, out and lse within the
+    """``p_smem`` (P through shared memory; the backend's choice at hd 96 with three consumer
+    warpgroups, also run here with two): persistent and per tile, out and lse within the
     flash-attn rule on GQA with Sq != Sk, and bitwise repeatable."""
     from dash_attn.backends.hopper.fwd import hopper_fwd
 

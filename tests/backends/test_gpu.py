@@ -519,6 +519,31 @@ def test_hopper_forward_p_smem_matches_reference(causal):
             assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_forward_tile_n_matches_reference(causal):
+    """``tile_n`` (keys per block; the backend keeps ``_TILE_N``): at hd 96 144- and 160-key
+    blocks with 192-row tiles and P through shared memory (per tile) and 144 with 128-row
+    tiles (persistent), out and lse within the flash-attn rule on GQA with Sq != Sk, and
+    bitwise repeatable."""
+    from dash_attn.backends.hopper.fwd import hopper_fwd
+
+    q, k, v = make_qkv(2, 1000, 1500, 6, 2, 96, torch.bfloat16, "cuda", seed=17)
+    _skip_if_uncovered_fwd(q, k)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
+    configs = [
+        dict(tile_n=144, consumer_wgs=3, p_smem=True, persistent=False),
+        dict(tile_n=160, consumer_wgs=3, p_smem=True, persistent=False),
+        dict(tile_n=144, consumer_wgs=2, persistent=True),
+    ]
+    for kwargs in configs:
+        out, lse = hopper_fwd(q, k, v, causal=causal, softmax_scale=96**-0.5, **kwargs)
+        again = hopper_fwd(q, k, v, causal=causal, softmax_scale=96**-0.5, **kwargs)
+        assert torch.equal(out, again[0]) and torch.equal(lse, again[1]), kwargs
+        assert_close_to_ref(f"out [fwd d96 {kwargs}]", out, ref_out, same_out, atol=1e-3)
+        assert_close_to_ref(f"lse [fwd d96 {kwargs}]", lse, ref_lse, same_lse, atol=1e-3)
+
+
 def _skip_if_uncovered_fwd(q: torch.Tensor, k: torch.Tensor) -> None:
     gap = hopper_unsupported(problem_of(q, k, CAUSAL), device_info(q.device), "fwd")
     if gap is not None:

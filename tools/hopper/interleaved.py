@@ -80,3 +80,16 @@ def ratio_line(times: Mapping[str, Sequence[float]], num: str, den: str) -> str:
 def medians_line(times: Mapping[str, Sequence[float]]) -> str:
     """Each contender's median time: ``A 5.554 ms  B 5.599 ms ...``."""
     return "  ".join(f"{key} {statistics.median(v):.3f} ms" for key, v in times.items())
+
+
+def repeat(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+    """A contender that runs ``fn`` ``calls`` times back to back (one timed unit of a round:
+    several calls so that a short kernel's launch gaps do not dominate)."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+
+    def run() -> None:
+        for _ in range(calls):
+            fn()
+
+    return run

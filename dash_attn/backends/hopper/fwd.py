@@ -86,6 +86,38 @@ _BAR_SCHED_BASE = 2
 _BAR_P_BASE = 5
 
 
+# Shared memory a CTA may have on sm_90 (227 KiB).
+SMEM_LIMIT = 232_448
+
+
+def fwd_smem_bytes(
+    head_dim: int, consumer_wgs: int, tile_n: int, persistent: bool, p_smem: bool
+) -> int:
+    """Shared memory of a ``HopperFwd`` config, laid out as its storage struct is: the
+    mbarriers, then 1024-byte aligned Q, two K and two V stages, O (its own tile when
+    persistent, else it aliases Q) and P (p_smem), 16-bit elements.
+
+    >>> fwd_smem_bytes(96, 3, 128, persistent=True, p_smem=True) // 1024  # KiB, of 227
+    217
+    >>> fwd_smem_bytes(96, 3, 144, persistent=True, p_smem=True) > SMEM_LIMIT
+    True
+    """
+
+    def aligned(offset: int) -> int:
+        return -(-offset // 1024) * 1024
+
+    stages, elem = 2, 2
+    tile_m = 64 * consumer_wgs
+    offset = 8 * (2 + 4 * stages)  # mbarriers: Q's 2, K's and V's 2 per stage
+    offset = aligned(offset) + tile_m * head_dim * elem  # Q
+    offset = aligned(offset) + stages * tile_n * head_dim * elem  # K
+    offset = aligned(offset) + stages * tile_n * head_dim * elem  # V
+    offset = aligned(offset) + (tile_m * head_dim * elem if persistent else elem)  # O
+    if p_smem:
+        offset = aligned(offset) + tile_m * tile_n * elem  # P
+    return offset
+
+
 def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None) -> Any:
     """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile.
 
@@ -185,6 +217,7 @@ class HopperFwd:
         consumer_wgs: int = 2,
         persistent: bool = False,
         p_smem: bool = False,
+        tile_n: int | None = None,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -196,7 +229,10 @@ class HopperFwd:
         if consumer_wgs not in _CONSUMER_REGS:
             raise ValueError(f"consumer_wgs={consumer_wgs} not supported; use 2 or 3")
         self.tile_m = 64 * consumer_wgs  # each consumer warpgroup owns 64 query rows
-        self.tile_n = _TILE_N[head_dim]
+        # tile_n: keys per block (``_TILE_N`` per head dim unless given; compile_fwd checks it).
+        #   The online softmax rescales O once per key block, so another width gives other
+        #   bits: a backend must not let it depend on the sequence length.
+        self.tile_n = _TILE_N[head_dim] if tile_n is None else tile_n
         self.num_stages = 2
         self.num_consumer_wg = consumer_wgs
         self.num_threads = 128 * (self.num_consumer_wg + 1)
@@ -1065,6 +1101,7 @@ def compile_fwd(
     persistent: bool = False,
     tvm_ffi: bool | None = None,
     p_smem: bool = False,
+    tile_n: int | None = None,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -1081,7 +1118,20 @@ def compile_fwd(
     except for the persistent causal kernel, whose tile lists have the TVM-FFI entry only.
     p_smem: P through shared memory (``HopperFwd``); with it consumer_wgs=3 compiles at hd 96
     too. The backend sets it for its 192-row hd-96 kernel (``FWD_P_SMEM_HEADDIMS``).
+    tile_n: keys per block, a multiple of 16 up to 256 (default ``_TILE_N[head_dim]``, what the
+    backend runs); a width whose tiles do not fit in shared memory raises ValueError.
     """
+    if tile_n is None:
+        tile_n = _TILE_N[head_dim]
+    if tile_n % 16 or not 16 <= tile_n <= 256:
+        raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {tile_n}")
+    smem = fwd_smem_bytes(head_dim, consumer_wgs, tile_n, persistent, p_smem)
+    if smem > SMEM_LIMIT:
+        raise ValueError(
+            f"tile_n={tile_n} at head_dim={head_dim} with {consumer_wgs} consumer warpgroups "
+            f"(persistent={persistent}, p_smem={p_smem}) needs {smem} bytes of shared memory, "
+            f"more than the {SMEM_LIMIT} a CTA may have"
+        )
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
     _check_config(head_dim, dtype)
@@ -1106,14 +1156,17 @@ def compile_fwd(
     key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(persistent), bool(tvm_ffi))
     if p_smem:
         key += ("p_smem",)
+    if tile_n != _TILE_N[head_dim]:
+        key += (f"n{tile_n}",)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
         kernel = HopperFwd(
-            cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem)
-        )
+            cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem),
+            tile_n,
+        )  # fmt: skip
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one
@@ -1167,6 +1220,7 @@ def _device_tile_lists(
     seqlen_q: int,
     seqlen_k: int,
     sm_count: int,
+    tile_n: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The persistent causal kernel's tile lists on ``device`` (int32 tiles, starts), made and
     uploaded once per shape, as the backward's schedule tables (``tables.upload_once``)."""
@@ -1176,12 +1230,12 @@ def _device_tile_lists(
     def make() -> dict[str, np.ndarray]:
         lists = causal_tile_lists(
             num_m_blocks=num_m_blocks, heads=heads, batch=batch, tile_m=tile_m,
-            tile_n=_TILE_N[head_dim], seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+            tile_n=tile_n, seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
             workers=min(sm_count, num_m_blocks * heads * batch),
         )  # fmt: skip
         return {"tiles": lists.tiles, "starts": lists.starts}
 
-    key = ("fwd_tiles", head_dim, tile_m, batch, heads, seqlen_q, seqlen_k, sm_count)
+    key = ("fwd_tiles", head_dim, tile_m, tile_n, batch, heads, seqlen_q, seqlen_k, sm_count)
     tables = upload_once(key, device, make)
     return tables["tiles"], tables["starts"]
 
@@ -1196,6 +1250,7 @@ def hopper_fwd(
     consumer_wgs: int = 2,
     persistent: bool = False,
     p_smem: bool = False,
+    tile_n: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1207,6 +1262,7 @@ def hopper_fwd(
     ``fwd_tiles.causal_tile_lists`` gives it, made once per shape).
     p_smem: P through shared memory (``compile_fwd``; the backend's choice at hd 96 with
     three warpgroups).
+    tile_n: keys per block (``compile_fwd``; default the backend's width for the head dim).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1253,14 +1309,15 @@ def hopper_fwd(
     # kernel's is always TVM-FFI.
     compiled = compile_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
-        p_smem=p_smem,
+        p_smem=p_smem, tile_n=tile_n,
     )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
     if persistent and causal:
         tiles, starts = _device_tile_lists(
-            q.device, head_dim, consumer_wgs, batch, heads, seqlen_q, k.shape[1], max_ctas
-        )
+            q.device, head_dim, consumer_wgs, batch, heads, seqlen_q, k.shape[1], max_ctas,
+            _TILE_N[head_dim] if tile_n is None else tile_n,
+        )  # fmt: skip
         compiled(
             tma_view(q), tma_view(k), tma_view(v), out, lse, tiles, starts, scale * LOG2_E,
             starts.shape[0] - 1,
@@ -1288,12 +1345,13 @@ def compile_report(
     tvm_ffi: bool = False,
     persistent: bool = False,
     p_smem: bool = False,
+    tile_n: int | None = None,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
     start = time.perf_counter()
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
-        persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem,
+        persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem, tile_n=tile_n,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

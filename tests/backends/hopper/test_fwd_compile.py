@@ -6,6 +6,7 @@ TMA loads on mbarriers and a TMA store, no local-memory traffic. Bad arguments f
 from __future__ import annotations
 
 import concurrent.futures
+import doctest
 import multiprocessing
 import os
 import re
@@ -302,3 +303,28 @@ def test_p_smem_kernel_compiles_at_hd96_with_three_warpgroups(dtype: str, causal
     assert not re.search(r"\b(ld|st)\.local", ptx)
     with pytest.raises(NotImplementedError, match="96 with p_smem"):
         hfwd.compile_fwd(96, torch.bfloat16, True, consumer_wgs=3)
+
+
+def test_tile_n_option_compiles_and_checks_shared_memory() -> None:
+    """``tile_n`` (keys per block; the backend keeps ``_TILE_N``): FA4's 144-key block at hd 96
+    with 192-row tiles and P through shared memory compiles for sm_90a per tile (QK^T an N=144
+    WGMMA, no local memory); the persistent kernel's own O tile would take it past 227 KiB, and
+    that, like a width that is no multiple of 16, raises before any compile."""
+    ptx, _ = hfwd.compile_report(96, "bfloat16", False, 3, False, False, True, 144)
+    assert "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16" in ptx
+    assert not re.search(r"\b(ld|st)\.local", ptx)
+    assert hfwd.fwd_smem_bytes(96, 3, 144, persistent=True, p_smem=True) > hfwd.SMEM_LIMIT
+    assert doctest.testmod(hfwd).failed == 0  # fwd_smem_bytes' examples
+    with pytest.raises(ValueError, match="shared memory"):
+        hfwd.compile_fwd(96, torch.bfloat16, False, consumer_wgs=3, persistent=True, p_smem=True,
+                         tile_n=144)  # fmt: skip
+    with pytest.raises(ValueError, match="multiple of 16"):
+        hfwd.compile_fwd(96, torch.bfloat16, False, tile_n=100)
+    # Every configuration the backend runs fits (persistent at hd <= 128 on some lengths).
+    from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN, FWD_P_SMEM_HEADDIMS
+
+    three = set(FWD_3WG_MIN_SEQLEN["full"]) | set(FWD_3WG_MIN_SEQLEN["causal"])
+    for hd, n in hfwd._TILE_N.items():
+        for wgs in (2, 3) if hd in three else (2,):
+            p_smem = wgs == 3 and hd in FWD_P_SMEM_HEADDIMS
+            assert hfwd.fwd_smem_bytes(hd, wgs, n, hd <= 128, p_smem) <= hfwd.SMEM_LIMIT

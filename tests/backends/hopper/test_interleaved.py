@@ -60,3 +60,11 @@ def test_quantile_by_rank() -> None:
 def test_rounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         interleaved.run_rounds({"A": lambda: None}, 0, timer=lambda fn: 0.0)
+
+
+def test_repeat_runs_the_call_that_many_times() -> None:
+    calls = []
+    interleaved.repeat(lambda: calls.append(1), 5)()
+    assert len(calls) == 5
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        interleaved.repeat(lambda: None, 0)

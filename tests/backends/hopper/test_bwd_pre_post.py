@@ -261,9 +261,7 @@ def test_full_backward_after_a_first_store_kernel_zeroes_only_the_flags(monkeypa
     q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
     lse = torch.zeros(batch, heads, seqlen)
     spec, tiles = plan.spec, plan.tiles
-    full, calls = _stubbed_full_backward(
-        plan, q, "t80_wgr_p14_sm2_fs", monkeypatch, zero_acc=False
-    )
+    full, calls = _stubbed_full_backward(plan, q, "t80_wgr_p14_sm2_fs", monkeypatch, zero_acc=False)
     full(q, q, q, q, q, lse, 0.125, 0, 0)
     args = dict(calls)
     zero = args["pre"][-1]

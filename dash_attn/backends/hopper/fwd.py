@@ -1142,23 +1142,8 @@ def compile_fwd(
             "the TVM-FFI launch of the Hopper forward (tvm_ffi=True or TVM_FFI_LAUNCH) needs "
             "apache-tvm-ffi: pip install 'apache-tvm-ffi>=0.1.15,<0.2'"
         )
-    if persistent and head_dim > 128:
-        # HopperFwd says so too; asked here first so that the shared-memory check below does
-        # not answer with the size of a kernel that does not exist.
-        raise NotImplementedError(
-            f"the persistent forward covers head dims up to 128, not head_dim={head_dim}"
-        )
     if tile_n is None:
         tile_n = _TILE_N[head_dim]
-    if tile_n % 16 or not 16 <= tile_n <= 256:
-        raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {tile_n}")
-    smem = fwd_smem_bytes(head_dim, consumer_wgs, tile_n, persistent, p_smem)
-    if smem > SMEM_LIMIT:
-        raise ValueError(
-            f"tile_n={tile_n} at head_dim={head_dim} with {consumer_wgs} consumer warpgroups "
-            f"(persistent={persistent}, p_smem={p_smem}) needs {smem} bytes of shared memory, "
-            f"more than the {SMEM_LIMIT} a CTA may have"
-        )
     key = (head_dim, dtype, bool(causal), keep_ptx, consumer_wgs, bool(persistent), bool(tvm_ffi))
     if p_smem:
         key += ("p_smem",)
@@ -1173,6 +1158,17 @@ def compile_fwd(
             cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem),
             tile_n,
         )  # fmt: skip
+        # The width's checks, on a cache miss only (every forward call comes through here);
+        # after HopperFwd, which refuses the configs that do not exist (persistent hd > 128).
+        if tile_n % 16 or not 16 <= tile_n <= 256:
+            raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {tile_n}")
+        smem = fwd_smem_bytes(head_dim, consumer_wgs, tile_n, persistent, p_smem)
+        if smem > SMEM_LIMIT:
+            raise ValueError(
+                f"tile_n={tile_n} at head_dim={head_dim} with {consumer_wgs} consumer "
+                f"warpgroups (persistent={persistent}, p_smem={p_smem}) needs {smem} bytes of "
+                f"shared memory, more than the {SMEM_LIMIT} a CTA may have"
+            )
         options = "--gpu-arch sm_90a"
         if tvm_ffi:
             # Fake tensors, the scale a typed placeholder, the stream the caller's current one

@@ -26,9 +26,9 @@ BACKEND_NAMES = ("triton", "hopper")
 # 1.05-1.61x on the other 22 configs; at hd 64 x 512 it had been 0.89-1.01x; session 28's,
 # session28-96f6fcc/call4-96f6fcc/fwd/bench.csv: 1.05-1.64x on all 24 configs, and the
 # backward 1.71-2.18x in session 28's full run). At hd 96 from session 37's sweeps (32 heads,
-# 16k tokens, 512 to 16k; session37-a31ae6c/call1-0a5e68d/bwd96/ and fwd96/): the backward
-# 2.01-2.40x Triton's on all 12 configs, the forward 1.53-1.78x. Elsewhere they run when asked
-# for by name.
+# 16k tokens, 512 to 16k; session37-a31ae6c/call1-0a5e68d/bwd96/): the backward 2.01-2.40x
+# Triton's on all 12 configs; the forward 1.53-1.78x there, 1.63-1.94x with session 38's
+# 192-row tiles (session38-ace4448/call2/fwd96/). Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 96, 128), "bwd": (64, 96, 128)}
 AUTO_HOPPER_MIN_SEQLEN = {
     "fwd": {64: 512, 96: 512, 128: 512},

@@ -26,6 +26,7 @@ sweep of ``dash-attn schedule`` instead.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -358,7 +359,7 @@ def _run_gpu(
     *,
     device: Any = None,
     timer: Timer = do_bench_ms,
-    provider_factory: Callable[[Case, int], list[Provider]] = providers_for_case,
+    provider_factory: Callable[[Case, int], list[Provider]] | None = None,
 ) -> int:
     """Every stage on the GPU; ``device``, ``timer`` and ``provider_factory`` are replaceable so
     that the whole orchestration runs in the CPU tests with test doubles."""
@@ -367,6 +368,10 @@ def _run_gpu(
 
         device = torch.device("cuda", torch.cuda.current_device())
     workers = int(info["sm_count"])
+    # The sweep's providers are for its mode's step (the hopper forward covers head dims its
+    # backward does not); the determinism table always compares backward calls.
+    sweep_factory = provider_factory or functools.partial(providers_for_case, mode=args.mode)
+    det_factory = provider_factory or providers_for_case
     patterns = args.providers
     set_flex_dynamic(args.flex_dynamic)
     meta = {k: info[k] for k in ("gpu", "sm_count", "torch", "triton", "commit", "date")}
@@ -384,7 +389,10 @@ def _run_gpu(
             print(f"FA4 not available, fa4_* skipped: {reason}")
 
     def make_providers(case: Case) -> list[Provider]:
-        return select(provider_factory(case, workers), patterns)
+        return select(sweep_factory(case, workers), patterns)
+
+    def make_det_providers(case: Case) -> list[Provider]:
+        return select(det_factory(case, workers), patterns)
 
     skips = Skips([], set())
     rows: list[dict[str, Any]] = []
@@ -456,7 +464,7 @@ def _run_gpu(
                 f"{args.determinism_repeats} backward calls each"
             )
             det_rows = run_determinism(
-                det_cases, make_providers, meta=meta, repeats=args.determinism_repeats,
+                det_cases, make_det_providers, meta=meta, repeats=args.determinism_repeats,
                 seed=args.seed, device=device, deadline=deadline, skips=skips,
             )  # fmt: skip
             write_csv(out_dir / "determinism.csv", det_rows, DETERMINISM_FIELDS)

@@ -137,13 +137,23 @@ def torch_deterministic() -> Iterator[None]:
 # dash-attn
 
 
+def _directions(mode: str) -> tuple[str, ...]:
+    """The directions a timed step of ``mode`` runs: every mode runs the forward, ``bwd`` and
+    ``fwd_bwd`` the backward too."""
+    return ("fwd",) if mode == "fwd" else ("fwd", "bwd")
+
+
 def _dash(
-    schedule: str, deterministic: bool, backend: str, invariant: bool = True
+    schedule: str, deterministic: bool, backend: str, invariant: bool = True, mode: str = "bwd"
 ) -> Callable[[Case, Any], AttnFn]:
     def make(case: Case, device: Any) -> AttnFn:
         from dash_attn import dash_attn_func
 
         if backend == "hopper":
+            # The hopper forward covers more head dims than its backward (192 and 256): a
+            # forward sweep times it there, a backward sweep skips with the reason.
+            import torch
+
             from dash_attn.backends import hopper_unsupported
             from dash_attn.device import device_info
             from dash_attn.plan import CAUSAL, FULL, Problem
@@ -152,11 +162,11 @@ def _dash(
             problem = Problem(
                 case.batch, case.seqlen, case.seqlen, case.heads, case.kv_heads, case.headdim, mask
             )
-            import torch
-
-            gap = hopper_unsupported(problem, device_info(torch.device(device)))
-            if gap is not None:
-                raise ProviderUnavailable(f"hopper backend: {gap}")
+            info = device_info(torch.device(device))
+            for direction in _directions(mode):
+                gap = hopper_unsupported(problem, info, direction)
+                if gap is not None:
+                    raise ProviderUnavailable(f"hopper backend: {gap}")
 
         def fn(q: Any, k: Any, v: Any) -> Any:
             return dash_attn_func(
@@ -176,20 +186,22 @@ def dash_schedules(case: Case, workers: int) -> list[str]:
     return applicable_schedules(CAUSAL if case.causal else FULL)
 
 
-def dash_providers(case: Case, workers: int) -> list[Provider]:
+def dash_providers(case: Case, workers: int, mode: str = "bwd") -> list[Provider]:
     """Per backend (Triton: ``dash_``, Hopper: ``dash_hopper_``): ``auto``, one deterministic
     provider per applicable schedule, ``auto_workers`` (``invariant=False``: the summation order
-    may follow the worker count), and ``nondet``."""
+    may follow the worker count), and ``nondet``. ``mode`` (``bwd``, ``fwd``, ``fwd_bwd``): what
+    will be timed, so that a hopper provider is unavailable only where a direction it runs is
+    not covered."""
     out = []
     for backend, prefix in (("triton", "dash_"), ("hopper", "dash_hopper_")):
-        make = _dash("auto", True, backend)
+        make = _dash("auto", True, backend, mode=mode)
         out.append(Provider(f"{prefix}auto", "dash", True, make, schedule="auto"))
         for name in dash_schedules(case, workers):
-            make = _dash(name, True, backend)
+            make = _dash(name, True, backend, mode=mode)
             out.append(Provider(f"{prefix}{name}", "dash", True, make, schedule=name))
-        make = _dash("auto", True, backend, invariant=False)
+        make = _dash("auto", True, backend, invariant=False, mode=mode)
         out.append(Provider(f"{prefix}auto_workers", "dash", True, make, schedule="auto"))
-        make = _dash("auto", False, backend)
+        make = _dash("auto", False, backend, mode=mode)
         out.append(Provider(f"{prefix}nondet", "dash", False, make, schedule="auto"))
     return out
 
@@ -344,14 +356,15 @@ def _unavailable(reason: str) -> Callable[[Case, Any], AttnFn]:
     return make
 
 
-def providers_for_case(case: Case, workers: int) -> list[Provider]:
-    """Every provider for ``case`` in table order (dash schedules depend on the mask).
+def providers_for_case(case: Case, workers: int, mode: str = "bwd") -> list[Provider]:
+    """Every provider for ``case`` in table order (dash schedules depend on the mask), for
+    timing steps of ``mode``.
 
     If dash-attn itself cannot even list its schedules here, its providers are still returned,
     each raising ``ProviderUnavailable`` with the reason, so the peers are measured anyway.
     """
     try:
-        dash = dash_providers(case, workers)
+        dash = dash_providers(case, workers, mode)
     except Exception as exc:  # noqa: BLE001 - report through the skip list, keep the peers
         reason = f"dash-attn unavailable: {type(exc).__name__}: {exc}"
         dash = [

@@ -49,3 +49,38 @@ def test_real_peer_providers_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert not torch.are_deterministic_algorithms_enabled()  # the context was undone
     assert {s["provider"] for s in skips.items} <= {"fa4_det", "sdpa_cudnn"}
     assert "fa4_det" in {s["provider"] for s in skips.items} or fa4_installed()
+
+
+@pytest.mark.parametrize(
+    ("mode", "headdim", "gap"),
+    [
+        ("fwd", 192, None),  # the hopper forward covers 192 and 256
+        ("fwd", 256, None),
+        ("bwd", 192, "bwd head dims"),  # its backward does not: skipped with the reason
+        ("fwd_bwd", 256, "bwd head dims"),
+        ("bwd", 128, None),
+        ("fwd", 80, "fwd head dims"),
+    ],
+)
+def test_hopper_provider_checks_the_directions_its_mode_runs(
+    monkeypatch: pytest.MonkeyPatch, mode: str, headdim: int, gap: str | None
+) -> None:
+    """A forward sweep times the hopper forward wherever it runs; a sweep that times backwards
+    skips it where the backward is missing (before, every mode asked for the backward)."""
+    import dash_attn.device
+    from dash_attn.backends import hopper
+    from dash_attn.bench.providers import ProviderUnavailable, providers_for_case
+    from dash_attn.plan import DeviceInfo
+
+    hopper.cutlass_available.cache_clear()
+    monkeypatch.setattr(hopper, "cutlass_available", lambda: True)
+    h100 = DeviceInfo(sm_count=132, capability=(9, 0), name="H100")
+    monkeypatch.setattr(dash_attn.device, "device_info", lambda device: h100)
+    case = Case(2, 512, 4, 4, headdim, True)
+    chosen = select(providers_for_case(case, 132, mode), ["dash_hopper_auto"])
+    assert [p.name for p in chosen] == ["dash_hopper_auto"]
+    if gap is None:
+        assert callable(chosen[0].make(case, "cuda"))
+    else:
+        with pytest.raises(ProviderUnavailable, match=gap):
+            chosen[0].make(case, "cuda")

@@ -417,16 +417,20 @@ def test_auto_backends_per_direction_match_reference(shape):
 
 
 @pytest.mark.parametrize("headdim", [96, 192, 256])
-def test_hopper_forward_other_head_dims_match_reference(headdim):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_forward_other_head_dims_match_reference(causal, headdim):
     """The hopper forward covers head dims its backward does not yet; by name it must be right
-    (out and lse) on non-tile-multiple shapes, causal, GQA."""
+    (out and lse) on non-tile-multiple shapes, GQA, both masks, and repeat bitwise."""
     q, k, v = make_qkv(2, 333, 517, 4, 2, headdim, torch.bfloat16, "cuda", seed=headdim)
     _skip_if_uncovered_fwd(q, k)
-    out, lse = torch.ops.dash_attn.fwd(q, k, v, True, headdim**-0.5, "hopper")
-    ref_out, ref_lse = attention_ref(q, k, v, causal=True)
-    same_out, same_lse = attention_ref(q, k, v, causal=True, upcast=False)
-    assert_close_to_ref(f"out [hopper fwd d{headdim}]", out, ref_out, same_out, atol=1e-3)
-    assert_close_to_ref(f"lse [hopper fwd d{headdim}]", lse, ref_lse, same_lse, atol=1e-3)
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, causal, headdim**-0.5, "hopper")
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
+    tag = f"hopper fwd d{headdim} {'causal' if causal else 'full'}"
+    assert_close_to_ref(f"out [{tag}]", out, ref_out, same_out, atol=1e-3)
+    assert_close_to_ref(f"lse [{tag}]", lse, ref_lse, same_lse, atol=1e-3)
+    again = torch.ops.dash_attn.fwd(q, k, v, causal, headdim**-0.5, "hopper")
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1]), f"{tag}: repeat differs"
 
 
 @pytest.mark.parametrize("headdim", [64, 96])

@@ -165,20 +165,23 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
 
 
 def test_forward_backend_by_the_same_rules() -> None:
-    """``auto`` runs the hopper forward at head dims 64, 96 and 128 from 512 tokens (where the
-    forward sweeps measured it faster than Triton's), Triton below and at other head dims."""
+    """``auto`` runs the hopper forward at head dims 64, 96, 128, 192 and 256 from 512 tokens
+    (where the forward sweeps measured it faster than Triton's), Triton below and at head dims
+    it does not cover; the backward at 192 and 256 stays Triton's."""
     pytest.importorskip("cutlass")
     from dash_attn.backends import choose_forward_backend
 
-    for headdim in (64, 96, 128):
+    for headdim in (64, 96, 128, 192, 256):
         at = Problem(2, 512, 512, 8, 8, headdim)
         assert choose_forward_backend(at, H200, "auto")[0] == "hopper"
         below = Problem(2, 511, 4096, 8, 8, headdim)
         name, why = choose_forward_backend(below, H200, "auto")
         assert name == "triton" and "below 512 tokens" in why
-    name, why = choose_forward_backend(Problem(2, 4096, 4096, 8, 8, 192), H200, "auto")
-    assert name == "triton" and "opt-in" in why
+    plan = make_backward_plan(Problem(2, 4096, 4096, 8, 8, 192), device=H200)
+    assert plan.backend == "triton" and "bwd head dims" in plan.backend_reason
     assert choose_forward_backend(Problem(2, 300, 300, 8, 8, 192), H200, "hopper")[0] == "hopper"
+    name, why = choose_forward_backend(Problem(2, 4096, 4096, 8, 8, 80), H200, "auto")
+    assert name == "triton" and "fwd head dims" in why
 
 
 def test_auto_without_cutlass_runs_triton_and_says_why(monkeypatch) -> None:

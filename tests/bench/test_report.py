@@ -160,27 +160,34 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
     # Session 22's d128 full rows at both clocks, session 28's forward sweep, session 29's
-    # sweeps and causal orders, session 32's and 34's sweeps, and session 13's interleaved host-path
-    # table, from their own files (session 18's runs are in git history at 96f6fcc, session
-    # 19's and 20's at b887b0f, session 21's at cd36427).
+    # sweeps and causal orders, session 32's, 34's and 39's sweeps, and session 13's interleaved
+    # host-path table, from their own files (session 18's runs are in git history at 96f6fcc,
+    # session 19's and 20's at b887b0f, session 21's at cd36427).
     # The README has the current runs; the earlier ones are in the history, by session.
     readme_text = readme.read_text()
     text = (repo / "benchmarks" / "HISTORY.md").read_text()
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     session29 = results / "session29-01bb4dd"
+    session39 = results / "session39-20fa759"
     for path, doc in (
-        (session28 / "fwd" / "bench.csv", readme_text),
+        (session28 / "fwd" / "bench.csv", text),
         (results / "session22-cb74eeb" / "call4-5ae0862" / "sustained" / "bench.csv", text),
         (results / "session22-cb74eeb" / "call4-5ae0862" / "boost" / "bench.csv", text),
         (session29 / "call7-b887b0f" / "sweep" / "bench.csv", text),
         (session29 / "call4-c34fc73" / "orders" / "bench.csv", text),
         (results / "session32-1f5e3a2" / "call3-564484a" / "sweep" / "bench.csv", text),
-        (results / "session34-e616bec" / "call3-f1921c2" / "sweep" / "bench.csv", readme_text),
-        (results / "session34-e616bec" / "call4-f1921c2" / "sweep" / "bench.csv", readme_text),
+        (results / "session34-e616bec" / "call3-f1921c2" / "sweep" / "bench.csv", text),
+        (results / "session34-e616bec" / "call4-f1921c2" / "sweep" / "bench.csv", text),
         # Session 37: head dim 96, backward and forward.
         (results / "session37-a31ae6c" / "call1-0a5e68d" / "bwd96" / "bench.csv", readme_text),
         # Session 38: the hd-96 forward with 192-row tiles.
         (results / "session38-ace4448" / "call2" / "fwd96" / "bench.csv", readme_text),
+        # Session 39: the sweeps at head dims 64, 96 and 128, the short causal rerun, the
+        # forward at 192 and 256.
+        (session39 / "call4-7975996" / "sweep-bwd" / "bench.csv", readme_text),
+        (session39 / "call5-7975996" / "c128-cold" / "bench.csv", readme_text),
+        (session39 / "call3-7975996" / "sweep-fwd" / "bench.csv", readme_text),
+        (session39 / "call6-76edb2c" / "fwd-large" / "bench.csv", readme_text),
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in doc

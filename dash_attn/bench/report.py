@@ -250,11 +250,19 @@ def ratio_table(rows: Iterable[Mapping[str, Any]]) -> str:
     return text_table(header, out, left=3)
 
 
+FORWARD_COMPARISONS = (
+    ("dash auto / fa4_nondet", AUTO, "fa4_nondet"),
+    ("hopper auto / fa4_nondet", HOPPER_AUTO, "fa4_nondet"),
+)
+
+
 def summary_ratios(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str, str, int]]:
     """Geometric-mean TFLOPS ratios per (mode, mask, head dim) over the seqlens measured.
 
     Returns ``(group, comparison, value, detail, n)`` tuples; comparisons: dash auto vs fa4_det,
-    vs flex, vs dash_fa3, and deterministic vs non-deterministic for dash and for FA4.
+    vs flex, vs dash_fa3, and deterministic vs non-deterministic for dash and for FA4; forward
+    groups also compare with ``fa4_nondet``, the one FA4 forward (its det flag only changes the
+    backward), which forward runs time alone.
     """
     comparisons = (
         ("dash auto / fa4_det", AUTO, "fa4_det"),
@@ -273,7 +281,7 @@ def summary_ratios(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, st
     out = []
     for (mode, causal, headdim), configs in sorted(groups.items()):
         name = f"{mode} {_mask(causal)} hdim {headdim}"
-        for label, num, den in comparisons:
+        for label, num, den in comparisons + (FORWARD_COMPARISONS if mode == "fwd" else ()):
             ratios = [ratio(_tf(p, num), _tf(p, den)) for p in configs]
             value, n = geomean(ratios)
             present = [r for r in ratios if r is not None]

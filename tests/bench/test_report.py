@@ -96,6 +96,19 @@ def test_readme_table_of_a_few_providers_has_only_measured_ratios(
         assert "| - |" not in out
 
 
+def test_forward_summary_compares_with_fa4s_one_forward() -> None:
+    """FA4 has one forward (its det flag only changes the backward): forward groups compare
+    with ``fa4_nondet``, which forward runs time alone; backward groups keep their ratios."""
+    fwd = [r for r in synthetic_rows("fwd") if r["provider"] in ("dash_auto", "fa4_nondet")]
+    labels = {label for _, label, _, _, n in report.summary_ratios(fwd) if n}
+    assert labels == {"dash auto / fa4_nondet"}
+    summary = report.summary_ratios(fwd)
+    ratios = {g: v for g, label, v, _, _ in summary if label == "dash auto / fa4_nondet"}
+    assert ratios["fwd full hdim 64"] == "0.94x"  # dash_auto's factor 1.2 over fa4_nondet's 1.28
+    bwd = {label for _, label, _, _, _ in report.summary_ratios(synthetic_rows())}
+    assert "dash auto / fa4_nondet" not in bwd and "dash auto / fa4_det" in bwd
+
+
 def test_ratio_table_names_best_schedule(bench_csv: Path) -> None:
     text = report.ratio_table(report.read_csv(bench_csv))
     lines = text.splitlines()

@@ -1,8 +1,9 @@
-"""Pieces the forward A/B probes under benchmarks/results/h200/ share (sessions 37-38): the
-flash-attn rule's verdict on one (out, lse) as a line, the sweep's inputs for one length, and
-a timed comparison of contenders at one length.
+"""Pieces the forward A/B probes under benchmarks/results/h200/ share (sessions 37-39): the
+flash-attn rule's verdict on one (out, lse) as a line, with a repeat check, the sweep's inputs
+for one length, and a timed comparison of contenders at one length.
 
     verdict = rule_verdict("W144 full", out, lse, *references(q, k, v, causal))
+    print(check_line("W144 full", lambda: candidate(q, k, v), *references(q, k, v, causal)))
     q, k, v = sweep_qkv(seqlen, heads=32, head_dim=96)
     time_contenders({"A": shipped, "B": candidate}, rounds=10, label="fwd d96 full 8192")
 """
@@ -37,6 +38,15 @@ def rule_verdict(tag: str, out: torch.Tensor, lse: torch.Tensor, ref: Pair, same
     except AssertionError as err:
         return f"FAILS: {str(err)[:300]}"
     return "meets the rule"
+
+
+def check_line(tag: str, run: Callable[[], Pair], ref: Pair, same: Pair) -> str:
+    """``check <tag>: <rule verdict>; repeats bitwise <bool>`` for a contender's ``run`` (its
+    (out, lse)), called twice."""
+    out, lse = run()
+    again = run()
+    repeats = torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    return f"check {tag}: {rule_verdict(tag, out, lse, ref, same)}; repeats bitwise {repeats}"
 
 
 def sweep_qkv(

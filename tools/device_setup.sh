@@ -4,9 +4,14 @@
 # clocks, versions, date, commit) into R, printing it too.
 #   KIT=.peers/fa4; COMMIT=<sha>; R="$OUT/r"
 #   source tools/device_setup.sh
-# (plain assignments, not prefixes of `source`: the caller reads R afterwards).
+# (plain assignments, not prefixes of `source`: the caller reads R afterwards). Also defines
+# `el MESSAGE`, which prints the seconds since T0 (set here unless the caller set it) before
+# MESSAGE, and keeps compiled kernels in /tmp/kcache unless DASH_ATTN_KERNEL_CACHE says else.
 R=${R:-${OUT:-/tmp/out}}
 mkdir -p "$R"
+T0=${T0:-$(date +%s)}
+el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+export DASH_ATTN_KERNEL_CACHE=${DASH_ATTN_KERNEL_CACHE:-/tmp/kcache}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ -n "${KIT:-}" ] && [ -f "$KIT/install.sh" ]; then
   # shellcheck disable=SC1091

@@ -363,6 +363,26 @@ def test_broadcast_dout_gives_the_bits_of_its_copy():
         assert bitwise_equal(broadcast[name], copied[name]), name
 
 
+@pytest.mark.parametrize("shape", [(1, 70, 90, 2, 1, 192, True), (1, 90, 70, 2, 2, 256, False)])
+def test_backward_from_another_forwards_out_and_lse(shape):
+    """The backward reads out and lse as the ops' contract gives them (out like q; lse a
+    contiguous fp32 (batch, heads, seqlen_q) tensor, natural log), whichever forward made them:
+    on Hopper, auto runs the hopper forward and this backward at head dims 192 and 256. Fed the
+    fp32 reference's out and lse, it gives the reference gradients within the rule."""
+    q, k, v, dout = _inputs(shape)
+    batch, seqlen_q, _, heads, _, headdim, causal = shape
+    ref, same = _references(shape)
+    out, lse = ref["out"], ref["lse"].contiguous()
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    assert lse.shape == (batch, heads, seqlen_q)
+    grads = torch.ops.dash_attn.bwd(
+        dout, q, k, v, out, lse, causal, headdim**-0.5, True, "fa3", 0, "triton"
+    )
+    for name, got in zip(("dq", "dk", "dv"), grads, strict=True):
+        label = f"{name} [another forward's out and lse, d{headdim}]"
+        assert_close_to_ref(label, got, ref[name], same[name], atol=ATOL)
+
+
 def test_bf16_is_refused_with_the_reason():
     # The interpreter's bf16 tl.dot is wrong (max error ~8e8 on this shape), with no warning.
     q, k, v = make_qkv(1, 70, 90, 2, 2, 64, torch.bfloat16, "cpu", 0, requires_grad=False)

@@ -72,7 +72,6 @@ def test_hopper_provider_checks_the_directions_its_mode_runs(
     from dash_attn.bench.providers import ProviderUnavailable, providers_for_case
     from dash_attn.plan import DeviceInfo
 
-    hopper.cutlass_available.cache_clear()
     monkeypatch.setattr(hopper, "cutlass_available", lambda: True)
     h100 = DeviceInfo(sm_count=132, capability=(9, 0), name="H100")
     monkeypatch.setattr(dash_attn.device, "device_info", lambda device: h100)

@@ -150,9 +150,16 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
     assert short.backend == "triton" and "below 512 tokens" in short.backend_reason
     with pytest.raises(NotImplementedError, match="backend='hopper' cannot run this bwd: needs"):
         make_backward_plan(PROBLEM, device=INTERPRETER, backend="hopper")
-    odd = Problem(1, 100, 100, 2, 2, 192)
-    with pytest.raises(NotImplementedError, match=r"bwd head dims \[64, 96, 128\], not 192"):
+    odd = Problem(1, 100, 100, 2, 2, 80)
+    with pytest.raises(NotImplementedError, match=r"bwd head dims \[64, 96, 128, 192, 256\], not"):
         make_backward_plan(odd, device=H200, backend="hopper")
+    # Head dims 192 and 256: FA4's tiles there (session 40), auto from 512 tokens.
+    for headdim, block_n in ((192, 96), (256, 48)):
+        wide = make_backward_plan(Problem(2, 1024, 1024, 8, 2, headdim), device=H200)
+        assert wide.backend == "hopper"
+        assert (wide.tiles.block_m, wide.tiles.block_n) == (64, block_n)
+        short = make_backward_plan(Problem(2, 300, 300, 8, 2, headdim), device=H200)
+        assert short.backend == "triton" and "below 512 tokens" in short.backend_reason
     # Head dim 96: covered, and auto takes it from 512 tokens (session 37's sweep).
     d96 = Problem(2, 4096, 4096, 8, 2, 96)
     assert make_backward_plan(d96, device=H200).backend == "hopper"
@@ -167,7 +174,7 @@ def test_hopper_backend_by_name_or_a_clear_error() -> None:
 def test_forward_backend_by_the_same_rules() -> None:
     """``auto`` runs the hopper forward at head dims 64, 96, 128, 192 and 256 from 512 tokens
     (where the forward sweeps measured it faster than Triton's), Triton below and at head dims
-    it does not cover; the backward at 192 and 256 stays Triton's."""
+    it does not cover; the backward as well since session 40."""
     pytest.importorskip("cutlass")
     from dash_attn.backends import choose_forward_backend
 
@@ -178,7 +185,7 @@ def test_forward_backend_by_the_same_rules() -> None:
         name, why = choose_forward_backend(below, H200, "auto")
         assert name == "triton" and "below 512 tokens" in why
     plan = make_backward_plan(Problem(2, 4096, 4096, 8, 8, 192), device=H200)
-    assert plan.backend == "triton" and "bwd head dims" in plan.backend_reason
+    assert plan.backend == "hopper" and plan.backend_reason.startswith("auto: covered")
     assert choose_forward_backend(Problem(2, 300, 300, 8, 8, 192), H200, "hopper")[0] == "hopper"
     name, why = choose_forward_backend(Problem(2, 4096, 4096, 8, 8, 80), H200, "auto")
     assert name == "triton" and "fwd head dims" in why

@@ -54,9 +54,9 @@ def test_real_peer_providers_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("mode", "headdim", "gap"),
     [
-        ("fwd", 192, None),  # the hopper forward covers 192 and 256
+        ("fwd", 192, None),  # the forward covers 192 and 256
         ("fwd", 256, None),
-        ("bwd", 192, "bwd head dims"),  # its backward does not: skipped with the reason
+        ("bwd", 192, "bwd head dims"),  # the backward here does not: skipped with the reason
         ("fwd_bwd", 256, "bwd head dims"),
         ("bwd", 128, None),
         ("fwd", 80, "fwd head dims"),
@@ -66,13 +66,16 @@ def test_hopper_provider_checks_the_directions_its_mode_runs(
     monkeypatch: pytest.MonkeyPatch, mode: str, headdim: int, gap: str | None
 ) -> None:
     """A forward sweep times the hopper forward wherever it runs; a sweep that times backwards
-    skips it where the backward is missing (before, every mode asked for the backward)."""
+    skips it where the backward is missing (before, every mode asked for the backward). The
+    backward's head dims are those it had until session 40 (64, 96, 128), so that the two
+    directions' coverage differs as it may again."""
     import dash_attn.device
     from dash_attn.backends import hopper
     from dash_attn.bench.providers import ProviderUnavailable, providers_for_case
     from dash_attn.plan import DeviceInfo
 
     monkeypatch.setattr(hopper, "cutlass_available", lambda: True)
+    monkeypatch.setattr(hopper, "BWD_HEADDIMS", (64, 96, 128))
     h100 = DeviceInfo(sm_count=132, capability=(9, 0), name="H100")
     monkeypatch.setattr(dash_attn.device, "device_info", lambda device: h100)
     case = Case(2, 512, 4, 4, headdim, True)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # What the kernels are written and tested for (register and shared-memory budgets per head dim:
 # README, "Hopper backend").
 FWD_HEADDIMS = (64, 96, 128, 192, 256)
-BWD_HEADDIMS = (64, 96, 128)  # the head dims of _BWD_TILES
+BWD_HEADDIMS = (64, 96, 128, 192, 256)  # the head dims of _BWD_TILES
 # Tiles per (head dim, mask kind). One KV tile (block_n rows) is one chain; each of the two MMA
 # warpgroups owns 64 of its rows; block_m query rows per step. num_warps counts the producer/dQ
 # warpgroup too; num_stages is the depth of the Q/dO ring. At hd 128 the full mask takes FA4's
@@ -33,6 +33,11 @@ _BWD_TILES = {
     (96, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
     (128, "full"): BackwardTiles(block_m=80, block_n=128, num_warps=12, num_stages=2),
     (128, "causal"): BackwardTiles(block_m=64, block_n=128, num_warps=12, num_stages=2),
+    # FA4's tiles at 192 and 256, with its step layout there (``HopperAttnBwd``'s dkv_swap).
+    (192, "full"): BackwardTiles(block_m=64, block_n=96, num_warps=12, num_stages=2),
+    (192, "causal"): BackwardTiles(block_m=64, block_n=96, num_warps=12, num_stages=2),
+    (256, "full"): BackwardTiles(block_m=64, block_n=48, num_warps=12, num_stages=2),
+    (256, "causal"): BackwardTiles(block_m=64, block_n=48, num_warps=12, num_stages=2),
 }
 # The kernel variant (compile-time options, ``bwd_launch.VARIANTS``) each (head dim, mask kind)
 # runs: the fastest correct one of the side-by-side checks (benchmarks/results/h200/session*/
@@ -78,6 +83,10 @@ _BWD_TILES = {
 # At hd 96 both masks run the hd-128 causal kernel at the same 64 x 128 tiles (K in 32-byte
 # swizzled rows: each warpgroup's dQ GEMM reads 48 of its 96 columns); drain_ticket only
 # matters under dynamic dispatch, which full masks take only when asked (fa3, descending).
+# At hd 192 and 256 the swapped step (sw_fs: dkv_swap, FA4's tiles and layout there; one dQ
+# staging buffer per warpgroup half, dO in one buffer). The dQ turn taken while the step is
+# computed (early_turn) and the programmatic dependent launch (pdl) measured 0.96-1.02x of it,
+# det, bits equal (session40-19760df/call4/ab_det.txt), so neither.
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2",
@@ -86,6 +95,10 @@ BWD_VARIANT = {
     (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs",
     (128, "causal"): "t128_wg2gr_sm2_fs_dt",
+    (192, "full"): "sw_fs",
+    (192, "causal"): "sw_fs",
+    (256, "full"): "sw_fs",
+    (256, "causal"): "sw_fs",
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every

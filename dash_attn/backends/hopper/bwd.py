@@ -30,7 +30,8 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              release (and always adds). With ``dq_writers=2`` warp 2 is a second dQ writer:
              each takes every other step (one ring stage and one staging buffer each).
 warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
-WG 1, WG 2   MMA warpgroups: each owns 64 KV rows of the chain's tile. Per step
+WG 1, WG 2   MMA warpgroups (below: the usual step; hd 192/256 run ``mma_swapped``): each owns
+             64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
              the masks, dS^T = P^T (dP^T - delta), dV += P^T dO and dK += dS^T Q (RS WGMMA from
              registers), dS to shared memory, dQ = dS K (SS, the two WGs split the head dim or
@@ -67,7 +68,10 @@ shared memory as 16-byte chunks of whole rows. 128 x 128 tiles at hd 64; 64 x 12
 in 32-byte swizzled rows: each warpgroup's half of the dQ GEMM reads 48 of its columns, whole
 atoms of that swizzle only); at hd 128 64 x 128, or
 80 x 128 (FA4's tile for the full mask: dQ^T = K^T dS^T, since 80 rows are no multiple of the
-64-row WGMMA atom, dS in 32-byte swizzled rows of 160 bytes, 226 KiB of shared memory).
+64-row WGMMA atom, dS in 32-byte swizzled rows of 160 bytes, 226 KiB of shared memory). At hd
+192 and 256, 64 x 96 and 64 x 48 with another step (``dkv_swap``, ``mma_swapped``: FA4's
+layout there): S = Q K^T and dP = dO V^T with the KV rows split over the warpgroups, P and dS
+through shared memory, dK^T and dV^T accumulated with the head dim as M.
 
 Constructor options (``bwd_launch.VARIANTS`` names combinations):
 ``dq_frag`` (default) stages and accumulates the dQ partial in the MMA fragments' own order
@@ -86,7 +90,7 @@ adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_tick
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
-Not done yet: hd 192/256. (The next step's S^T issued inside this step measured 0.91-0.95x
+(The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
 after the dQ hand-off; ptxas keeps no wgmma in flight across the step loop's back edge.
 benchmarks/NOTES.md item 157, code in git history at f1921c2.)
@@ -115,10 +119,13 @@ from ._cute_utils import (
     wgmma,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
-from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
+from .gmem_pairs import load_f32_cg, red_add_f32, red_add_f32x2, store_f32, store_f32x2
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
-SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128))
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128), (64, 96), (64, 48))
+# Head dims whose step runs the swapped layout (``dkv_swap``), with its only tiles: dK/dV of a
+# chain do not fit in registers as 64 KV rows x head dim per warpgroup there.
+SWAPPED_TILES = {192: (64, 96), 256: (64, 48)}
 
 # Named barrier ids (0 is __syncthreads).
 _BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
@@ -162,6 +169,21 @@ def _pair_rows(coords0, pairs: int) -> list[tuple[int, list[tuple[int, int]]]]:
             raise ValueError(f"accumulator pair {j} is not two neighbouring columns")
         by_row.setdefault(n0, []).append((j, d0))
     return list(by_row.items())
+
+
+def _fragment_rows(coords0, size: int) -> tuple[list[int], list[int]]:
+    """Thread 0's distinct accumulator rows in order of first appearance, and for each of the
+    ``size`` registers the index of its row in that list. Every thread's rows are its first
+    row plus thread 0's (the accumulator's thread-value layout), so per-row values are read
+    once per distinct row."""
+    rows: list[int] = []
+    slot: list[int] = []
+    for i in range(size):
+        row = coords0[i][0]
+        if row not in rows:
+            rows.append(row)
+        slot.append(rows.index(row))
+    return rows, slot
 
 
 class HopperAttnBwd:
@@ -209,6 +231,7 @@ class HopperAttnBwd:
         drain_ticket: bool = False,
         drain_at_turn: bool = False,
         dq_writers: int = 1,
+        dkv_swap: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -221,11 +244,13 @@ class HopperAttnBwd:
             (block_m, block_n) not in SUPPORTED_TILES
             or (block_m == 128 and head_dim != 64)
             or (block_m == 80 and head_dim != 128)
+            or ((block_m, block_n) in SWAPPED_TILES.values())
+            != (SWAPPED_TILES.get(head_dim) == (block_m, block_n))
         ):
             raise NotImplementedError(
                 f"tiles (block_m={block_m}, block_n={block_n}) are not supported at "
                 f"head_dim={head_dim} (supported: {SUPPORTED_TILES}; 128 x 128 at hd 64 only, "
-                "80 x 128 at hd 128 only)"
+                "80 x 128 at hd 128 only, 64 x 96 at hd 192 only, 64 x 48 at hd 256 only)"
             )
         if stages < 2:
             raise ValueError(f"stages must be >= 2, got {stages}")
@@ -452,6 +477,44 @@ class HopperAttnBwd:
                 "buffer and ring stage)"
             )
         self.dq_writers = dq_writers
+        # dkv_swap (head dims 192 and 256; FA4's layout there): the step keeps Q rows as the MMA
+        #   rows, S = Q K^T and dP = dO V^T, with the warpgroups splitting the KV columns (64 x 48
+        #   each at hd 192, 64 x 24 at hd 256), so the LSE2/delta rows are two per thread. P and
+        #   dS go to shared memory (each warpgroup's dK/dV GEMMs read the other's columns at hd
+        #   256, the dQ GEMM always does), and dK/dV accumulate transposed, dV^T += dO^T P and
+        #   dK^T += Q^T dS (M = the head dim; both operands from shared memory), split by KV
+        #   columns at hd 192 (72 + 72 registers) and by head-dim rows at hd 256 (48 + 48). Our
+        #   usual layout would hold dK and dV of 64 KV rows x head dim per warpgroup, 192 or 256
+        #   registers per thread for them alone. dQ = dS K with the warpgroups splitting the head
+        #   dim. dO has one buffer (do_single), P and dS one each, reused only after both
+        #   warpgroups' GEMMs of the step have read them (a named barrier per warpgroup, as
+        #   ds_guard's). The chain's dK/dV leave through the K/V tiles (transposing stmatrix,
+        #   then 16-byte chunks of whole rows, as dkv_smem).
+        #   Shared memory: 216 KiB at hd 192, 220 KiB at hd 256.
+        self.dkv_swap = dkv_swap
+        if (head_dim in SWAPPED_TILES) != dkv_swap:
+            raise NotImplementedError(
+                f"head_dim={head_dim} {'needs' if head_dim in SWAPPED_TILES else 'cannot take'} "
+                f"the swapped dK/dV layout (dkv_swap; head dims {sorted(SWAPPED_TILES)})"
+            )
+        if dkv_swap:
+            swap_needs = {"dq_frag": dq_frag, "dq_wg": dq_wg, "do_single": do_single}
+            swap_excludes = {
+                "dq_double": dq_double, "split_exp": split_exp, "joint_wait": joint_wait,
+                "exp_tail": exp_tail, "early_lse": early_lse, "exp_poly": exp_poly != (0, 1),
+                "dkv_smem": dkv_smem, "stages != 2": stages != 2,
+            }  # fmt: skip
+            missing = [k for k, v in swap_needs.items() if not v]
+            extra = [k for k, v in swap_excludes.items() if v]
+            if missing or extra:
+                raise ValueError(
+                    f"dkv_swap needs {sorted(swap_needs)} and none of {sorted(swap_excludes)}; "
+                    f"missing {missing}, set {extra}"
+                )
+        # How the warpgroups split the transposed dK/dV tiles: by KV columns ("n") at hd 192,
+        # by head-dim rows ("m") at hd 256 (FA4's choices; split by its 48 KV columns, each
+        # warpgroup would read all of dO^T and Q^T, 32 KiB each, per step for 24 columns).
+        self.dkv_split = "n" if head_dim == 192 else "m"
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -481,6 +544,8 @@ class HopperAttnBwd:
         bm, hd = self.block_m, self.head_dim
         K_major = cute.nvgpu.OperandMajorMode.K
         MN_major = cute.nvgpu.OperandMajorMode.MN
+        if self.dkv_swap:
+            return self._swapped_tiled_mmas()
         # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
         mma_sdp = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_major, K_major, Float32,
@@ -504,6 +569,34 @@ class HopperAttnBwd:
         mma_dq = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, MN_major, MN_major, Float32,
             atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
+        )  # fmt: skip
+        return mma_sdp, mma_dkv, mma_dq
+
+    def _swapped_tiled_mmas(self):
+        """The tiled MMAs of the dkv_swap step (see its comment in __init__)."""
+        bn, hd = self.block_n, self.head_dim
+        K_major = cute.nvgpu.OperandMajorMode.K
+        MN_major = cute.nvgpu.OperandMajorMode.MN
+        # S = Q K^T and dP = dO V^T: M = the 64 Q rows, the WGs split the KV columns.
+        mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, K_major, Float32,
+            atom_layout_mnk=(1, 2, 1), tiler_mn=(64, bn // 2),
+        )  # fmt: skip
+        # dV^T += dO^T P and dK^T += Q^T dS: M = the head dim, N = KV rows, K = Q rows; A (dO^T,
+        # Q^T) and B (P^T, dS^T views of the (Q rows, KV rows) tiles) both read MN-major.
+        if self.dkv_split == "n":
+            atom_dkv, tiler_dkv = (1, 2, 1), (64, bn // 2)
+        else:
+            atom_dkv, tiler_dkv = (2, 1, 1), (64, bn)
+        mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_major, MN_major, Float32,
+            atom_layout_mnk=atom_dkv, tiler_mn=tiler_dkv,
+        )  # fmt: skip
+        # dQ = dS K: A = dS (K-major: KV rows contiguous), B = K read MN-major; the WGs split
+        # the head dim (dq_fragment's "cols").
+        mma_dq = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, MN_major, Float32,
+            atom_layout_mnk=(1, 2, 1), tiler_mn=(64, hd // 2),
         )  # fmt: skip
         return mma_sdp, mma_dkv, mma_dq
 
@@ -581,10 +674,17 @@ class HopperAttnBwd:
         # takes half the head dim of it.
         dq_cols = hd // 2 if const_expr(bm == 64 and not self.dq_swap) else hd
         sK_layout = self._smem_layout(bn, hd, None, dq_cols)
-        # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T accumulator
-        # then writes pairs of neighbouring elements as one 32-bit store, and dQ = dS K reads
-        # it as an MN-major A operand.
-        sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
+        if const_expr(self.dkv_swap):
+            # dS (stage 0) and P (stage 1) as (Q rows, KV rows), KV rows contiguous, as the S
+            # accumulator holds them; at hd 192 each warpgroup's dK/dV GEMMs read half the KV
+            # rows (whole swizzle atoms of that half).
+            part = bn // 2 if const_expr(self.dkv_split == "n") else bn
+            sdS_layout = self._smem_layout(bm, bn, 2, part)
+        else:
+            # dS is stored transposed, (KV rows, Q rows) with Q rows contiguous: the S^T
+            # accumulator then writes pairs of neighbouring elements as one 32-bit store, and
+            # dQ = dS K reads it as an MN-major A operand.
+            sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
         if const_expr(self.dq_frag):
             # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
             sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
@@ -819,11 +919,15 @@ class HopperAttnBwd:
                 mdKVacc, mFlags, sDqFail, kv_group, kv_tiles,
                 2 + batch * heads * q_tiles, timeout_ns,
             )  # fmt: skip
-            self.mma(
+            mma_args = (
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
                 sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, storage,
                 mma_sdp, mma_dkv, mma_dq, tidx - 128, dkv_sums,
             )  # fmt: skip
+            if const_expr(self.dkv_swap):
+                self.mma_swapped(*mma_args)
+            else:
+                self.mma(*mma_args)
 
     @cute.jit
     def producer(
@@ -1269,7 +1373,14 @@ class HopperAttnBwd:
         cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(sV))
         # Each warpgroup reads back only its own 64 rows.
         cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
+        self._copy_rows_out(sK, sV, gK, gV, kvt, seqlen_k, tidx, wg)
+
+    @cute.jit
+    def _copy_rows_out(self, sK, sV, gK, gV, kvt, seqlen_k, tidx, wg):
+        """Warpgroup ``wg``'s half of the rows of the dK/dV tiles staged in sK/sV to global rows
+        ``kvt * block_n + n`` below seqlen_k, as 16-byte chunks of whole rows."""
         hd = self.head_dim
+        rows = self.block_n // 2
         # 16-byte chunks per row and thread pass: all of a row's (8 at hd 64, 16 at hd 128),
         # or at hd 96 4 of its 12 (128 threads cover whole rows only in powers of two; each
         # thread then takes 3 chunks of its row, 64 bytes apart).
@@ -1286,12 +1397,12 @@ class HopperAttnBwd:
             cute.make_layout((1, 8)),
         )
         thr_ld = ld_copy.get_slice(tidx % 128)
-        block = kvt * (self.block_n // 64) + wg
-        coords = cute.local_tile(cute.make_identity_tensor(gK.shape), (64, hd), (block, 0))
+        block = kvt * 2 + wg
+        coords = cute.local_tile(cute.make_identity_tensor(gK.shape), (rows, hd), (block, 0))
         tC = thr_ld.partition_D(coords)
         for s, g in ((sK, gK), (sV, gV)):
-            tS = thr_ld.partition_S(cute.local_tile(s, (64, hd), (wg, 0)))
-            tD = thr_ld.partition_D(cute.local_tile(g, (64, hd), (block, 0)))
+            tS = thr_ld.partition_S(cute.local_tile(s, (rows, hd), (wg, 0)))
+            tD = thr_ld.partition_D(cute.local_tile(g, (rows, hd), (block, 0)))
             # A loop, unrolled by dkv_smem_unroll only: its addresses are computed per pass
             # (fully unrolled, ptxas hoists all of them out of the step loop and the step's
             # registers spill).
@@ -1865,3 +1976,314 @@ class HopperAttnBwd:
                 if stage == self.stages:
                     stage = Int32(0)
                     phase = phase ^ 1
+
+    @cute.jit
+    def mma_swapped(
+        self,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sPdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDelta: cute.Tensor,
+        sInfo: cute.Tensor,
+        storage,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        tidx: Int32,
+        dkv_sums: _DkvSums,
+    ):
+        """The MMA warpgroups' step loop of ``dkv_swap`` (head dims 192 and 256; see its
+        comment in __init__). Same ring, K/V, dQ hand-off and chain protocol as ``mma``; sPdS
+        holds dS ([.., 0]) and P ([.., 1])."""
+        bm, bn, hd = self.block_m, self.block_n, self.head_dim
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_base = wg * 128
+        thr_sdp = mma_sdp.get_slice(tidx)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        thr_dq = mma_dq.get_slice(tidx)
+        wg_sdp = mma_sdp.get_slice(wg_base)
+        wg_dkv = mma_dkv.get_slice(wg_base)
+        wg_dq = mma_dq.get_slice(wg_base)
+
+        # Operand fragments (descriptors into shared memory; the stage is the last mode).
+        tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+        tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+        tPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+        tPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
+        tVrdO = wg_dkv.make_fragment_A(wg_dkv.partition_A(transpose_view(sdO)))
+        tVrP = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sPdS)))
+        tKrQ = wg_dkv.make_fragment_A(wg_dkv.partition_A(transpose_view(sQ)))
+        tKrdS = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sPdS)))
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sPdS))
+        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+
+        shape_s = (bm, bn)
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((hd, bn)), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((hd, bn)), Float32)
+        # Coordinates of every accumulator element: (q row, kv row) of S, (d, kv row) of dK^T.
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_s))
+        tKcK = thr_dkv.partition_C(cute.make_identity_tensor((hd, bn)))
+        coords0 = mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor(shape_s))
+        n_regs = cute.size(tScS)
+        rows0, row_slot = _fragment_rows(coords0, n_regs)
+        assert coords0[0] == (0, 0)
+        # P and dS leave by stmatrix in the accumulator's layout (KV rows contiguous in sPdS)
+        # at hd 192. At hd 256 a warpgroup's 24 KV columns start inside a 16-column swizzle
+        # atom, which a tiled copy cannot partition: element by element there (12 + 12 per
+        # thread and step).
+        ps_stmatrix = (bn // 2) % 16 == 0
+        if const_expr(ps_stmatrix):
+            ds_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            )
+            ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
+            thr_ds = ds_copy.get_slice(tidx)
+            tDsPdS = thr_ds.partition_D(sPdS)
+        rLSE = cute.make_rmem_tensor(len(rows0), Float32)
+        rDelta = cute.make_rmem_tensor(len(rows0), Float32)
+
+        stage = Int32(0)
+        phase = Int32(0)
+        kv_phase = Int32(0)
+        do_phase = Int32(0)
+        done = Int32(0)
+        buf = Int32(0)
+        # As if a step -1's GEMMs were done: the other warpgroup's first P store passes.
+        cute.arch.barrier_arrive(
+            barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+        )
+        while done == 0:
+            cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            flags = sInfo[_I_FLAGS, stage]
+            done = flags & _F_DONE
+            if done != 0:
+                # Tell the dQ writer to stop; take the other warpgroup's last arrival.
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                cute.arch.barrier(
+                    barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                )
+            else:
+                if flags & _F_FIRST != 0:
+                    cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                    kv_phase = kv_phase ^ 1
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
+                n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_s), Float32)
+                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_s), Float32)
+                wgmma(mma_sdp, acc_S, tSrQ[None, None, None, stage], tSrK, zero_init=True)
+                cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
+                wgmma(mma_sdp, acc_dP, tPrdO[None, None, None, 0], tPrV, zero_init=True)
+                # Two LSE2 and delta values per thread (its two Q rows), read while S runs.
+                m_t = tScS[0][0]
+                for r in cutlass.range_constexpr(len(rows0)):
+                    rLSE[r] = sLSE[m_t + rows0[r], stage]
+                    rDelta[r] = sDelta[m_t + rows0[r], stage]
+                warpgroup.wait_group(1)
+                if edge != 0:
+                    self._probs_rows(
+                        acc_S, tScS, rLSE, row_slot, scale_log2, n0, m0, shift, seqlen_k, True
+                    )
+                else:
+                    self._probs_rows(
+                        acc_S, tScS, rLSE, row_slot, scale_log2, n0, m0, shift, seqlen_k, False
+                    )
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                # The other warpgroup's GEMMs of the previous step have read P and dS.
+                cute.arch.barrier(
+                    barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                )
+                if const_expr(ps_stmatrix):
+                    cute.copy(ds_copy, thr_ds.retile(rP), tDsPdS[None, None, None, 1])
+                else:
+                    for i in cutlass.range_constexpr(n_regs):
+                        sPdS[tScS[i][0], tScS[i][1], 1] = rP[i]
+                warpgroup.wait_group(0)
+                for i in cutlass.range_constexpr(n_regs):
+                    acc_dP[i] = acc_S[i] * (acc_dP[i] - rDelta[row_slot[i]])
+                rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+                if const_expr(ps_stmatrix):
+                    cute.copy(ds_copy, thr_ds.retile(rdS), tDsPdS[None, None, None, 0])
+                else:
+                    for i in cutlass.range_constexpr(n_regs):
+                        sPdS[tScS[i][0], tScS[i][1], 0] = rdS[i]
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_mma_threads)
+
+                # dV^T, then dQ (its hand-off waits for it), then dK^T.
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, hd)), Float32)
+                wgmma(
+                    mma_dkv, acc_dV, tVrdO[None, None, None, 0], tVrP[None, None, None, 1],
+                    zero_init=False,
+                )  # fmt: skip
+                wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, 0], tQrK, zero_init=True)
+                wgmma(
+                    mma_dkv, acc_dK, tKrQ[None, None, None, stage], tKrdS[None, None, None, 0],
+                    zero_init=False,
+                )  # fmt: skip
+                warpgroup.wait_group(1)  # dV^T and dQ done
+                # dV^T was dO's last reader: the producer may load the next step's dO.
+                cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                do_phase = do_phase ^ 1
+                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                cute.arch.fence_view_async_shared()
+                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+                warpgroup.wait_group(0)  # dK^T done: this warpgroup no longer reads P and dS
+                cute.arch.barrier_arrive(
+                    barrier_id=_BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                )
+                if flags & _F_LAST == 0:
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                elif const_expr(self.dkv_sum):
+                    self._sum_chain_epilogue_swapped(
+                        storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, softmax_scale,
+                        seqlen_k, dkv_sums, tidx, wg,
+                    )  # fmt: skip
+                else:
+                    self._chain_epilogue_swapped(
+                        storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, mma_dkv, softmax_scale,
+                        seqlen_k, sK, sV, tidx, wg,
+                    )  # fmt: skip
+
+                stage = stage + 1
+                if stage == self.stages:
+                    stage = Int32(0)
+                    phase = phase ^ 1
+
+    @cute.jit
+    def _probs_rows(
+        self,
+        acc_S: cute.Tensor,
+        tScS: cute.Tensor,
+        rLSE: cute.Tensor,
+        row_slot: cutlass.Constexpr,
+        scale_log2: Float32,
+        n0: Int32,
+        m0: Int32,
+        shift: Int32,
+        seqlen_k: Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """P = exp2(S * scale_log2 - lse2) in place (dkv_swap: S's rows are Q rows, the LSE2 of
+        register i is rLSE[row_slot[i]]); with ``masked`` the masks of ``_probs``."""
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            m, n = tScS[i]
+            p = cute.math.exp2(acc_S[i] * scale_log2 - rLSE[row_slot[i]], fastmath=True)
+            if const_expr(masked):
+                if n0 + n >= seqlen_k:
+                    p = Float32(0.0)
+                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+                    if n0 + n > m0 + m + shift:
+                        p = Float32(0.0)
+            acc_S[i] = p
+
+    @cute.jit
+    def _chain_epilogue_swapped(
+        self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, mma_dkv, softmax_scale, seqlen_k,
+        sK, sV, tidx, wg,
+    ):  # fmt: skip
+        """The last step of a chain (dkv_swap): release its ring stage, write dK/dV into the
+        K/V tiles once both warpgroups' last GEMMs are done (stmatrix with transpose: the
+        accumulators hold dK^T and dV^T; element by element, ptxas hoisted the 288 addresses
+        out of the step loop and spilled), copy them out as 16-byte chunks of whole rows, then
+        release K/V."""
+        b = sInfo[_I_BATCH, stage]
+        kvh = sInfo[_I_KVH, stage]
+        kvt = sInfo[_I_KVT, stage]
+        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        # Both warpgroups' GEMMs of the last step are done (S, dP and dQ read all of K and V).
+        cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        st_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
+        )
+        st_copy = cute.make_tiled_copy_C(st_atom, mma_dkv)
+        thr_st = st_copy.get_slice(tidx)
+        cute.copy(st_copy, thr_st.retile(rdK), thr_st.partition_D(transpose_view(sK)))
+        cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(transpose_view(sV)))
+        # Every element is in place (each warpgroup's rows hold the other's columns at hd 256).
+        cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        self._copy_rows_out(
+            sK, sV, mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt, seqlen_k, tidx, wg
+        )
+        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+
+    @cute.jit
+    def _sum_chain_epilogue_swapped(
+        self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, softmax_scale, seqlen_k,
+        sums: _DkvSums, tidx, wg,
+    ):  # fmt: skip
+        """``_sum_chain_epilogue`` for the transposed accumulators of dkv_swap: the same turns
+        (a semaphore per warpgroup: its elements are its own KV rows at hd 192, its own
+        head-dim rows at hd 256), element by element (neighbouring registers are neighbouring
+        KV rows, not neighbouring addresses)."""
+        b = sInfo[_I_BATCH, stage]
+        q_head = sInfo[_I_KVH, stage]
+        kvt = sInfo[_I_KVT, stage]
+        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+        kv_heads = cute.size(mdK.shape[2])
+        kvh = q_head // sums.kv_group
+        rank = q_head - kvh * sums.kv_group
+        last = sums.kv_group - 1
+        sem = sums.sem_base + ((b * kv_heads + kvh) * sums.kv_tiles + kvt) * 2 + wg
+        sem_ptr = sums.flags.iterator + sem
+        bar = _BAR_DKV + wg
+        if tidx % 128 == 0:
+            failed = Int32(0)
+            if rank > 0:
+                failed = self._wait_turn(sem_ptr, rank, sums.timeout_ns)
+            if failed != 0:
+                sums.flags[1] = Int32(1)
+            sums.fail[2 + wg] = failed
+        cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+        if sums.fail[2 + wg] != 0:
+            acc_dK.fill(Float32(float("nan")))
+            acc_dV.fill(Float32(float("nan")))
+        hd = self.head_dim
+        acc_addr = sums.acc.iterator.toint()
+        dv_offset = Int64(cute.size(mdK)) * 4
+        gdK = mdK[b, None, kvh, None]
+        gdV = mdV[b, None, kvh, None]
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            d, n = tKcK[i]
+            row = kvt * self.block_n + n
+            if row < seqlen_k:
+                addr_k = acc_addr + (Int64((b * seqlen_k + row) * kv_heads + kvh) * hd + d) * 4
+                addr_v = addr_k + dv_offset
+                k0 = acc_dK[i] * softmax_scale
+                v0 = acc_dV[i]
+                if rank == last:
+                    if rank > 0:
+                        k0 = load_f32_cg(addr_k) + k0
+                        v0 = load_f32_cg(addr_v) + v0
+                    gdK[row, d] = k0.to(self.dtype)
+                    gdV[row, d] = v0.to(self.dtype)
+                elif rank == 0:
+                    store_f32(addr_k, k0)
+                    store_f32(addr_v, v0)
+                else:
+                    red_add_f32(addr_k, k0)
+                    red_add_f32(addr_v, v0)
+        if rank != last:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            if tidx % 128 == 0:
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")

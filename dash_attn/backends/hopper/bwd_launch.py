@@ -165,6 +165,14 @@ for _name in (
 # guard, ds_staged "_ds2_w2", 0.96-0.99x, code in git history at e616bec; the next step's S^T
 # issued once this step's dQ GEMM is done, st_prefetch "_sp", 0.91-0.95x (0.98-0.99x issued
 # after the dQ hand-off), code in git history at f1921c2; benchmarks/NOTES.md items 156-157.)
+# Session 40: head dims 192 and 256 with the swapped dK/dV layout (dkv_swap; FA4's tiles there,
+# 64 x 96 and 64 x 48), one dQ staging buffer, dO single-buffered, rank-0 partials stored;
+# "_et" takes the dQ turn while the step is computed.
+VARIANTS["sw_fs"] = {
+    "tiles": {192: (64, 96), 256: (64, 48)}, **_FRAG, "dq_wg": True, "do_single": True,
+    "dkv_swap": True, "dq_first_store": True,
+}  # fmt: skip
+VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -28,7 +28,7 @@ from dash_attn.backends.hopper import (  # noqa: E402
     bwd_variant,
 )
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
-from dash_attn.backends.hopper.bwd import HopperAttnBwd  # noqa: E402
+from dash_attn.backends.hopper.bwd import SWAPPED_TILES, HopperAttnBwd, _fragment_rows  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
 
 CONFIGS = list(
@@ -108,7 +108,11 @@ def _config_id(config: tuple) -> str:
 def test_compiles_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """The kernel the backend ships for this head dim, mask and mode (``hopper.BWD_VARIANT``,
     deterministic runs its ``BWD_DET_TWIN``), every config."""
-    _check_kernel_code(config, bwd_variant(config[0], config[2], deterministic=config[3]), tmp_path)
+    variant = bwd_variant(config[0], config[2], deterministic=config[3])
+    if config[0] in SWAPPED_TILES:
+        _check_swapped_kernel_code(config, variant, tmp_path)
+    else:
+        _check_kernel_code(config, variant, tmp_path)
 
 
 LONG_CONFIGS = [c for c in CONFIGS if (c[0], "causal" if c[2] else "full") in BWD_VARIANT_LONG]
@@ -164,6 +168,32 @@ def test_dkv_sum_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     _, sass = _check_kernel_code(config, variant, tmp_path, dkv_sum=True)
     mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
     assert re.search(r"\bREDG\.E\.ADD\.F32x2\b|\bREDG\.E\.ADD\.64\b|REDG\.E\.ADD\.F32", mma_code)
+
+
+SWAPPED_SUM_CONFIGS = [(192, torch.bfloat16, True, True), (256, torch.float16, False, True)]
+
+
+@pytest.mark.parametrize("config", SWAPPED_SUM_CONFIGS, ids=_config_id)
+def test_dkv_sum_compiles_for_sm90a_swapped(config: tuple, tmp_path: Path) -> None:
+    """``dkv_sum`` with the transposed dK/dV accumulators of head dims 192 and 256: the same
+    turns, element by element (a register's neighbour is the next KV row, not the next
+    address); no spills."""
+    head_dim = config[0]
+    variant = bwd_variant(head_dim, config[2], deterministic=True)
+    ptx, _ = _check_swapped_kernel_code(config, variant, tmp_path, dkv_sum=True)
+    elements = head_dim * SWAPPED_TILES[head_dim][1] // 256  # per thread and tensor
+    assert ptx.count("st.global.f32") == 2 * elements
+    assert ptx.count("red.relaxed.gpu.global.add.f32") == 2 * elements
+    assert ptx.count("ld.global.cg.f32") == 2 * elements
+    assert "fence.acq_rel.gpu" in ptx
+
+
+def test_fragment_rows_reads_each_row_once() -> None:
+    """Thread 0's rows of an m64nN accumulator fragment: rows 0 and 8, alternating in pairs."""
+    coords0 = [(8 * ((i // 2) % 2), 8 * (i // 4) + i % 2) for i in range(12)]
+    rows, slot = _fragment_rows(coords0, 12)
+    assert rows == [0, 8]
+    assert slot == [0, 0, 1, 1] * 3
 
 
 # The variants that are not shipped (hopper.BWD_VARIANT), at the configs where they differ most
@@ -386,6 +416,70 @@ def _check_kernel_code(
     return ptx, sass
 
 
+def _check_swapped_kernel_code(
+    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False
+) -> tuple[str, str]:
+    """``_check_kernel_code`` for the kernels of head dims 192 and 256 (``dkv_swap``): their
+    GEMMs (dK^T and dV^T with the head dim as M), P and dS to shared memory (stmatrix at hd
+    192, 16-bit stores at hd 256), the transposing stmatrix of the chain's dK/dV into the K/V
+    tiles and 16-byte row chunks out, and no local memory in the MMA warpgroups."""
+    head_dim, _, _, det = config
+    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
+    assert (block_m, block_n) == SWAPPED_TILES[head_dim]
+    options = bwd_launch._variant_options(variant)
+    assert options["dkv_swap"] and options["dq_wg"] and options["do_single"]
+    compiled = _compile(config, tmp_path, variant, dkv_sum)
+    ptx = compiled.__ptx__
+    assert isinstance(ptx, str) and ".target sm_90a" in ptx
+    # S and dP: hd/16 k-blocks each; dV^T and dK^T: block_m/16 k-blocks per 64 head-dim rows of
+    # a warpgroup (all of them at hd 192, where the warpgroups split the KV rows, half at hd 256);
+    # dQ: block_n/16.
+    dkv_rows = head_dim if head_dim == 192 else head_dim // 2
+    gemms = 2 * head_dim // 16 + 2 * (dkv_rows // 64) * (block_m // 16) + block_n // 16
+    assert ptx.count("wgmma.mma_async") == gemms
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert ("ld.acquire.gpu" in ptx) == det
+    assert ("red.release.gpu" in ptx) == (det or dkv_sum)
+    if det:
+        assert ptx.count("red.release.gpu") == 1 + (1 if dkv_sum else 0)
+    copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
+    assert copies == (2 if options.get("dq_first_store") and det else 0)
+    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 2
+    if not dkv_sum:
+        # dK/dV leave through the K/V tiles by a transposing stmatrix.
+        assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    sass = _sass(compiled, tmp_path)
+    if sass is None:
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
+    mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
+    spills = re.findall(r"\b(?:STL|LDL)\b[^;]*", mma_code)
+    assert not spills, ("MMA warpgroups spill", spills)
+    assert sass.count("HGMMA") >= gemms
+    dq_regs = block_m * head_dim // 256
+    assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
+    assert "UBLKRED.G.S.ADD.F32" in sass
+    # P and dS of a step: stmatrix x4 at hd 192 (a warp's 16 x 48 slab is 12 8x8 matrices: 3
+    # per tensor and thread), 16-bit stores at hd 256 (12 per tensor and thread).
+    per_thread = block_m * block_n // 256
+    stmatrix = len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code))
+    if head_dim == 192:
+        assert stmatrix == 2 * per_thread // 8
+    else:
+        assert stmatrix == 0
+        assert len(re.findall(r"\bSTS\.U16\b", mma_code)) >= 2 * per_thread
+    if not dkv_sum:
+        # The chain's dK/dV: transposing stmatrix x4 (hd x block_n / 256 values per thread and
+        # tensor, 8 per instruction), then 16-byte global stores of whole rows.
+        transposed = len(re.findall(r"\bSTSM\.16\.MT88\.4\b", mma_code))
+        assert transposed == 2 * (head_dim * block_n // 256) // 8
+        assert re.search(r"\bSTG\.E\.128\b", mma_code)
+    # Two copies of the exponential loop (masked and plain), every exponential on the MUFU.
+    assert mma_code.count("MUFU.EX2") == 2 * per_thread
+    return ptx, sass
+
+
 def _known_spills(config: tuple, staged: bool) -> int:
     """Local-memory instructions allowed in the MMA warpgroups' code: none, except with dK/dV
     through shared memory at hd 64, causal, det, where ptxas moves one register of the dS
@@ -447,7 +541,13 @@ def test_ffi_view_fixes_zero_strides_of_size_one_dims() -> None:
 def test_variants_resolve() -> None:
     from dash_attn.backends import hopper
 
+    swapped = {n for n, o in bwd_launch.VARIANTS.items() if o.get("dkv_swap")}
+    assert swapped == {"sw_fs", "sw_et_fs"}
     for name in bwd_launch.VARIANTS:
+        if name in swapped:
+            for head_dim, tiles in SWAPPED_TILES.items():
+                assert bwd_launch.variant_tiles(name, head_dim) == tiles
+            continue
         assert bwd_launch.variant_tiles(name, 64) == (128, 128)
         expected = (80, 128) if name.startswith("t80_") else (64, 128)
         assert bwd_launch.variant_tiles(name, 128) == expected
@@ -492,15 +592,16 @@ def test_variants_resolve() -> None:
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs"
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
-    with pytest.raises(NotImplementedError, match="head_dim=192"):
-        bwd_variant(192, True)
+    with pytest.raises(NotImplementedError, match="head_dim=80"):
+        bwd_variant(80, True)
     # Every variant's options are constructor arguments of the kernel.
     import cutlass
 
     for name in bwd_launch.VARIANTS:
-        block_m, block_n = bwd_launch.variant_tiles(name, 64)
+        head_dim = 192 if name in swapped else 64
+        block_m, block_n = bwd_launch.variant_tiles(name, head_dim)
         HopperAttnBwd(
-            cutlass.BFloat16, 64, causal=True, deterministic=True, block_m=block_m,
+            cutlass.BFloat16, head_dim, causal=True, deterministic=True, block_m=block_m,
             block_n=block_n, **bwd_launch._variant_options(name),
         )  # fmt: skip
     with pytest.raises(ValueError, match="unknown variant"):
@@ -528,8 +629,17 @@ def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
 def test_unsupported_head_dim_raises() -> None:
     import cutlass
 
-    with pytest.raises(NotImplementedError, match="head_dim=192"):
+    with pytest.raises(NotImplementedError, match="head_dim=80"):
+        HopperAttnBwd(cutlass.BFloat16, 80, causal=False, deterministic=True)
+    # Head dims 192 and 256 run the swapped layout at their own tiles only, and it runs no other.
+    with pytest.raises(NotImplementedError, match="head_dim=192 needs the swapped"):
         HopperAttnBwd(cutlass.BFloat16, 192, causal=False, deterministic=True)
+    with pytest.raises(NotImplementedError, match="block_n=96"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 256, causal=False, deterministic=True, block_n=96, dkv_swap=True
+        )
+    with pytest.raises(NotImplementedError, match="head_dim=128 cannot take"):
+        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_swap=True)
     with pytest.raises(NotImplementedError, match="block_m=128"):
         HopperAttnBwd(cutlass.BFloat16, 96, causal=False, deterministic=True, block_m=128)
     with pytest.raises(NotImplementedError, match="block_m=128"):
@@ -557,6 +667,21 @@ def test_bad_kernel_options_raise() -> None:
     ):
         with pytest.raises(ValueError, match=match):
             HopperAttnBwd(**base, **bad)
+    # The swapped layout's fixed choices (one dQ buffer per warpgroup half, dO single-buffered,
+    # its own P/dS and dK/dV paths).
+    swap = {
+        "head_dim": 192, "block_n": 96, "dkv_swap": True, "dq_wg": True, "do_single": True,
+    }  # fmt: skip
+    HopperAttnBwd(**{**base, **swap})
+    for bad, match in (
+        ({**swap, "dq_wg": False}, "missing \\['dq_wg'\\]"),
+        ({**swap, "do_single": False}, "missing \\['do_single'\\]"),
+        ({**swap, "dq_double": True}, "set \\['dq_double'\\]"),
+        ({**swap, "exp_tail": 8}, "set \\['exp_tail'\\]"),
+        ({**swap, "stages": 3}, "set \\['stages != 2'\\]"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            HopperAttnBwd(**{**base, **bad})
     # Two dQ warps own one staging buffer and ring stage each.
     two = {"block_m": 128, "head_dim": 64, "dq_writers": 2}
     for bad, match in (
@@ -578,10 +703,10 @@ def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
         causal=False, softmax_scale=0.125, deterministic=True, dynamic=False,
         timeout_ns=10**9, variant=variant,
     )  # fmt: skip
-    q192 = torch.zeros(*q.shape[:3], 192, dtype=q.dtype)
-    with pytest.raises(NotImplementedError, match="head_dim=192"):
+    q80 = torch.zeros(*q.shape[:3], 80, dtype=q.dtype)
+    with pytest.raises(NotImplementedError, match="head_dim=80"):
         bwd_launch.hopper_bwd_main(
-            q192, q192[:, :, :2], q192[:, :, :2], q192, lse2, delta, tables, **kwargs
+            q80, q80[:, :, :2], q80[:, :, :2], q80, lse2, delta, tables, **kwargs
         )
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         bwd_launch.hopper_bwd_main(q.float(), k, v, dout, lse2, delta, tables, **kwargs)

@@ -366,9 +366,10 @@ def test_broadcast_dout_gives_the_bits_of_its_copy():
 @pytest.mark.parametrize("shape", [(1, 70, 90, 2, 1, 192, True), (1, 90, 70, 2, 2, 256, False)])
 def test_backward_from_another_forwards_out_and_lse(shape):
     """The backward reads out and lse as the ops' contract gives them (out like q; lse a
-    contiguous fp32 (batch, heads, seqlen_q) tensor, natural log), whichever forward made them:
-    on Hopper, auto runs the hopper forward and this backward at head dims 192 and 256. Fed the
-    fp32 reference's out and lse, it gives the reference gradients within the rule."""
+    contiguous fp32 (batch, heads, seqlen_q) tensor, natural log), whichever forward made them
+    (auto picks each direction's backend on its own; until session 40 it ran the hopper forward
+    and this backward at head dims 192 and 256). Fed the fp32 reference's out and lse, it gives
+    the reference gradients within the rule."""
     q, k, v, dout = _inputs(shape)
     batch, seqlen_q, _, heads, _, headdim, causal = shape
     ref, same = _references(shape)

@@ -224,7 +224,7 @@ def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
         torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("headdim", [96, 128])
+@pytest.mark.parametrize("headdim", [96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gqa_split_is_the_mha_backward_of_repeated_kv(backend, causal, headdim):
@@ -292,9 +292,10 @@ def test_nondeterministic_mode_is_correct_and_reported(backend):
     print(f"{backend}: non-deterministic dq differs across 5 runs: {differs}")
 
 
+@pytest.mark.parametrize("headdim", [64, 192])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_broken_table_raises_instead_of_hanging(backend):
-    batch, seqlen, heads, headdim = 1, 1024, 2, 64
+def test_broken_table_raises_instead_of_hanging(backend, headdim):
+    batch, seqlen, heads = 1, 1024, 2
     q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads, headdim, torch.bfloat16, "cuda", 1)
     _skip_if_uncovered(backend, q, k, False)
     out, lse = dash_attn_func(q, k, v, return_lse=True, backend=backend)
@@ -312,14 +313,16 @@ def test_broken_table_raises_instead_of_hanging(backend):
     assert torch.isfinite(again.float()).all()
 
 
-def test_hopper_dkv_sum_wait_times_out_with_nan_and_flag():
+@pytest.mark.parametrize("headdim", [128, 256])
+def test_hopper_dkv_sum_wait_times_out_with_nan_and_flag(headdim):
     """The GQA split's in-kernel dK/dV sums wait for their turn like the dQ adds: a turn that
     never comes (the dK/dV semaphores set past every rank before the launch) gives up after the
-    plan's bound, raises the error flag and stores NaN, and the GPU stays usable."""
+    plan's bound, raises the error flag and stores NaN, and the GPU stays usable (at head dim
+    256 through the transposed accumulators' epilogue)."""
     from dash_attn.backends.hopper.launch import _prepare
     from dash_attn.backends.triton.bwd import attn_bwd_preprocess
 
-    batch, seqlen, heads, kv_heads, headdim = 1, 512, 4, 2, 128
+    batch, seqlen, heads, kv_heads = 1, 512, 4, 2
     q, k, v = make_qkv(batch, seqlen, seqlen, heads, kv_heads, headdim, torch.bfloat16, "cuda", 5)
     _skip_if_uncovered("hopper", q, k, True)
     out, lse = dash_attn_func(q, k, v, causal=True, return_lse=True, backend="hopper")
@@ -344,11 +347,12 @@ def test_hopper_dkv_sum_wait_times_out_with_nan_and_flag():
     assert torch.isfinite(again.float()).all()
 
 
-def test_hopper_dkv_sum_out_of_order_raises_instead_of_hanging():
+@pytest.mark.parametrize("headdim", [128, 192])
+def test_hopper_dkv_sum_out_of_order_raises_instead_of_hanging(headdim):
     """A static table whose worker runs q head 1's chain of a KV tile before q head 0's (whose
     dK/dV it must add after) on the same worker: the dK/dV wait gives up after the plan's bound,
     and the backward raises a RuntimeError naming the schedule, as a broken dQ order does."""
-    batch, seqlen, heads, kv_heads, headdim = 1, 1024, 4, 2, 128
+    batch, seqlen, heads, kv_heads = 1, 1024, 4, 2
     q, k, v = make_qkv(batch, seqlen, seqlen, heads, kv_heads, headdim, torch.bfloat16, "cuda", 9)
     _skip_if_uncovered("hopper", q, k, False)
     out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")

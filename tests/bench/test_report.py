@@ -201,6 +201,8 @@ def test_readme_results_are_generated_from_the_committed_files(
         (session39 / "call5-7975996" / "c128-cold" / "bench.csv", readme_text),
         (session39 / "call3-7975996" / "sweep-fwd" / "bench.csv", readme_text),
         (session39 / "call6-76edb2c" / "fwd-large" / "bench.csv", readme_text),
+        # Session 40: the hopper backward at head dims 192 and 256.
+        (results / "session40-19760df" / "call3" / "bwd-large" / "bench.csv", readme_text),
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in doc

@@ -1420,30 +1420,9 @@ class HopperAttnBwd:
         """The last step of a chain of a GQA split with ``dkv_sum``: release the stage and K/V,
         then add this warpgroup's rows of dK/dV into the kv head's sum at this q head's turn
         (module docstring, "Chain epilogue")."""
-        b = sInfo[_I_BATCH, stage]
-        q_head = sInfo[_I_KVH, stage]  # the chain's head: a q head (GQA split)
-        kvt = sInfo[_I_KVT, stage]
-        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-        kv_heads = cute.size(mdK.shape[2])
-        kvh = q_head // sums.kv_group
-        rank = q_head - kvh * sums.kv_group
-        last = sums.kv_group - 1
-        sem = sums.sem_base + ((b * kv_heads + kvh) * sums.kv_tiles + kvt) * 2 + wg
-        sem_ptr = sums.flags.iterator + sem
-        bar = _BAR_DKV + wg
-        if tidx % 128 == 0:
-            failed = Int32(0)
-            if rank > 0:
-                failed = self._wait_turn(sem_ptr, rank, sums.timeout_ns)
-            if failed != 0:
-                # Never a silent wrong result: the error flag, and NaN into the sum below.
-                sums.flags[1] = Int32(1)
-            sums.fail[2 + wg] = failed
-        cute.arch.barrier(barrier_id=bar, number_of_threads=128)
-        if sums.fail[2 + wg] != 0:
-            acc_dK.fill(Float32(float("nan")))
-            acc_dV.fill(Float32(float("nan")))
+        b, kvh, kvt, kv_heads, rank, last, sem_ptr, bar = self._dkv_sum_turn(
+            storage, sInfo, stage, acc_dK, acc_dV, mdK, sums, tidx, wg
+        )
         # Accumulator element (b, row, kvh, d) of dK at (((b s_k + row) kv_heads + kvh) hd + d),
         # dV's a whole dK later; 64-bit byte addresses.
         hd = self.head_dim
@@ -1492,8 +1471,46 @@ class HopperAttnBwd:
                     else:
                         red_add_f32x2(addr_k, k0, k1)
                         red_add_f32x2(addr_v, v0, v1)
+        self._dkv_sum_release(sem_ptr, bar, rank, last, tidx)
+
+    @cute.jit
+    def _dkv_sum_turn(self, storage, sInfo, stage, acc_dK, acc_dV, mdK, sums: _DkvSums, tidx, wg):
+        """The start of a ``dkv_sum`` chain epilogue: release the ring stage and K/V, then wait
+        (one thread per warpgroup, bounded) until the (batch, kv head, KV tile, warpgroup)
+        semaphore equals this q head's rank in its group; a timed-out wait raises the error flag
+        and turns the warpgroup's dK/dV into NaN. Returns (batch, kv head, KV tile, kv heads,
+        rank, last rank, semaphore pointer, warpgroup barrier id)."""
+        b = sInfo[_I_BATCH, stage]
+        q_head = sInfo[_I_KVH, stage]  # the chain's head: a q head (GQA split)
+        kvt = sInfo[_I_KVT, stage]
+        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+        kv_heads = cute.size(mdK.shape[2])
+        kvh = q_head // sums.kv_group
+        rank = q_head - kvh * sums.kv_group
+        last = sums.kv_group - 1
+        sem = sums.sem_base + ((b * kv_heads + kvh) * sums.kv_tiles + kvt) * 2 + wg
+        sem_ptr = sums.flags.iterator + sem
+        bar = _BAR_DKV + wg
+        if tidx % 128 == 0:
+            failed = Int32(0)
+            if rank > 0:
+                failed = self._wait_turn(sem_ptr, rank, sums.timeout_ns)
+            if failed != 0:
+                # Never a silent wrong result: the error flag, and NaN into the sum below.
+                sums.flags[1] = Int32(1)
+            sums.fail[2 + wg] = failed
+        cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+        if sums.fail[2 + wg] != 0:
+            acc_dK.fill(Float32(float("nan")))
+            acc_dV.fill(Float32(float("nan")))
+        return b, kvh, kvt, kv_heads, rank, last, sem_ptr, bar
+
+    @cute.jit
+    def _dkv_sum_release(self, sem_ptr, bar: int | Int32, rank: Int32, last: Int32, tidx: Int32):
+        """The end of a ``dkv_sum`` chain epilogue: unless this is the group's last q head, the
+        warpgroup's adds are performed (every thread's fence) before its turn passes on."""
         if rank != last:
-            # This warpgroup's adds are performed (every thread's fence) before the turn passes.
             cute.arch.fence_acq_rel_gpu()
             cute.arch.barrier(barrier_id=bar, number_of_threads=128)
             if tidx % 128 == 0:
@@ -2234,29 +2251,9 @@ class HopperAttnBwd:
         (a semaphore per warpgroup: its elements are its own KV rows at hd 192, its own
         head-dim rows at hd 256), element by element (neighbouring registers are neighbouring
         KV rows, not neighbouring addresses)."""
-        b = sInfo[_I_BATCH, stage]
-        q_head = sInfo[_I_KVH, stage]
-        kvt = sInfo[_I_KVT, stage]
-        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-        kv_heads = cute.size(mdK.shape[2])
-        kvh = q_head // sums.kv_group
-        rank = q_head - kvh * sums.kv_group
-        last = sums.kv_group - 1
-        sem = sums.sem_base + ((b * kv_heads + kvh) * sums.kv_tiles + kvt) * 2 + wg
-        sem_ptr = sums.flags.iterator + sem
-        bar = _BAR_DKV + wg
-        if tidx % 128 == 0:
-            failed = Int32(0)
-            if rank > 0:
-                failed = self._wait_turn(sem_ptr, rank, sums.timeout_ns)
-            if failed != 0:
-                sums.flags[1] = Int32(1)
-            sums.fail[2 + wg] = failed
-        cute.arch.barrier(barrier_id=bar, number_of_threads=128)
-        if sums.fail[2 + wg] != 0:
-            acc_dK.fill(Float32(float("nan")))
-            acc_dV.fill(Float32(float("nan")))
+        b, kvh, kvt, kv_heads, rank, last, sem_ptr, bar = self._dkv_sum_turn(
+            storage, sInfo, stage, acc_dK, acc_dV, mdK, sums, tidx, wg
+        )
         hd = self.head_dim
         acc_addr = sums.acc.iterator.toint()
         dv_offset = Int64(cute.size(mdK)) * 4
@@ -2282,8 +2279,4 @@ class HopperAttnBwd:
                 else:
                     red_add_f32(addr_k, k0)
                     red_add_f32(addr_v, v0)
-        if rank != last:
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
-            if tidx % 128 == 0:
-                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+        self._dkv_sum_release(sem_ptr, bar, rank, last, tidx)

@@ -1731,6 +1731,30 @@ class HopperAttnBwd:
                         p = Float32(0.0)
             acc_S[i] = p
 
+    def _mma_slices(
+        self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, tidx: Int32
+    ):
+        """(warpgroup, this thread's slices of the three tiled MMAs, then its warpgroup's: the
+        operand fragments are made from the warpgroup's first thread's)."""
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_base = wg * 128
+        return (
+            wg, mma_sdp.get_slice(tidx), mma_dkv.get_slice(tidx), mma_dq.get_slice(tidx),
+            mma_sdp.get_slice(wg_base), mma_dkv.get_slice(wg_base), mma_dq.get_slice(wg_base),
+        )  # fmt: skip
+
+    @cute.jit
+    def _stop_dq_writer(self, buf: Int32, wg: Int32, guarded: cutlass.Constexpr[bool]):
+        """At the "done" slot: one more handshake on the dQ buffer tells the dQ writer to stop;
+        with a guarded P/dS buffer (``guarded``) the other warpgroup's last arrival is taken
+        (after its last GEMMs)."""
+        self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
+        self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
+        if const_expr(guarded):
+            cute.arch.barrier(
+                barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+            )
+
     @cute.jit
     def mma(
         self,
@@ -1757,14 +1781,9 @@ class HopperAttnBwd:
         dkv_sums: _DkvSums,
     ):
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
-        wg = cute.arch.make_warp_uniform(tidx // 128)
-        wg_base = wg * 128
-        thr_sdp = mma_sdp.get_slice(tidx)
-        thr_dkv = mma_dkv.get_slice(tidx)
-        thr_dq = mma_dq.get_slice(tidx)
-        wg_sdp = mma_sdp.get_slice(wg_base)
-        wg_dkv = mma_dkv.get_slice(wg_base)
-        wg_dq = mma_dq.get_slice(wg_base)
+        wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(
+            mma_sdp, mma_dkv, mma_dq, tidx
+        )
 
         # Operand fragments (descriptors into shared memory; the stage is the last mode).
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -1820,14 +1839,7 @@ class HopperAttnBwd:
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
-                # Tell the dQ writer to stop (one more handshake on the dQ buffer).
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                if const_expr(self.ds_guard):
-                    # The other warpgroup's last arrival (after its last dQ GEMM).
-                    cute.arch.barrier(
-                        barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                    )
+                self._stop_dq_writer(buf, wg, self.ds_guard)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
@@ -2023,14 +2035,9 @@ class HopperAttnBwd:
         comment in __init__). Same ring, K/V, dQ hand-off and chain protocol as ``mma``; sPdS
         holds dS ([.., 0]) and P ([.., 1])."""
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
-        wg = cute.arch.make_warp_uniform(tidx // 128)
-        wg_base = wg * 128
-        thr_sdp = mma_sdp.get_slice(tidx)
-        thr_dkv = mma_dkv.get_slice(tidx)
-        thr_dq = mma_dq.get_slice(tidx)
-        wg_sdp = mma_sdp.get_slice(wg_base)
-        wg_dkv = mma_dkv.get_slice(wg_base)
-        wg_dq = mma_dq.get_slice(wg_base)
+        wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(
+            mma_sdp, mma_dkv, mma_dq, tidx
+        )
 
         # Operand fragments (descriptors into shared memory; the stage is the last mode).
         tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
@@ -2084,12 +2091,7 @@ class HopperAttnBwd:
             flags = sInfo[_I_FLAGS, stage]
             done = flags & _F_DONE
             if done != 0:
-                # Tell the dQ writer to stop; take the other warpgroup's last arrival.
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
-                cute.arch.barrier(
-                    barrier_id=_BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                )
+                self._stop_dq_writer(buf, wg, True)
             else:
                 if flags & _F_FIRST != 0:
                     cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)

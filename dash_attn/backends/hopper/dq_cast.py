@@ -80,8 +80,10 @@ def scale_cast_fragments(
     batch, heads, q_tiles, tile = acc.shape
     split = wg_split(block_m)
     head_dim = tile // block_m
-    if head_dim * block_m != tile or head_dim not in (64, 96, 128):
-        raise ValueError(f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/96/128")
+    if head_dim * block_m != tile or head_dim not in (64, 96, 128, 192, 256):
+        raise ValueError(
+            f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/96/128/192/256"
+        )
     if q_tiles != -(-seqlen_q // block_m):
         raise ValueError(f"q_tiles={q_tiles} does not tile seqlen_q={seqlen_q} by {block_m}")
     out = torch.empty((batch, seqlen_q, heads, head_dim), device=acc.device, dtype=dtype)

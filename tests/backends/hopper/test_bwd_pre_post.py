@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 DTYPES = [torch.float16, torch.bfloat16]
 # (head dim, block_m) of every shipped backward variant.
-SHIPPED = [(64, 128), (96, 64), (128, 80), (128, 64)]
+SHIPPED = [(64, 128), (96, 64), (128, 80), (128, 64), (192, 64), (256, 64)]
 
 
 def _cutlass_dtype(dtype: torch.dtype):
@@ -38,7 +38,7 @@ def test_shipped_tiles_are_covered() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", sorted({hd for hd, _ in SHIPPED}))
 def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> None:
     from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 

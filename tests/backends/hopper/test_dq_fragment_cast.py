@@ -58,6 +58,8 @@ def encode(dq: torch.Tensor, block_m: int) -> torch.Tensor:
         ((1, 64, 1, 128), 64),
         ((2, 170, 2, 128), 80),
         ((1, 80, 1, 128), 80),
+        ((1, 100, 2, 192), 64),
+        ((1, 70, 1, 256), 64),
     ],
 )
 def test_fragment_cast_matches_row_major_cast(
@@ -82,3 +84,6 @@ def test_fragment_cast_rejects_wrong_shapes() -> None:
         scale_cast_fragments(acc, 1.0, torch.float16, 100, 96)
     with pytest.raises(ValueError, match="contiguous fp32"):
         scale_cast_fragments(acc.half(), 1.0, torch.float16, 100, 64)
+    with pytest.raises(ValueError, match="head dim 64/96/128/192/256"):
+        wide = torch.zeros(1, 2, 2, 64 * 80, device=DEVICE)
+        scale_cast_fragments(wide, 1.0, torch.float16, 100, 64)

@@ -62,8 +62,10 @@ def test_model_per_backend_uses_each_backends_columns_and_tiles() -> None:
     spec = square_spec(64, 2048, 8, 32, True, 132, backend="hopper")
     tiles = hopper.bwd_tiles(64, True)
     assert (spec.block_m, spec.q_tiles) == (tiles.block_m, 2048 // tiles.block_m)
+    wide = square_spec(192, 2048, 8, 16, True, 132, backend="hopper")  # since session 40
+    assert (wide.block_m, wide.block_n) == (64, 96)
     with pytest.raises(NotImplementedError, match="hopper backward has head dims"):
-        square_spec(192, 2048, 8, 16, True, 132, backend="hopper")
+        square_spec(80, 2048, 8, 16, True, 132, backend="hopper")
     with pytest.raises(ValueError, match="backend must be"):
         square_spec(64, 2048, 8, 32, True, 132, backend="cuda")
     # Only the backends asked for (the default is the Triton one, as before).

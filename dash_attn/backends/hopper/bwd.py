@@ -28,7 +28,8 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              it has been read, then waits for the adds' full completion and releases the
              semaphore (red.release.gpu). Non-deterministic mode skips the wait and the
              release (and always adds). With ``dq_writers=2`` warp 2 is a second dQ writer:
-             each takes every other step (one ring stage and one staging buffer each).
+             each takes every other step (one ring stage and one staging buffer each, or,
+             without dq_double, the one buffer in turn).
 warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
 WG 1, WG 2   MMA warpgroups (below: the usual step; hd 192/256 run ``mma_swapped``): each owns
              64 KV rows of the chain's tile. Per step
@@ -136,6 +137,7 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
 _BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
 _BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
+_BAR_WRITERS = 15  # dq_shared_writers: one dQ warp hands the staging buffer to the other (64)
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -466,17 +468,25 @@ class HopperAttnBwd:
         #   (session 31, NOTES item 146): that cycle may be as long as the step. Each warp
         #   reads its steps from the ring slots (as early_turn does; it must see its
         #   terminator, which has no partial behind it) and takes the turn where early_turn
-        #   says. The order of the adds is the ranks' either way (the same bits). Needs the two
-        #   buffers (dq_double), two ring stages (a warp's stage and buffer stay fixed) and
-        #   dq_frag's flat reduces.
+        #   says. The order of the adds is the ranks' either way (the same bits). Needs two ring
+        #   stages (a warp's stage stays fixed) and dq_frag's flat reduces, and either the two
+        #   buffers (dq_double: one per warp) or early_turn: then both warps share the one
+        #   buffer (head dims 192/256, where a second does not fit), taking it in turn (below).
         if dq_writers not in (1, 2):
             raise ValueError(f"dq_writers must be 1 or 2, got {dq_writers}")
-        if dq_writers == 2 and not (dq_double and stages == 2 and dq_frag):
+        if dq_writers == 2 and not ((dq_double or early_turn) and stages == 2 and dq_frag):
             raise ValueError(
-                "dq_writers=2 needs dq_double, stages=2 and dq_frag (one warp per staging "
-                "buffer and ring stage)"
+                "dq_writers=2 needs dq_double or early_turn, stages=2 and dq_frag (one warp per "
+                "ring stage; per staging buffer, or sharing one)"
             )
         self.dq_writers = dq_writers
+        # Two dQ warps and one staging buffer: a warp waits for the buffer's "written" barriers
+        #   only after the other warp has passed its own for the previous slot (a named barrier
+        #   of the two warps, _BAR_WRITERS), since a third party on a named barrier of 160
+        #   threads would complete it early. Each warp takes its step's turn before that wait,
+        #   so one warp's turn overlaps the other's reduce, and its wait for the adds to land and
+        #   its release overlap the other's whole step.
+        self.dq_shared_writers = dq_writers == 2 and not dq_double
         # dkv_swap (head dims 192 and 256; FA4's layout there): the step keeps Q rows as the MMA
         #   rows, S = Q K^T and dP = dO V^T, with the warpgroups splitting the KV columns (64 x 48
         #   each at hd 192, 64 x 24 at hd 256), so the LSE2/delta rows are two per thread. P and
@@ -1153,8 +1163,11 @@ class HopperAttnBwd:
         stage = Int32(writer)
         phase = Int32(0)  # of the ring's "full" mbarriers (early_turn)
         # The staging buffer of this step (always 0 without dq_double; the warp's own with
-        # two warps).
-        buf = Int32(writer)
+        # two warps and two buffers).
+        buf = Int32(0 if const_expr(self.dq_shared_writers) else writer)
+        # dq_shared_writers: writer 0's first slot is the first; every other slot waits for
+        # the other warp's hand-over.
+        handover = Int32(writer)
         fail = writer  # this warp's word in sDqFail
         # Where a step starts: at its ring slot's "full" mbarrier (early_turn, and always with
         # two warps: a warp must see its terminator, which has no partial behind it), else at
@@ -1207,6 +1220,10 @@ class HopperAttnBwd:
                         # Order the bulk reduce (async proxy) after the acquire.
                         cute.arch.fence_proxy("async.global")
                     cute.arch.sync_warp()
+                if const_expr(self.dq_shared_writers):
+                    # The other warp has passed the buffer's "written" barriers of its slot.
+                    self._writers_handover(handover, wait=True)
+                    handover = Int32(1)
                 for p in cutlass.range_constexpr(parts):
                     if const_expr(p > 0 or self.early_turn):
                         self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
@@ -1254,6 +1271,8 @@ class HopperAttnBwd:
                         )  # fmt: skip
                         cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
                         cute.arch.cp_async_bulk_commit_group()
+                if const_expr(self.dq_shared_writers):
+                    self._writers_handover(handover, wait=False)
                 # Each part may be overwritten once the TMA unit has read it (oldest first).
                 for p in cutlass.range_constexpr(parts):
                     cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
@@ -1280,12 +1299,29 @@ class HopperAttnBwd:
             elif const_expr(two):
                 # The first terminator comes with the MMA warpgroups' stop handshake, the
                 # other warp's (_F_QUIET) without.
+                if const_expr(self.dq_shared_writers):
+                    self._writers_handover(handover, wait=True)
                 if info[_I_FLAGS] & _F_QUIET == 0:
                     self._writer_stop(buf, parts, ring_first)
+                    if const_expr(self.dq_shared_writers):
+                        # The quiet terminator, the last slot, takes this hand-over.
+                        self._writers_handover(Int32(1), wait=False)
             else:
                 self._writer_stop(buf, parts, ring_first)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def _writers_handover(self, handover: Int32, wait: cutlass.Constexpr[bool]):
+        """dq_shared_writers: hand the staging buffer to the other dQ warp (``wait`` False:
+        this warp has passed the buffer's "written" barriers of its slot), or wait for it from
+        the other warp (unless ``handover`` is 0: writer 0's first slot, the first of all).
+        The two warps' slots alternate (ring stages), so the hand-overs do too."""
+        if const_expr(wait):
+            if handover != 0:
+                cute.arch.barrier(barrier_id=_BAR_WRITERS, number_of_threads=64)
+        else:
+            cute.arch.barrier_arrive(barrier_id=_BAR_WRITERS, number_of_threads=64)
 
     @cute.jit
     def _writer_stop(

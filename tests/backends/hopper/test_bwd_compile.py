@@ -188,6 +188,20 @@ def test_dkv_sum_compiles_for_sm90a_swapped(config: tuple, tmp_path: Path) -> No
     assert "fence.acq_rel.gpu" in ptx
 
 
+@pytest.mark.parametrize(
+    "config", [(256, torch.bfloat16, True, True), (192, torch.float16, False, False)],
+    ids=_config_id,
+)  # fmt: skip
+def test_shared_dq_writers_compile_for_sm90a(config: tuple, tmp_path: Path) -> None:
+    """Two dQ warps sharing one staging buffer (``sw_w2_fs``: dq_writers=2 without dq_double):
+    each warp waits for the other's hand-over before the buffer's "written" barriers and hands
+    it over after them (a named barrier of the two warps: per warp, one wait and one arrival
+    in its step loop and one of each at its terminators); no spills."""
+    ptx, _ = _check_swapped_kernel_code(config, "sw_w2_fs", tmp_path)
+    assert len(re.findall(r"bar\.sync\s+15, 64;", ptx)) == 4
+    assert len(re.findall(r"bar\.arrive\s+15, 64;", ptx)) == 4
+
+
 def test_fragment_rows_reads_each_row_once() -> None:
     """Thread 0's rows of an m64nN accumulator fragment: rows 0 and 8, alternating in pairs."""
     coords0 = [(8 * ((i // 2) % 2), 8 * (i // 4) + i % 2) for i in range(12)]
@@ -441,11 +455,14 @@ def _check_swapped_kernel_code(
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert ("ld.acquire.gpu" in ptx) == det
     assert ("red.release.gpu" in ptx) == (det or dkv_sum)
+    # Per dQ warp (dq_writers): a release, and a reduce (and a first store) per warpgroup half.
+    writers = options.get("dq_writers", 1)
     if det:
-        assert ptx.count("red.release.gpu") == 1 + (1 if dkv_sum else 0)
+        assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
-    assert copies == (2 if options.get("dq_first_store") and det else 0)
-    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 2
+    assert copies == (2 * writers if options.get("dq_first_store") and det else 0)
+    reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+    assert reduces == 2 * writers
     if not dkv_sum:
         # dK/dV leave through the K/V tiles by a transposing stmatrix.
         assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
@@ -542,7 +559,7 @@ def test_variants_resolve() -> None:
     from dash_attn.backends import hopper
 
     swapped = {n for n, o in bwd_launch.VARIANTS.items() if o.get("dkv_swap")}
-    assert swapped == {"sw_fs", "sw_et_fs"}
+    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs"}
     for name in bwd_launch.VARIANTS:
         if name in swapped:
             for head_dim, tiles in SWAPPED_TILES.items():
@@ -686,7 +703,7 @@ def test_bad_kernel_options_raise() -> None:
     two = {"block_m": 128, "head_dim": 64, "dq_writers": 2}
     for bad, match in (
         ({"dq_writers": 3}, "dq_writers must be 1 or 2"),
-        ({**two, "early_turn": True}, "dq_writers=2 needs dq_double"),
+        ({**two}, "dq_writers=2 needs dq_double or early_turn"),
         ({**two, "dq_double": True, "stages": 3}, "dq_writers=2 needs"),
         ({**two, "dq_double": True, "dq_frag": False, "dq_swizzle": True}, "dq_writers=2 needs"),
     ):

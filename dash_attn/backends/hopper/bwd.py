@@ -120,7 +120,7 @@ from ._cute_utils import (
     wgmma,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
-from .gmem_pairs import load_f32_cg, red_add_f32, red_add_f32x2, store_f32, store_f32x2
+from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128), (64, 96), (64, 48))
@@ -551,11 +551,11 @@ class HopperAttnBwd:
         return cute.tile_to_shape(atom, shape, order=order)
 
     def _tiled_mmas(self):
+        if self.dkv_swap:
+            return self._swapped_tiled_mmas()
         bm, hd = self.block_m, self.head_dim
         K_major = cute.nvgpu.OperandMajorMode.K
         MN_major = cute.nvgpu.OperandMajorMode.MN
-        if self.dkv_swap:
-            return self._swapped_tiled_mmas()
         # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
         mma_sdp = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_major, K_major, Float32,
@@ -1760,11 +1760,7 @@ class HopperAttnBwd:
             else:
                 p = cute.math.exp2(x, fastmath=True)
             if const_expr(masked):
-                if n0 + n >= seqlen_k:
-                    p = Float32(0.0)
-                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
-                    if n0 + n > m0 + m + shift:
-                        p = Float32(0.0)
+                p = self._mask_prob(p, n, m, n0, m0, shift, seqlen_k)
             acc_S[i] = p
 
     def _mma_slices(
@@ -2220,6 +2216,19 @@ class HopperAttnBwd:
                     phase = phase ^ 1
 
     @cute.jit
+    def _mask_prob(
+        self, p: Float32, n, m, n0: Int32, m0: Int32, shift: Int32, seqlen_k: Int32
+    ) -> Float32:
+        """``p`` of key row n0 + n and query row m0 + m, or zero for a key past seqlen_k (TMA
+        gave zeros there, not -inf) and, causal, a key after the bottom-right diagonal."""
+        if n0 + n >= seqlen_k:
+            p = Float32(0.0)
+        if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+            if n0 + n > m0 + m + shift:
+                p = Float32(0.0)
+        return p
+
+    @cute.jit
     def _probs_rows(
         self,
         acc_S: cute.Tensor,
@@ -2234,16 +2243,12 @@ class HopperAttnBwd:
         masked: cutlass.Constexpr,
     ):
         """P = exp2(S * scale_log2 - lse2) in place (dkv_swap: S's rows are Q rows, the LSE2 of
-        register i is rLSE[row_slot[i]]); with ``masked`` the masks of ``_probs``."""
+        register i is rLSE[row_slot[i]]); with ``masked`` ``_mask_prob``'s masks."""
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             m, n = tScS[i]
             p = cute.math.exp2(acc_S[i] * scale_log2 - rLSE[row_slot[i]], fastmath=True)
             if const_expr(masked):
-                if n0 + n >= seqlen_k:
-                    p = Float32(0.0)
-                if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
-                    if n0 + n > m0 + m + shift:
-                        p = Float32(0.0)
+                p = self._mask_prob(p, n, m, n0, m0, shift, seqlen_k)
             acc_S[i] = p
 
     @cute.jit
@@ -2293,28 +2298,30 @@ class HopperAttnBwd:
             storage, sInfo, stage, acc_dK, acc_dV, mdK, sums, tidx, wg
         )
         hd = self.head_dim
-        acc_addr = sums.acc.iterator.toint()
-        dv_offset = Int64(cute.size(mdK)) * 4
+        dv_offset = Int64(cute.size(mdK))
         gdK = mdK[b, None, kvh, None]
         gdV = mdV[b, None, kvh, None]
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             d, n = tKcK[i]
             row = kvt * self.block_n + n
             if row < seqlen_k:
-                addr_k = acc_addr + (Int64((b * seqlen_k + row) * kv_heads + kvh) * hd + d) * 4
-                addr_v = addr_k + dv_offset
+                # Element (b, row, kvh, d) of dK's fp32 sum; dV's a whole dK later.
+                ptr_k = sums.acc.iterator + (Int64((b * seqlen_k + row) * kv_heads + kvh) * hd + d)
+                ptr_v = ptr_k + dv_offset
                 k0 = acc_dK[i] * softmax_scale
                 v0 = acc_dV[i]
                 if rank == last:
                     if rank > 0:
-                        k0 = load_f32_cg(addr_k) + k0
-                        v0 = load_f32_cg(addr_v) + v0
+                        k0 = load_f32_cg(ptr_k.toint()) + k0
+                        v0 = load_f32_cg(ptr_v.toint()) + v0
                     gdK[row, d] = k0.to(self.dtype)
                     gdV[row, d] = v0.to(self.dtype)
                 elif rank == 0:
-                    store_f32(addr_k, k0)
-                    store_f32(addr_v, v0)
+                    cute.make_tensor(ptr_k, cute.make_layout(1))[0] = k0
+                    cute.make_tensor(ptr_v, cute.make_layout(1))[0] = v0
                 else:
-                    red_add_f32(addr_k, k0)
-                    red_add_f32(addr_v, v0)
+                    for ptr, value in ((ptr_k, k0), (ptr_v, v0)):
+                        cute.arch.red(
+                            ptr, value, op="add", dtype="f32", sem="relaxed", scope="gpu"
+                        )
         self._dkv_sum_release(sem_ptr, bar, rank, last, tidx)

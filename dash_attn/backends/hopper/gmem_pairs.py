@@ -1,4 +1,4 @@
-"""Two neighbouring fp32 values (or one) to global memory in one instruction (inline PTX).
+"""Two neighbouring fp32 values to global memory in one instruction (inline PTX).
 
 The chain epilogue of a grouped-query backward that adds dK/dV in the kernel
 (``HopperAttnBwd(dkv_sum=True)``) stores, reduce-adds and re-packs the accumulator's column pairs:
@@ -46,21 +46,6 @@ def red_add_f32x2(
     operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
     operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in (lo, hi)]
     _side_effect("red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", operands, loc, ip)
-
-
-@dsl_user_op
-def store_f32(addr: Int64, value: Float32, *, loc: Any = None, ip: Any = None) -> None:
-    """``addr[0] = value`` (global): the element-wise store of transposed accumulators, whose
-    neighbouring registers are not neighbouring addresses."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip), Float32(value).ir_value(loc=loc, ip=ip)]
-    _side_effect("st.global.f32 [$0], $1;", "l,f", operands, loc, ip)
-
-
-@dsl_user_op
-def red_add_f32(addr: Int64, value: Float32, *, loc: Any = None, ip: Any = None) -> None:
-    """``addr[0] += value`` at L2, relaxed, GPU scope (``store_f32``'s add)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip), Float32(value).ir_value(loc=loc, ip=ip)]
-    _side_effect("red.relaxed.gpu.global.add.f32 [$0], $1;", "l,f", operands, loc, ip)
 
 
 @dsl_user_op

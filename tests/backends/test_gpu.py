@@ -226,42 +226,37 @@ def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
 
 @pytest.mark.parametrize("headdim", [192, 256])
 def test_hopper_shared_dq_writers_give_the_same_bits(monkeypatch, headdim):
-    """Two dQ warps sharing the one staging buffer (``sw_w2_fs``, not shipped: run here as the
-    deterministic twin of ``sw_fs``): for every schedule, both masks, GQA and lengths that are
-    not tile multiples, the gradients equal the one-writer kernel's bit for bit and repeat with
-    another stream busy; a broken dQ order still raises instead of hanging."""
+    """Two dQ warps sharing the one staging buffer (``sw_w2_fs``, the deterministic twin of
+    ``sw_fs``): for every schedule, both masks, GQA and lengths that are not tile multiples,
+    the gradients equal the one-writer kernel's bit for bit and repeat with another stream
+    busy; a broken dQ order still raises instead of hanging."""
     from dash_attn.backends import hopper
     from dash_attn.backends.hopper import launch as hopper_launch
 
-    assert hopper.bwd_variant(headdim, True, deterministic=True) == "sw_fs"
+    assert hopper.bwd_variant(headdim, True, deterministic=True) == "sw_w2_fs"
     q, k, v = make_qkv(1, 1000, 1100, 4, 2, headdim, torch.bfloat16, "cuda", 13)
     _skip_if_uncovered("hopper", q, k, True)
     dout = torch.randn_like(q)
     for causal in (False, True):
         for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
-            one = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            two = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+            _busy_stream_matmuls(torch.cuda.Stream())
+            again = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
             with monkeypatch.context() as m:
-                m.setattr(hopper, "BWD_DET_TWIN", {"sw_fs": "sw_w2_fs"})
+                m.setattr(hopper, "BWD_DET_TWIN", {})
                 m.setattr(hopper_launch, "_launches", {})
-                two = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
-                _busy_stream_matmuls(torch.cuda.Stream())
-                again = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
+                one = _grads(_dash(causal, "hopper", schedule), q, k, v, dout)
             for grad, x, y, z in zip(GRADS, two, one, again, strict=True):
                 assert torch.equal(x, y), f"{grad}: sw_w2_fs differs from sw_fs [{schedule}]"
                 assert torch.equal(x, z), f"{grad}: sw_w2_fs not repeatable [{schedule}]"
-    with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_DET_TWIN", {"sw_fs": "sw_w2_fs"})
-        m.setattr(hopper_launch, "_launches", {})
-        out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
-        good = make_backward_plan(
-            problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
-            backend="hopper", timeout_s=0.2,
-        )  # fmt: skip
-        run_backward = backend_module("hopper").run_backward
-        with pytest.raises(RuntimeError, match="timed out.*'broken'"):
-            run_backward(
-                broken_ranks(good), dout, q, k, v, out, lse, headdim**-0.5, sync_check=True
-            )
+    out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
+    good = make_backward_plan(
+        problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
+        backend="hopper", timeout_s=0.2,
+    )  # fmt: skip
+    run_backward = backend_module("hopper").run_backward
+    with pytest.raises(RuntimeError, match="timed out.*'broken'"):
+        run_backward(broken_ranks(good), dout, q, k, v, out, lse, headdim**-0.5, sync_check=True)
     torch.cuda.synchronize()
 
 

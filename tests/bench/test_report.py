@@ -203,6 +203,8 @@ def test_readme_results_are_generated_from_the_committed_files(
         (session39 / "call6-76edb2c" / "fwd-large" / "bench.csv", readme_text),
         # Session 40: the hopper backward at head dims 192 and 256.
         (results / "session40-19760df" / "call3" / "bwd-large" / "bench.csv", readme_text),
+        # Session 41: the same grid with two dQ warps in deterministic runs.
+        (results / "session41-110f25b" / "call5" / "bwd-large" / "bench.csv", readme_text),
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in doc
@@ -262,6 +264,8 @@ def test_readme_results_are_generated_from_the_committed_files(
     ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
     raw = results / "session30-4f6fa3a" / "call2-c63de68" / "raw_d64f8k.csv.gz"
     assert ncu.metric_table(raw, NCU_LABELS_SESSION30) in text
+    raw = results / "session41-110f25b" / "call2" / "raw_large_cols.csv.gz"
+    assert ncu.metric_table(raw, NCU_LABELS_SESSION41) in readme_text
     session = results / "session13-82f62f0"
     compare = _load_tool(repo / "tools" / "hopper" / "host_paths_table.py")
     with open(session / "call3-82f62f0" / "compare_host_paths.csv", newline="") as f:
@@ -274,6 +278,15 @@ def test_readme_results_are_generated_from_the_committed_files(
 NCU_LABELS_SESSION30 = [
     "ours det", "ours non-det", "dq_wg0 det", "dq_wg0 non-det", "FA4 det", "FA4 non-det",
 ]  # fmt: skip
+
+
+# The kernels of session 41's ncu_large.py in launch order.
+NCU_LABELS_SESSION41 = [
+    f"{shape} {who} {mode}"
+    for shape in ("d256c", "d192f")
+    for who in ("ours", "fa4")
+    for mode in ("det", "nondet")
+]
 
 
 def test_ncu_metric_table_needs_one_label_per_kernel() -> None:

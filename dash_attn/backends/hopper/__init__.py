@@ -122,6 +122,11 @@ BWD_DET_TWIN = {
     "t128_xm24r_sm2_fs_dq2_dt": "t128_xm24r_sm2_fs_dq2_dt_w2",
     "t80_wg2r_p14_fs": "t80_wg2r_p14_fs_w2",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
+    # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
+    # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
+    # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;
+    # non-deterministic runs keep one dQ warp (not measured with two).
+    "sw_fs": "sw_w2_fs",
 }
 # Non-deterministic backwards run, in place of these variants, these: at hd 64 full the
 # one-buffer kernel shipped there before session 29 (one dQ staging buffer, dS per ring stage, no

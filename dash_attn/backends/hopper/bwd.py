@@ -137,7 +137,11 @@ _BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 _BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
 _BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
 _BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
-_BAR_WRITERS = 15  # dq_shared_writers: one dQ warp hands the staging buffer to the other (64)
+# dq_shared_writers: + w, dQ warp w hands the staging buffer to the other (64 threads). One
+# barrier per direction: on a single one, a warp that arrived and then waited for the next
+# hand-over would complete a generation by itself. Ids 6-7 belong to dq_double's second
+# buffer otherwise, which a shared buffer excludes.
+_BAR_WRITERS = 6
 
 # Step metadata slot (int32 words per stage).
 _INFO_WORDS = 8
@@ -481,11 +485,12 @@ class HopperAttnBwd:
             )
         self.dq_writers = dq_writers
         # Two dQ warps and one staging buffer: a warp waits for the buffer's "written" barriers
-        #   only after the other warp has passed its own for the previous slot (a named barrier
-        #   of the two warps, _BAR_WRITERS), since a third party on a named barrier of 160
-        #   threads would complete it early. Each warp takes its step's turn before that wait,
-        #   so one warp's turn overlaps the other's reduce, and its wait for the adds to land and
-        #   its release overlap the other's whole step.
+        #   only after the other warp has passed its own for the previous slot (named barriers
+        #   of the two warps, one per direction, _BAR_WRITERS + w), since a third party on a
+        #   named barrier of 160 threads would complete it early. Each warp takes its step's
+        #   turn before that wait, so one warp's turn overlaps the other's reduce, and its wait
+        #   for the adds to land and its release overlap the other's whole step. Deterministic
+        #   runs at head dims 192/256 take it (1.05-1.25x one dQ warp, session 41).
         self.dq_shared_writers = dq_writers == 2 and not dq_double
         # dkv_swap (head dims 192 and 256; FA4's layout there): the step keeps Q rows as the MMA
         #   rows, S = Q K^T and dP = dO V^T, with the warpgroups splitting the KV columns (64 x 48
@@ -1222,7 +1227,7 @@ class HopperAttnBwd:
                     cute.arch.sync_warp()
                 if const_expr(self.dq_shared_writers):
                     # The other warp has passed the buffer's "written" barriers of its slot.
-                    self._writers_handover(handover, wait=True)
+                    self._writers_handover(writer, handover, wait=True)
                     handover = Int32(1)
                 for p in cutlass.range_constexpr(parts):
                     if const_expr(p > 0 or self.early_turn):
@@ -1272,7 +1277,7 @@ class HopperAttnBwd:
                         cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
                         cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.dq_shared_writers):
-                    self._writers_handover(handover, wait=False)
+                    self._writers_handover(writer, handover, wait=False)
                 # Each part may be overwritten once the TMA unit has read it (oldest first).
                 for p in cutlass.range_constexpr(parts):
                     cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
@@ -1300,28 +1305,31 @@ class HopperAttnBwd:
                 # The first terminator comes with the MMA warpgroups' stop handshake, the
                 # other warp's (_F_QUIET) without.
                 if const_expr(self.dq_shared_writers):
-                    self._writers_handover(handover, wait=True)
+                    self._writers_handover(writer, handover, wait=True)
                 if info[_I_FLAGS] & _F_QUIET == 0:
                     self._writer_stop(buf, parts, ring_first)
                     if const_expr(self.dq_shared_writers):
                         # The quiet terminator, the last slot, takes this hand-over.
-                        self._writers_handover(Int32(1), wait=False)
+                        self._writers_handover(writer, Int32(1), wait=False)
             else:
                 self._writer_stop(buf, parts, ring_first)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def _writers_handover(self, handover: Int32, wait: cutlass.Constexpr[bool]):
-        """dq_shared_writers: hand the staging buffer to the other dQ warp (``wait`` False:
-        this warp has passed the buffer's "written" barriers of its slot), or wait for it from
-        the other warp (unless ``handover`` is 0: writer 0's first slot, the first of all).
-        The two warps' slots alternate (ring stages), so the hand-overs do too."""
+    def _writers_handover(
+        self, writer: cutlass.Constexpr[int], handover: Int32, wait: cutlass.Constexpr[bool]
+    ):
+        """dq_shared_writers: dQ warp ``writer`` hands the staging buffer to the other one
+        (``wait`` False: it has passed the buffer's "written" barriers of its slot), or waits
+        for the other's hand-over (unless ``handover`` is 0: writer 0's first slot, the first
+        of all). The two warps' slots alternate (ring stages), so the hand-overs do too, each
+        direction on its own barrier."""
         if const_expr(wait):
             if handover != 0:
-                cute.arch.barrier(barrier_id=_BAR_WRITERS, number_of_threads=64)
+                cute.arch.barrier(barrier_id=_BAR_WRITERS + 1 - writer, number_of_threads=64)
         else:
-            cute.arch.barrier_arrive(barrier_id=_BAR_WRITERS, number_of_threads=64)
+            cute.arch.barrier_arrive(barrier_id=_BAR_WRITERS + writer, number_of_threads=64)
 
     @cute.jit
     def _writer_stop(

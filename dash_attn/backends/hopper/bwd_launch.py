@@ -173,8 +173,9 @@ VARIANTS["sw_fs"] = {
     "dkv_swap": True, "dq_first_store": True,
 }  # fmt: skip
 VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
-# Two dQ warps sharing the one staging buffer (dq_shared_writers; not measured yet): one warp's
-# wait for its adds to land and its release overlap the other's turn and reduce.
+# Two dQ warps sharing the one staging buffer (dq_shared_writers): one warp's wait for its adds
+# to land and its release overlap the other's turn and reduce. Deterministic runs take it
+# (hopper.BWD_DET_TWIN; session 41).
 VARIANTS["sw_w2_fs"] = {**VARIANTS["sw_et_fs"], "dq_writers": 2}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)

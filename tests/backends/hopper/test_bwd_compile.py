@@ -197,11 +197,15 @@ def test_dkv_sum_compiles_for_sm90a_swapped(config: tuple, tmp_path: Path) -> No
 def test_shared_dq_writers_compile_for_sm90a(config: tuple, tmp_path: Path) -> None:
     """Two dQ warps sharing one staging buffer (``sw_w2_fs``: dq_writers=2 without dq_double):
     each warp waits for the other's hand-over before the buffer's "written" barriers and hands
-    it over after them (a named barrier of the two warps: per warp, one wait and one arrival
-    in its step loop and one of each at its terminators); no spills."""
+    it over after them. One named barrier of the two warps per direction (ids 6 and 7: on one
+    barrier a warp that arrived and then waited would complete it alone): per warp, one wait
+    and one arrival in its step loop and one of each at its terminators; nothing else uses
+    those ids; no spills."""
     ptx, _ = _check_swapped_kernel_code(config, "sw_w2_fs", tmp_path)
-    assert len(re.findall(r"bar\.sync\s+15, 64;", ptx)) == 4
-    assert len(re.findall(r"bar\.arrive\s+15, 64;", ptx)) == 4
+    for bar_id in (6, 7):
+        assert len(re.findall(rf"bar\.sync\s+{bar_id}, 64;", ptx)) == 2
+        assert len(re.findall(rf"bar\.arrive\s+{bar_id}, 64;", ptx)) == 2
+        assert len(re.findall(rf"bar\.(sync|arrive)\s+{bar_id},", ptx)) == 4
 
 
 def test_fragment_rows_reads_each_row_once() -> None:
@@ -586,13 +590,15 @@ def test_variants_resolve() -> None:
         for key in ("tiles", "exp_poly", "exp_poly_degree"):
             assert len({repr(o.get(key)) for o in options.values()}) == 1, (key, options)
     # Deterministic runs take the twin with two dQ warps where there is one, and only that
-    # option differs (the same tiles and arithmetic: the same bits).
+    # option differs (the same tiles and arithmetic: the same bits); where the two warps share
+    # one staging buffer (no dq_double) they take their turns early, as they must.
     shipped = {*hopper.BWD_VARIANT.values(), *(n for _, n in hopper.BWD_VARIANT_LONG.values())}
     assert set(hopper.BWD_DET_TWIN) <= shipped
     for name, twin in hopper.BWD_DET_TWIN.items():
         assert twin in bwd_launch.VARIANTS
         base, two = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
-        assert two == {**base, "dq_writers": 2} and base.get("dq_writers", 1) == 1
+        shared = {} if base.get("dq_double") else {"early_turn": True}
+        assert two == {**base, **shared, "dq_writers": 2} and base.get("dq_writers", 1) == 1
     # Non-deterministic runs take the one-buffer kernel where there is one: only the second dQ
     # buffer and the dS guard it needs differ.
     assert set(hopper.BWD_NONDET_TWIN) <= shipped
@@ -608,6 +614,8 @@ def test_variants_resolve() -> None:
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, kind == "causal", min_seqlen_k, True) == twin
     assert bwd_variant(64, False, deterministic=True).endswith("_w2")
+    assert bwd_variant(256, True, deterministic=True) == "sw_w2_fs"
+    assert bwd_variant(256, True, deterministic=False) == "sw_fs"
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs"
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}

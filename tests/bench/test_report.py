@@ -289,8 +289,9 @@ NCU_LABELS_SESSION41 = [
 ]
 
 
-def test_ncu_metric_table_needs_one_label_per_kernel() -> None:
-    """tools/hopper/ncu_summary.py --table: one column per attention kernel, labels checked."""
+def test_ncu_metric_table_needs_one_label_per_kernel(tmp_path: Path) -> None:
+    """tools/hopper/ncu_summary.py --table: one column per attention kernel, labels checked;
+    --cut keeps the columns the summaries read."""
     repo = Path(__file__).resolve().parents[2]
     raw = repo / "benchmarks/results/h200/session30-4f6fa3a/call2-c63de68/raw_d64f8k.csv.gz"
     if not raw.is_file():
@@ -304,6 +305,13 @@ def test_ncu_metric_table_needs_one_label_per_kernel() -> None:
     assert all(1.0 < t < 20.0 for t in times)
     with pytest.raises(ValueError, match="6 attention kernels"):
         ncu.metric_table(raw, NCU_LABELS_SESSION30[:5])
+    # --cut keeps what the summaries read: both equal the full export's.
+    cut = tmp_path / "cut.csv.gz"
+    assert ncu.cut_raw(raw, cut) == len(ncu.summary_columns())
+    labels = NCU_LABELS_SESSION30
+    assert ncu.metric_table(cut, labels) == ncu.metric_table(raw, labels)
+    assert ncu.raw_summary(cut) == ncu.raw_summary(raw)
+    assert cut.stat().st_size < raw.stat().st_size / 5
     with pytest.raises(SystemExit):
         ncu.main(["--source", str(raw), "--table", "a,b"])
 

@@ -9,6 +9,7 @@ sm90 backward and forward), the time, clock (GHz), instructions, tensor-pipe act
 min and max over the SMs), issue activity and the warps stalled per issued instruction by main
 reason.
 ``--raw --table LABELS``: the main metrics as a markdown table, one column per kernel.
+``--raw --cut OUT``: the raw export cut to the columns those two read, to commit.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
 (with each opcode's two main stall reasons and its shared-memory wavefronts against the
 conflict-free count), grouped by execution count (a persistent kernel's step loop, chain
@@ -136,6 +137,34 @@ def metric_table(path: Path, labels: list[str]) -> str:
     return "\n".join(lines)
 
 
+# Identity columns of a raw export that the summaries read or a reader needs to tell kernels
+# apart.
+_ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context",
+               "Stream", "Block Size", "Grid Size", "Device", "CC")  # fmt: skip
+
+
+def summary_columns() -> set[str]:
+    """The raw-export columns that raw_summary and metric_table read (with the identity ones)."""
+    metrics = {*RAW_METRICS.values(), *(STALL_METRIC.format(k) for k in STALLS)}
+    return {*_ID_COLUMNS, *metrics, *(metric for _, metric, _, _ in TABLE_ROWS)}
+
+
+def cut_raw(path: Path, out: Path) -> int:
+    """Write the raw export ``path`` to ``out`` (gzipped if it ends in .gz) with only
+    ``summary_columns()``, in their order there, its unit row kept: the summaries of the cut
+    file equal the full export's at a few KB instead of tens (a full set has ~2,200 columns).
+    Returns the number of columns kept."""
+    rows = list(_open(path))
+    wanted = summary_columns()
+    keep = [i for i, name in enumerate(rows[0]) if name in wanted]
+    gzipped = out.suffix == ".gz"
+    with gzip.open(out, "wt", newline="") if gzipped else open(out, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        for row in rows:
+            writer.writerow([row[i] for i in keep])
+    return len(keep)
+
+
 def _source_blocks(path: Path) -> list[dict]:
     blocks: list[dict] = []
     current: dict | None = None
@@ -246,9 +275,19 @@ def main(argv: list[str] | None = None) -> int:
         help="with --raw: a markdown table of the main metrics instead, one column per kernel, "
         "headed by these comma-separated labels (in launch order)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cut", type=Path, metavar="OUT",
+        help="with --raw: write it to OUT with only the columns these summaries read (a few KB "
+        "to commit beside the summary instead of the whole export)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.raw is None and args.source is None:
         parser.error("give --raw and/or --source")
+    if args.cut is not None:
+        if args.raw is None:
+            parser.error("--cut needs --raw")
+        print(f"{cut_raw(args.raw, args.cut)} columns kept in {args.cut}")
+        return 0
     if args.table is not None:
         if args.raw is None:
             parser.error("--table needs --raw")

@@ -1064,10 +1064,7 @@ class HopperAttnBwd:
                     self._tma_load_single(tma_k, gK, sK, kv_full)
                     self._tma_load_single(tma_v, gV, sV, kv_full)
                     kv_phase = kv_phase ^ 1
-                stage = stage + 1
-                if stage == self.stages:
-                    stage = Int32(0)
-                    phase = phase ^ 1
+                stage, phase = self._next_stage(stage, phase)
             if dynamic != 0:
                 # The next ticket only once the MMA warpgroups have finished this chain (they
                 # release K/V after its last step: the phase the next chain's K/V load waits
@@ -1092,10 +1089,7 @@ class HopperAttnBwd:
         if const_expr(self.dq_writers == 2):
             # The other dQ warp waits on the other stage: a terminator there too, without the
             # MMA warpgroups' stop handshake (they left at the first one).
-            stage = stage + 1
-            if stage == self.stages:
-                stage = Int32(0)
-                phase = phase ^ 1
+            stage, phase = self._next_stage(stage, phase)
             cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
             if lane == 0:
                 sInfo[_I_FLAGS, stage] = Int32(_F_DONE | _F_QUIET)
@@ -1208,10 +1202,7 @@ class HopperAttnBwd:
                     cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
                 # This warp's next step: the next stage, or with two warps the one after it.
                 for _ in cutlass.range_constexpr(self.dq_writers):
-                    stage = stage + 1
-                    if stage == self.stages:
-                        stage = Int32(0)
-                        phase = phase ^ 1
+                    stage, phase = self._next_stage(stage, phase)
                 sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(two and not self.early_turn):
                     # The turn after the partial's first part is in, as with one warp.
@@ -1315,6 +1306,16 @@ class HopperAttnBwd:
                 self._writer_stop(buf, parts, ring_first)
         # Bulk reductions must be complete before the CTA exits.
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def _next_stage(self, stage: Int32, phase: Int32) -> tuple[Int32, Int32]:
+        """The load ring's next stage, and the parity of its mbarriers' phase (it flips where
+        the ring wraps)."""
+        stage = stage + 1
+        if stage == self.stages:
+            stage = Int32(0)
+            phase = phase ^ 1
+        return stage, phase
 
     @cute.jit
     def _writers_handover(
@@ -2041,10 +2042,7 @@ class HopperAttnBwd:
                         self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
                         self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
 
-                stage = stage + 1
-                if stage == self.stages:
-                    stage = Int32(0)
-                    phase = phase ^ 1
+                stage, phase = self._next_stage(stage, phase)
 
     @cute.jit
     def mma_swapped(
@@ -2218,10 +2216,7 @@ class HopperAttnBwd:
                         seqlen_k, sK, sV, tidx, wg,
                     )  # fmt: skip
 
-                stage = stage + 1
-                if stage == self.stages:
-                    stage = Int32(0)
-                    phase = phase ^ 1
+                stage, phase = self._next_stage(stage, phase)
 
     @cute.jit
     def _mask_prob(

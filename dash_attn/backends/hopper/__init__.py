@@ -86,7 +86,8 @@ _BWD_TILES = {
 # At hd 192 and 256 the swapped step (sw_fs: dkv_swap, FA4's tiles and layout there; one dQ
 # staging buffer per warpgroup half, dO in one buffer). The dQ turn taken while the step is
 # computed (early_turn) and the programmatic dependent launch (pdl) measured 0.96-1.02x of it,
-# det, bits equal (session40-19760df/call4/ab_det.txt), so neither.
+# det, bits equal (session40-19760df/call4/ab_det.txt), so neither (the det twin below takes
+# early_turn only because its two dQ warps share one buffer).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2",

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import BWD_HEADDIMS
 from .dq_fragment import WG_THREADS, wg_split
 
 
@@ -80,9 +81,9 @@ def scale_cast_fragments(
     batch, heads, q_tiles, tile = acc.shape
     split = wg_split(block_m)
     head_dim = tile // block_m
-    if head_dim * block_m != tile or head_dim not in (64, 96, 128, 192, 256):
+    if head_dim * block_m != tile or head_dim not in BWD_HEADDIMS:
         raise ValueError(
-            f"acc's last dim {tile} is not block_m ({block_m}) x head dim 64/96/128/192/256"
+            f"acc's last dim {tile} is not block_m ({block_m}) x a head dim of {BWD_HEADDIMS}"
         )
     if q_tiles != -(-seqlen_q // block_m):
         raise ValueError(f"q_tiles={q_tiles} does not tile seqlen_q={seqlen_q} by {block_m}")

@@ -218,6 +218,7 @@ class HopperFwd:
         persistent: bool = False,
         p_smem: bool = False,
         tile_n: int | None = None,
+        skip_unit_rescale: bool = False,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -265,6 +266,11 @@ class HopperFwd:
         #   warpgroups at 160 registers spill with P in registers. Bitwise the outputs of P in
         #   registers (the same per-row arithmetic; benchmarks/NOTES.md, session 38).
         self.p_smem = p_smem
+        # skip_unit_rescale: a step leaves O as it is where every row of the warp kept its
+        #   maximum (each factor exactly 1.0, so O * 1.0 == O: the same bits), one warp vote
+        #   instead of tile_m * head_dim / (64 * 128) FMULs per thread (128 at hd 256) on the path
+        #   between one PV and the next. Once a row's maximum settles, most steps skip it.
+        self.skip_unit_rescale = skip_unit_rescale
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -1014,7 +1020,14 @@ class HopperFwd:
         warpgroup.wait_group(0)  # PV done: tOrP and V stage are free, acc_o is settled
         pipe_v.consumer_release(v_state)
         self._set_p(acc_s, tOrP, p_stage, wg)
-        self._rescale(acc_o, row_scale)
+        if const_expr(self.skip_unit_rescale):
+            changed = row_scale[0] != Float32(1.0)
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                changed = changed | (row_scale[r] != Float32(1.0))
+            if cute.arch.vote_any_sync(changed):
+                self._rescale(acc_o, row_scale)
+        else:
+            self._rescale(acc_o, row_scale)
         return kv_state
 
     @cute.jit
@@ -1102,6 +1115,7 @@ def compile_fwd(
     tvm_ffi: bool | None = None,
     p_smem: bool = False,
     tile_n: int | None = None,
+    skip_unit_rescale: bool = False,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -1120,6 +1134,8 @@ def compile_fwd(
     too. The backend sets it for its 192-row hd-96 kernel (``FWD_P_SMEM_HEADDIMS``).
     tile_n: keys per block, a multiple of 16 up to 256 (default ``_TILE_N[head_dim]``, what the
     backend runs); a width whose tiles do not fit in shared memory raises ValueError.
+    skip_unit_rescale: a step leaves O unscaled where its warp's factors are all 1.0
+    (``HopperFwd``; the same bits).
     """
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
@@ -1149,6 +1165,8 @@ def compile_fwd(
         key += ("p_smem",)
     if tile_n != _TILE_N[head_dim]:
         key += (f"n{tile_n}",)
+    if skip_unit_rescale:
+        key += ("skip_unit_rescale",)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -1156,7 +1174,7 @@ def compile_fwd(
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
         kernel = HopperFwd(
             cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem),
-            tile_n,
+            tile_n, bool(skip_unit_rescale),
         )  # fmt: skip
         # The width's checks, on a cache miss only (every forward call comes through here);
         # after HopperFwd, which refuses the configs that do not exist (persistent hd > 128).
@@ -1253,6 +1271,7 @@ def hopper_fwd(
     persistent: bool = False,
     p_smem: bool = False,
     tile_n: int | None = None,
+    skip_unit_rescale: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1265,6 +1284,7 @@ def hopper_fwd(
     p_smem: P through shared memory (``compile_fwd``; the backend's choice at hd 96 with
     three warpgroups).
     tile_n: keys per block (``compile_fwd``; default the backend's width for the head dim).
+    skip_unit_rescale: ``compile_fwd``'s (the same bits either way).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1311,7 +1331,7 @@ def hopper_fwd(
     # kernel's is always TVM-FFI.
     compiled = compile_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
-        p_smem=p_smem, tile_n=tile_n,
+        p_smem=p_smem, tile_n=tile_n, skip_unit_rescale=skip_unit_rescale,
     )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
@@ -1348,6 +1368,7 @@ def compile_report(
     persistent: bool = False,
     p_smem: bool = False,
     tile_n: int | None = None,
+    skip_unit_rescale: bool = False,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
@@ -1355,5 +1376,6 @@ def compile_report(
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
         persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem, tile_n=tile_n,
+        skip_unit_rescale=skip_unit_rescale,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

@@ -29,12 +29,12 @@ BACKEND_NAMES = ("triton", "hopper")
 # 16k tokens, 512 to 16k; session37-a31ae6c/call1-0a5e68d/bwd96/): the backward 2.01-2.40x
 # Triton's on all 12 configs; the forward 1.53-1.78x there, 1.63-1.94x with session 38's
 # 192-row tiles (session38-ace4448/call2/fwd96/). The forward at hd 192 and 256 from session
-# 39's run (session39-20fa759/call6-76edb2c/fwd-large/, hidden 3072 and 2048, 512 to 16k, two
-# rounds): 2.48-3.53x Triton's at hd 192, 1.31-1.95x at hd 256 but causal 512 (1.00x; the
-# run's first config, its rounds 0.22 and 0.15 ms). The backward at hd 192 and 256 from
-# session 40's run (session40-19760df/call3/bwd-large/, the same grid, two rounds): 1.56-5.31x
-# Triton's on all 24 configs, 1.44-1.67x of it at hd 256, 2.53-5.30x at 192. Elsewhere they
-# run when asked for by name.
+# 42's run (session42-8a8b3d3/call7/fwd-large/, hidden 3072 and 2048, 512 to 16k, three
+# rounds): 2.47-3.54x Triton's at hd 192, 1.40-2.10x at hd 256 (session 39's run, in git
+# history at ebee550, read 1.00x at hd 256 causal 512, its first config). The backward at hd
+# 192 and 256 from session 40's run (session40-19760df/call3/bwd-large/, the same grid, two
+# rounds): 1.56-5.31x Triton's on all 24 configs, 1.44-1.67x of it at hd 256, 2.53-5.30x at
+# 192. Elsewhere they run when asked for by name.
 AUTO_HOPPER_HEADDIMS = {"fwd": (64, 96, 128, 192, 256), "bwd": (64, 96, 128, 192, 256)}
 AUTO_HOPPER_MIN_SEQLEN = {
     "fwd": {64: 512, 96: 512, 128: 512, 192: 512, 256: 512},

@@ -195,16 +195,17 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session37-a31ae6c" / "call1-0a5e68d" / "bwd96" / "bench.csv", readme_text),
         # Session 38: the hd-96 forward with 192-row tiles.
         (results / "session38-ace4448" / "call2" / "fwd96" / "bench.csv", readme_text),
-        # Session 39: the sweeps at head dims 64, 96 and 128, the short causal rerun, the
-        # forward at 192 and 256.
+        # Session 39: the backward sweep at head dims 64, 96 and 128 and the short causal
+        # rerun.
         (session39 / "call4-7975996" / "sweep-bwd" / "bench.csv", readme_text),
         (session39 / "call5-7975996" / "c128-cold" / "bench.csv", readme_text),
-        (session39 / "call3-7975996" / "sweep-fwd" / "bench.csv", readme_text),
-        (session39 / "call6-76edb2c" / "fwd-large" / "bench.csv", readme_text),
         # Session 40: the hopper backward at head dims 192 and 256.
         (results / "session40-19760df" / "call3" / "bwd-large" / "bench.csv", readme_text),
         # Session 41: the same grid with two dQ warps in deterministic runs.
         (results / "session41-110f25b" / "call5" / "bwd-large" / "bench.csv", readme_text),
+        # Session 42: the forward with skip_unit_rescale, every head dim.
+        (results / "session42-8a8b3d3" / "call8" / "sweep-fwd" / "bench.csv", readme_text),
+        (results / "session42-8a8b3d3" / "call7" / "fwd-large" / "bench.csv", readme_text),
     ):
         rows = report.read_csv(path)
         assert report.readme_table(rows).strip() in doc

@@ -126,7 +126,8 @@ BWD_DET_TWIN = {
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
     # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
     # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;
-    # non-deterministic runs keep one dQ warp (not measured with two).
+    # non-deterministic runs keep one dQ warp (two without turns: 0.975-1.024x of one at seven
+    # configs, session42-8a8b3d3 call3/ab_nondet_w2.txt).
     "sw_fs": "sw_w2_fs",
 }
 # Non-deterministic backwards run, in place of these variants, these: at hd 64 full the

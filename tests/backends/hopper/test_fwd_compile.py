@@ -134,7 +134,7 @@ def test_tvm_ffi_launch_compiles_the_same_kernel(
     assert _kernel_text(ptx) == _kernel_text(ptx_of(hd, dtype, causal, 2, False))
 
 
-def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int) -> None:
+def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int, votes: int = 2) -> None:
     ab = "bf16" if dtype == torch.bfloat16 else "f16"
     # QK^T: 64 x tile_n per warpgroup, k = head_dim; PV: 64 x head_dim, k = tile_n.
     qk = f"wgmma.mma_async.sync.aligned.m64n{hfwd._TILE_N[hd]}k16.f32.{ab}.{ab}"
@@ -161,6 +161,19 @@ def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int) -> None:
     # exp2-based softmax; no local memory (a stack array or spill in PTX would show up here).
     assert "ex2.approx" in ptx
     assert not re.search(r"\b(ld|st)\.local", ptx)
+    # skip_unit_rescale: one warp vote per step loop (masked and unmasked blocks) decides
+    # whether O is rescaled.
+    assert ptx.count("vote.sync.any.pred") == votes
+
+
+def test_rescale_skip_can_be_turned_off() -> None:
+    """skip_unit_rescale=False (the A/B baseline: the same bits) compiles the rescale of every
+    step without a vote, as its own cache entry."""
+    ptx, _ = hfwd.compile_report(128, "bfloat16", True, skip_unit_rescale=False)
+    _check_ptx(ptx, 128, torch.bfloat16, 2, votes=0)
+    assert hfwd.compile_fwd(128, torch.bfloat16, True, keep_ptx=True) is not hfwd.compile_fwd(
+        128, torch.bfloat16, True, keep_ptx=True, skip_unit_rescale=False
+    )
 
 
 def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:

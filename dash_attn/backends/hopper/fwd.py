@@ -61,7 +61,7 @@ from ..tables import upload_once
 from . import kernel_cache
 from ._cute_utils import gmem_tensor, pack_16bit_pair, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
-from .fwd_tiles import causal_tile_lists
+from .fwd_tiles import L2_GROUP_BYTES, causal_tile_lists
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
 # for 192/256 so the rings still fit (hd 192: 48+72+72 KiB; hd 256: 64+64+64 KiB) and the
@@ -219,6 +219,7 @@ class HopperFwd:
         p_smem: bool = False,
         tile_n: int | None = None,
         skip_unit_rescale: bool = True,
+        lpt_order: bool = False,
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -273,6 +274,12 @@ class HopperFwd:
         #   the kernel without it at head dims 64-256, outputs torch.equal (session 42, call 6,
         #   14 configs in interleaved rounds beside FA4).
         self.skip_unit_rescale = skip_unit_rescale
+        # lpt_order: the per-tile causal kernel's CTAs take their tiles in the persistent
+        #   kernel's dealing order (fwd_tiles.grouped_tile: groups of (batch, head) pairs whose
+        #   K and V fit in L2_GROUP_BYTES, longest tiles first within a group), instead of each
+        #   head's tiles in turn, longest first. With a head at a time the last head's longest
+        #   tile starts among the launch's last CTAs. Which CTA runs a tile: the same bits.
+        self.lpt_order = lpt_order and causal and not persistent
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -502,6 +509,10 @@ class HopperFwd:
             tile_end = num_m_blocks * heads * cute.size(mQ.shape[3])
         else:
             first_tile = bid_x + num_m_blocks * (bid_y + heads * bid_z)
+            if const_expr(self.lpt_order):
+                first_tile = self._grouped_tile(
+                    first_tile, num_m_blocks, heads * cute.size(mQ.shape[3]), mK.shape[0]
+                )
             tile_step = Int32(1)
             tile_end = first_tile + 1
 
@@ -555,6 +566,21 @@ class HopperFwd:
                 tiled_mma_pv, scale_log2, tidx - 128, mTiles, first_tile, tile_step, tile_end,
                 num_m_blocks, heads, mK.shape[0],
             )  # fmt: skip
+
+    @cute.jit
+    def _grouped_tile(
+        self, launch: Int32, num_m_blocks: Int32, head_batches: Int32, seqlen_k: Int32
+    ) -> Int32:
+        """``fwd_tiles.grouped_tile`` on the device: the tile CTA ``launch`` runs (lpt_order),
+        with the L2 group of ``fwd_tiles.l2_group`` (K and V of a (batch, head), 16-bit)."""
+        kv_bytes = cutlass.max(Int64(seqlen_k) * (4 * self.head_dim), Int64(1))
+        fit = Int64(L2_GROUP_BYTES) // kv_bytes
+        group = Int32(cutlass.max(cutlass.min(fit, Int64(head_batches)), Int64(1)))
+        first_pair = launch // (group * num_m_blocks) * group
+        pairs = cutlass.min(group, head_batches - first_pair)
+        within = launch - first_pair * num_m_blocks
+        m_rank = within // pairs
+        return m_rank + num_m_blocks * (first_pair + within - m_rank * pairs)
 
     @cute.jit
     def _tile(
@@ -1118,6 +1144,7 @@ def compile_fwd(
     p_smem: bool = False,
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
+    lpt_order: bool = False,
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -1138,6 +1165,8 @@ def compile_fwd(
     backend runs); a width whose tiles do not fit in shared memory raises ValueError.
     skip_unit_rescale: a step leaves O unscaled where its warp's factors are all 1.0
     (``HopperFwd``; the default, what the backend runs; False only for A/B: the same bits).
+    lpt_order: the per-tile causal kernel launches its tiles in L2 groups, longest first
+    (``HopperFwd``; the same bits).
     """
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
@@ -1169,6 +1198,8 @@ def compile_fwd(
         key += (f"n{tile_n}",)
     if not skip_unit_rescale:
         key += ("rescale_always",)
+    if lpt_order and causal and not persistent:
+        key += ("lpt_order",)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -1176,7 +1207,7 @@ def compile_fwd(
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
         kernel = HopperFwd(
             cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem),
-            tile_n, bool(skip_unit_rescale),
+            tile_n, bool(skip_unit_rescale), bool(lpt_order),
         )  # fmt: skip
         # The width's checks, on a cache miss only (every forward call comes through here);
         # after HopperFwd, which refuses the configs that do not exist (persistent hd > 128).
@@ -1274,6 +1305,7 @@ def hopper_fwd(
     p_smem: bool = False,
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
+    lpt_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1286,7 +1318,7 @@ def hopper_fwd(
     p_smem: P through shared memory (``compile_fwd``; the backend's choice at hd 96 with
     three warpgroups).
     tile_n: keys per block (``compile_fwd``; default the backend's width for the head dim).
-    skip_unit_rescale: ``compile_fwd``'s (the same bits either way).
+    skip_unit_rescale, lpt_order: ``compile_fwd``'s (the same bits either way).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1333,7 +1365,7 @@ def hopper_fwd(
     # kernel's is always TVM-FFI.
     compiled = compile_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
-        p_smem=p_smem, tile_n=tile_n, skip_unit_rescale=skip_unit_rescale,
+        p_smem=p_smem, tile_n=tile_n, skip_unit_rescale=skip_unit_rescale, lpt_order=lpt_order,
     )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
@@ -1371,6 +1403,7 @@ def compile_report(
     p_smem: bool = False,
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
+    lpt_order: bool = False,
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
@@ -1378,6 +1411,6 @@ def compile_report(
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
         persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem, tile_n=tile_n,
-        skip_unit_rescale=skip_unit_rescale,
+        skip_unit_rescale=skip_unit_rescale, lpt_order=lpt_order,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

@@ -67,6 +67,24 @@ def l2_group(heads_kv_bytes: int, head_batches: int) -> int:
     return max(1, min(head_batches, L2_GROUP_BYTES // max(heads_kv_bytes, 1)))
 
 
+def grouped_tile(launch: int, num_m_blocks: int, head_batches: int, group: int) -> int:
+    """The tile id that CTA ``launch`` of the per-tile causal forward runs in launch order
+    ``lpt_order``: the order ``causal_tile_lists`` deals tiles in (groups of ``group`` (batch,
+    head) pairs, longest tiles first within a group, the pairs fastest), so that the GPU's
+    block scheduler starts each group's long tiles before its short ones. The kernel computes
+    the same (``HopperFwd._grouped_tile``); this is its reference.
+
+    >>> [grouped_tile(t, num_m_blocks=3, head_batches=3, group=2) for t in range(9)]
+    [0, 3, 1, 4, 2, 5, 6, 7, 8]
+    """
+    group_tiles = group * num_m_blocks
+    first_pair = launch // group_tiles * group
+    pairs = min(group, head_batches - first_pair)
+    within = launch - first_pair * num_m_blocks
+    m_rank = within // pairs
+    return m_rank + num_m_blocks * (first_pair + within - m_rank * pairs)
+
+
 @functools.lru_cache(maxsize=64)
 def causal_tile_lists(
     *,

@@ -279,6 +279,7 @@ class HopperFwd:
         #   K and V fit in L2_GROUP_BYTES, longest tiles first within a group), instead of each
         #   head's tiles in turn, longest first. With a head at a time the last head's longest
         #   tile starts among the launch's last CTAs. Which CTA runs a tile: the same bits.
+        #   Opt-in: not timed yet (benchmarks/NOTES.md, item 210).
         self.lpt_order = lpt_order and causal and not persistent
 
     # ------------------------------------------------------------------ host side

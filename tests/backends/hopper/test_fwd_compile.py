@@ -341,3 +341,18 @@ def test_tile_n_option_compiles_and_checks_shared_memory() -> None:
         for wgs in (2, 3) if hd in three else (2,):
             p_smem = wgs == 3 and hd in FWD_P_SMEM_HEADDIMS
             assert hfwd.fwd_smem_bytes(hd, wgs, n, hd <= 128, p_smem) <= hfwd.SMEM_LIMIT
+
+
+def test_lpt_order_compiles_only_into_the_per_tile_causal_kernel(ptx_of) -> None:
+    """lpt_order (opt-in: the per-tile causal kernel's CTAs take their tiles in L2 groups,
+    longest first; ``fwd_tiles.grouped_tile``) adds the remap's divisions there (the L2
+    group's in 64 bits) and leaves the full-mask kernel as it is."""
+    ptx, _ = hfwd.compile_report(256, "bfloat16", True, lpt_order=True)
+    _check_ptx(ptx, 256, torch.bfloat16, 2)
+    shipped = ptx_of(256, torch.bfloat16, True, 2)
+    assert len(re.findall(r"\bdiv\.[su](32|64)\b", ptx)) > len(
+        re.findall(r"\bdiv\.[su](32|64)\b", shipped)
+    )
+    assert "div.u64" in ptx and "div.u64" not in shipped
+    full, _ = hfwd.compile_report(128, "bfloat16", False, lpt_order=True)
+    assert _kernel_text(full) == _kernel_text(ptx_of(128, torch.bfloat16, False, 2))

@@ -93,3 +93,23 @@ def test_same_shape_same_lists_and_bad_sizes_raise() -> None:
     with pytest.raises(ValueError, match="heads must be >= 1"):
         _lists(64, 128, 512, 0)
     assert math.isfinite(a.imbalance)
+
+
+@pytest.mark.parametrize(
+    ("num_m", "head_batches", "group"), [(1, 1, 1), (3, 3, 2), (8, 5, 5), (32, 32, 4), (7, 10, 3)]
+)
+def test_grouped_tile_is_the_dealing_order(num_m: int, head_batches: int, group: int) -> None:
+    """lpt_order's launch order (``grouped_tile``, computed by the per-tile kernel) is the order
+    ``causal_tile_lists`` deals tiles in: L2 groups of pairs, longest first within a group, the
+    pairs fastest; every tile once (a ragged last group included)."""
+    dealt = [
+        m_rank + num_m * pair
+        for first in range(0, head_batches, group)
+        for m_rank in range(num_m)
+        for pair in range(first, min(first + group, head_batches))
+    ]
+    launched = [
+        fwd_tiles.grouped_tile(t, num_m, head_batches, group) for t in range(num_m * head_batches)
+    ]
+    assert launched == dealt
+    assert sorted(launched) == list(range(num_m * head_batches))

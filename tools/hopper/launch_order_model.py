@@ -4,8 +4,8 @@ The hopper forward at head dims 192 and 256 (and 128 above 8192 keys) launches a
 query tile, one CTA per SM (its shared memory), and the GPU's block scheduler starts the
 next CTA of the launch order on the first SM that is free. Under a causal mask the tiles
 differ in length, so the order decides how ragged the end of the launch is. This replays
-that scheduler with known tile costs (key blocks + 1, as ``fwd_tiles.causal_tile_lists``
-counts them) for two orders:
+that scheduler with known tile costs (``fwd_tiles.tile_costs``: key blocks + 1, as
+``causal_tile_lists`` counts them) for two orders:
 
 ``heads``    the shipped one: each (batch, head) pair's tiles in turn, longest first;
 ``grouped``  ``lpt_order`` (``fwd_tiles.grouped_tile``): L2 groups of pairs, longest tiles
@@ -33,28 +33,11 @@ m_rank), 2 pairs, 2 SMs. ``heads`` starts the tiles (m_rank, pair) (0, 0), (1, 0
 
 from __future__ import annotations
 
-import heapq
 import sys
 from collections.abc import Sequence
 
 from dash_attn.backends.hopper import FWD_PERSISTENT_MAX_SEQLEN_K
-from dash_attn.backends.hopper.fwd_tiles import (
-    TILE_OVERHEAD_BLOCKS,
-    causal_key_blocks,
-    grouped_tile,
-    l2_group,
-)
-
-
-def tile_costs(
-    *, num_m_blocks: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int
-) -> list[int]:
-    """Cost of the tile of each m_rank (0: the last query block, the longest)."""
-    return [
-        causal_key_blocks(num_m_blocks - 1 - r, tile_m, tile_n, seqlen_q, seqlen_k)
-        + TILE_OVERHEAD_BLOCKS
-        for r in range(num_m_blocks)
-    ]
+from dash_attn.backends.hopper.fwd_tiles import deal_tiles, grouped_tile, l2_group, tile_costs
 
 
 def heads_order(num_m_blocks: int, head_batches: int) -> list[int]:
@@ -74,12 +57,8 @@ def busiest_over_mean(
     order: Sequence[int], costs: Sequence[int], num_m_blocks: int, sms: int
 ) -> float:
     """The busiest SM's load over the mean when each tile of ``order`` starts on the SM that
-    is free first (one CTA per SM)."""
-    free = [(0, sm) for sm in range(sms)]
-    for tile in order:
-        load, sm = heapq.heappop(free)
-        heapq.heappush(free, (load + costs[tile % num_m_blocks], sm))
-    loads = [load for load, _ in free]
+    is free first (one CTA per SM: ``fwd_tiles.deal_tiles``)."""
+    _, loads = deal_tiles(order, costs, num_m_blocks, sms)
     return max(loads) / (sum(loads) / sms)
 
 

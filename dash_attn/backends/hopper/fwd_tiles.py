@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,11 +69,10 @@ def l2_group(heads_kv_bytes: int, head_batches: int) -> int:
 
 
 def grouped_tile(launch: int, num_m_blocks: int, head_batches: int, group: int) -> int:
-    """The tile id that CTA ``launch`` of the per-tile causal forward runs in launch order
-    ``lpt_order``: the order ``causal_tile_lists`` deals tiles in (groups of ``group`` (batch,
-    head) pairs, longest tiles first within a group, the pairs fastest), so that the GPU's
-    block scheduler starts each group's long tiles before its short ones. The kernel computes
-    the same (``HopperFwd._grouped_tile``); this is its reference.
+    """The ``launch``-th tile id of the order the GPU should start a causal forward's tiles
+    in: groups of ``group`` (batch, head) pairs, longest tiles first within a group, the pairs
+    fastest. ``causal_tile_lists`` deals tiles in this order; the per-tile kernel with
+    ``lpt_order`` launches them in it (``HopperFwd._grouped_tile``, its device copy).
 
     >>> [grouped_tile(t, num_m_blocks=3, head_batches=3, group=2) for t in range(9)]
     [0, 3, 1, 4, 2, 5, 6, 7, 8]
@@ -83,6 +83,35 @@ def grouped_tile(launch: int, num_m_blocks: int, head_batches: int, group: int) 
     within = launch - first_pair * num_m_blocks
     m_rank = within // pairs
     return m_rank + num_m_blocks * (first_pair + within - m_rank * pairs)
+
+
+def tile_costs(
+    *, num_m_blocks: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int
+) -> list[int]:
+    """The cost model's cost of the tile of each m_rank (0: the last query block, the
+    longest): its key blocks plus ``TILE_OVERHEAD_BLOCKS``."""
+    return [
+        causal_key_blocks(num_m_blocks - 1 - r, tile_m, tile_n, seqlen_q, seqlen_k)
+        + TILE_OVERHEAD_BLOCKS
+        for r in range(num_m_blocks)
+    ]
+
+
+def deal_tiles(
+    order: Iterable[int], costs: Sequence[int], num_m_blocks: int, workers: int
+) -> tuple[list[list[int]], list[int]]:
+    """Each tile of ``order`` to the worker that is least busy so far (what a GPU's block
+    scheduler does with one CTA per SM): the workers' tile lists and loads."""
+    heap = [(0, w) for w in range(workers)]  # (load, worker): the least busy first
+    lists: list[list[int]] = [[] for _ in range(workers)]
+    for tile in order:
+        load, w = heapq.heappop(heap)
+        lists[w].append(tile)
+        heapq.heappush(heap, (load + costs[tile % num_m_blocks], w))
+    loads = [0] * workers
+    for load, w in heap:
+        loads[w] = load
+    return lists, loads
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,22 +144,13 @@ def causal_tile_lists(
     if workers > total:
         raise ValueError(f"workers={workers} exceeds the {total} tiles")
     # m_rank 0 is the last query block (the longest tile); the kernel reverses it back.
-    cost = [
-        causal_key_blocks(num_m_blocks - 1 - r, tile_m, tile_n, seqlen_q, seqlen_k)
-        + TILE_OVERHEAD_BLOCKS
-        for r in range(num_m_blocks)
-    ]
+    costs = tile_costs(
+        num_m_blocks=num_m_blocks, tile_m=tile_m, tile_n=tile_n, seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+    )  # fmt: skip
     group = l2_group(4 * seqlen_k * head_dim, head_batches)  # K and V, 16-bit
-    heap = [(0, w) for w in range(workers)]  # (load, worker): the least busy CTA first
-    lists: list[list[int]] = [[] for _ in range(workers)]
-    for first in range(0, head_batches, group):
-        pairs = range(first, min(first + group, head_batches))
-        for m_rank in range(num_m_blocks):
-            for pair in pairs:
-                load, w = heapq.heappop(heap)
-                lists[w].append(m_rank + num_m_blocks * pair)
-                heapq.heappush(heap, (load + cost[m_rank], w))
-    loads = [load for load, _ in heap]
+    order = (grouped_tile(t, num_m_blocks, head_batches, group) for t in range(total))
+    lists, loads = deal_tiles(order, costs, num_m_blocks, workers)
     tiles = np.fromiter((t for lst in lists for t in lst), dtype=np.int32, count=total)
     starts = np.zeros(workers + 1, dtype=np.int32)
     np.cumsum([len(lst) for lst in lists], out=starts[1:])

@@ -524,6 +524,39 @@ def test_hopper_persistent_forward_matches_per_tile_kernel(shape, causal):
         assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 1100, 1300, 6, 2, 256), (3, 1300, 1100, 6, 2, 192), (2, 700, 700, 5, 5, 256),
+     (1, 5000, 4000, 4, 1, 192)],
+    ids=lambda s: "x".join(map(str, s)),
+)  # fmt: skip
+def test_hopper_forward_lpt_order_keeps_the_bits(shape):
+    """The causal forward at hd 192/256 launches its tiles in L2 groups, longest first
+    (``lpt_order``, on up to ``FWD_LPT_ORDER_MAX_SEQLEN_K``): out and lse bitwise those of each
+    head's tiles in turn (only which CTA runs a tile changes) on tails, GQA, MHA and
+    Sq != Sk, repeatable, and within the flash-attn rule."""
+    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.launch import forward_lpt_order, forward_persistent
+
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
+    q, k, v = make_qkv(
+        batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=5
+    )
+    _skip_if_uncovered_fwd(q, k)
+    assert forward_lpt_order(headdim, seqlen_k, True, forward_persistent(headdim, seqlen_k, True))
+    scale = headdim**-0.5
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, True, scale, "hopper")
+    head_order = hopper_fwd(q, k, v, causal=True, softmax_scale=scale, lpt_order=False)
+    assert torch.equal(out, head_order[0]) and torch.equal(lse, head_order[1])
+    again = torch.ops.dash_attn.fwd(q, k, v, True, scale, "hopper")
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True)
+    same_out, same_lse = attention_ref(q, k, v, causal=True, upcast=False)
+    name = f"[lpt_order fwd d{headdim}]"
+    assert_close_to_ref(f"out {name}", out, ref_out, same_out, atol=1e-3)
+    assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_p_smem_matches_reference(causal):
     """``p_smem`` (P through shared memory; the backend's choice at hd 96 with three consumer

@@ -171,6 +171,16 @@ FWD_PERSISTENT_MAX_SEQLEN_K = {
     "full": {64: 1 << 30, 96: 1 << 30, 128: 4096},
     "causal": {64: 1 << 30, 96: 1 << 30, 128: 8192},
 }
+# The per-tile causal forward launches its tiles in L2 groups of (batch, head) pairs, longest
+# first (``lpt_order``, ``fwd_tiles.grouped_tile``) up to this many key tokens, per head dim; each
+# head's tiles in turn above (the same bits either way: only which CTA runs a tile changes).
+# Interleaved rounds of both orders beside FA4's forward, out and lse torch.equal on odd GQA
+# shapes (session43-2d2ab7d/call1 and call2 fwd_lpt_ab*.txt, 16k tokens, hidden 2048): hd 256
+# 1.088x / 1.102x / 1.104x at causal 2k / 4k / 8k, 1.042x at 1k, 0.980x at 512 (range
+# 0.954-1.059, host-bound), 0.997x at 16k; hd 192 1.057x / 1.053x / 1.075x at 2k / 4k / 8k,
+# 1.003x at 1k, 0.998x at 16k. At hd 128 the per-tile causal kernel runs from 8k on
+# (``FWD_PERSISTENT_MAX_SEQLEN_K``), and there the grouped order read 0.9945x at 16k.
+FWD_LPT_ORDER_MAX_SEQLEN_K = {192: 8192, 256: 8192}
 
 
 def _mask_kind(causal: bool) -> str:

@@ -20,6 +20,7 @@ from ..tables import device_tables
 from ..triton.group_sum import sum_kv_groups
 from . import (
     FWD_3WG_MIN_SEQLEN,
+    FWD_LPT_ORDER_MAX_SEQLEN_K,
     FWD_P_SMEM_HEADDIMS,
     FWD_PERSISTENT_MAX_SEQLEN_K,
     bwd_variant,
@@ -42,10 +43,11 @@ def run_forward(
     """out like q and lse ``(batch, heads, seqlen_q)`` fp32 (natural log)."""
     head_dim = q.shape[3]
     consumer_wgs = forward_consumer_wgs(head_dim, q.shape[1], causal)
+    persistent = forward_persistent(head_dim, k.shape[1], causal)
     return hopper_fwd(
         q, k, v, causal=causal, softmax_scale=softmax_scale, consumer_wgs=consumer_wgs,
-        persistent=forward_persistent(head_dim, k.shape[1], causal),
-        p_smem=consumer_wgs == 3 and head_dim in FWD_P_SMEM_HEADDIMS,
+        persistent=persistent, p_smem=consumer_wgs == 3 and head_dim in FWD_P_SMEM_HEADDIMS,
+        lpt_order=forward_lpt_order(head_dim, k.shape[1], causal, persistent),
     )  # fmt: skip
 
 
@@ -61,6 +63,13 @@ def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     (``FWD_PERSISTENT_MAX_SEQLEN_K``: per mask kind and head dim, up to a key length)."""
     limits = FWD_PERSISTENT_MAX_SEQLEN_K["causal" if causal else "full"]
     return seqlen_k <= limits.get(head_dim, 0)
+
+
+def forward_lpt_order(head_dim: int, seqlen_k: int, causal: bool, persistent: bool) -> bool:
+    """Whether the per-tile causal forward launches its tiles in L2 groups, longest first
+    (``FWD_LPT_ORDER_MAX_SEQLEN_K``: per head dim, up to a key length; the same bits)."""
+    limit = FWD_LPT_ORDER_MAX_SEQLEN_K.get(head_dim, 0)
+    return causal and not persistent and seqlen_k <= limit
 
 
 def cute_pre_post_from_env(value: str | None) -> bool:

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
+from dash_attn.backends.hopper.launch import forward_lpt_order  # noqa: E402
 
 # Every (head_dim, dtype, causal) the backend claims. On a small box (< 4 cores: ~4 s of CPU
 # per compile) the head dims auto does not run on hopper (192/256) are compiled in one config
@@ -52,10 +53,13 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
     """PTX of every config, compiled once per module. A compile is ~3-5 s of single-threaded
     CPU, so the configs compile in one spawned worker process per core (spawned, not forked:
     the parent already holds MLIR state); on a single core, in-process."""
+    # (hd, dtype, causal, wgs, tvm_ffi, persistent, p_smem, tile_n, skip_unit_rescale,
+    # lpt_order): lpt_order as the backend sets it for the per-tile causal kernels (at 192/256).
     jobs = [
-        (hd, str(dt).removeprefix("torch."), c, wgs, pers and c, pers)
+        (hd, str(dt).removeprefix("torch."), c, wgs, pers and c, pers, False, None, True,
+         forward_lpt_order(hd, 1024, c, pers))
         for hd, dt, c, wgs, pers in CONFIGS
-    ]
+    ]  # fmt: skip
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")
@@ -120,6 +124,23 @@ FFI_CONFIGS = [(128, torch.bfloat16, True), (64, torch.float16, False)]
 def _kernel_text(ptx: str) -> str:
     """The PTX without the mangled kernel names (they spell the host entry's argument types)."""
     return re.sub(r"kernel_cutlass\S*", "kernel", ptx)
+
+
+def test_forward_lpt_order_by_head_dim_and_length() -> None:
+    """The grouped launch order only where it was measured faster: the per-tile causal
+    kernel at hd 192/256 up to FWD_LPT_ORDER_MAX_SEQLEN_K keys; never on full masks, the
+    persistent kernels or hd 128's per-tile causal kernel (0.9945x at 16k)."""
+    from dash_attn.backends.hopper import FWD_LPT_ORDER_MAX_SEQLEN_K
+    from dash_attn.backends.hopper.launch import forward_persistent
+
+    for hd, limit in FWD_LPT_ORDER_MAX_SEQLEN_K.items():
+        assert forward_lpt_order(hd, limit, True, forward_persistent(hd, limit, True))
+        assert not forward_lpt_order(hd, limit + 1, True, forward_persistent(hd, limit + 1, True))
+        assert not forward_lpt_order(hd, 1024, False, False)
+    assert set(FWD_LPT_ORDER_MAX_SEQLEN_K) == {192, 256}
+    assert not any(forward_lpt_order(128, s, True, forward_persistent(128, s, True))
+                   for s in (512, 8192, 16384))  # fmt: skip
+    assert not forward_lpt_order(64, 1024, True, True)
 
 
 @pytest.mark.slow
@@ -344,15 +365,16 @@ def test_tile_n_option_compiles_and_checks_shared_memory() -> None:
 
 
 def test_lpt_order_compiles_only_into_the_per_tile_causal_kernel(ptx_of) -> None:
-    """lpt_order (opt-in: the per-tile causal kernel's CTAs take their tiles in L2 groups,
-    longest first; ``fwd_tiles.grouped_tile``) adds the remap's divisions there (the L2
-    group's in 64 bits) and leaves the full-mask kernel as it is."""
-    ptx, _ = hfwd.compile_report(256, "bfloat16", True, lpt_order=True)
-    _check_ptx(ptx, 256, torch.bfloat16, 2)
-    shipped = ptx_of(256, torch.bfloat16, True, 2)
+    """lpt_order (the per-tile causal kernel's CTAs take their tiles in L2 groups, longest
+    first; ``fwd_tiles.grouped_tile``; the backend's at hd 192/256 up to 8k keys) adds the
+    remap's divisions there (the L2 group's in 64 bits) and leaves the full-mask kernel as it
+    is."""
+    ptx = ptx_of(256, torch.bfloat16, True, 2)  # the shipped kernel: with it
+    without, _ = hfwd.compile_report(256, "bfloat16", True, lpt_order=False)
+    _check_ptx(without, 256, torch.bfloat16, 2)
     assert len(re.findall(r"\bdiv\.[su](32|64)\b", ptx)) > len(
-        re.findall(r"\bdiv\.[su](32|64)\b", shipped)
+        re.findall(r"\bdiv\.[su](32|64)\b", without)
     )
-    assert "div.u64" in ptx and "div.u64" not in shipped
+    assert "div.u64" in ptx and "div.u64" not in without
     full, _ = hfwd.compile_report(128, "bfloat16", False, lpt_order=True)
     assert _kernel_text(full) == _kernel_text(ptx_of(128, torch.bfloat16, False, 2))

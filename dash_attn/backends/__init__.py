@@ -24,7 +24,7 @@ BACKEND_NAMES = ("triton", "hopper")
 # sweep, session18-b97d714/call2-b97d714/fwd/bench.csv in git history at 96f6fcc, where the
 # hopper forward, persistent on full masks, is 1.05x Triton's at hd 64 full x 512, 1.00x causal,
 # 1.05-1.61x on the other 22 configs; at hd 64 x 512 it had been 0.89-1.01x; session 28's,
-# session28-96f6fcc/call4-96f6fcc/fwd/bench.csv: 1.05-1.64x on all 24 configs, and the
+# session28-96f6fcc/call4-96f6fcc/fwd/bench.csv.gz: 1.05-1.64x on all 24 configs, and the
 # backward 1.71-2.18x in session 28's full run). At hd 96 from session 37's sweeps (32 heads,
 # 16k tokens, 512 to 16k; session37-a31ae6c/call1-0a5e68d/bwd96/): the backward 2.01-2.40x
 # Triton's on all 12 configs; the forward 1.53-1.78x there, 1.63-1.94x with session 38's

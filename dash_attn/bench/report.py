@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import math
 import sys
@@ -136,8 +137,11 @@ def parse_value(key: str, text: str) -> Any:
 
 
 def read_csv(path: Path) -> list[Row]:
-    """Rows of a file written by ``write_csv``, with typed values."""
-    with Path(path).open(newline="") as f:
+    """Rows of a file written by ``write_csv``, with typed values; a path ending in ``.gz`` is
+    read through gzip (older result runs are committed compressed)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
         return [{k: parse_value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 

@@ -17,7 +17,7 @@ from .helpers import FACTORS, META, synthetic_rows
 
 
 def test_csv_round_trip_keeps_types(bench_csv: Path) -> None:
-    rows = report.read_csv(bench_csv)
+    rows = _read_committed(bench_csv)
     original = synthetic_rows()
     assert len(rows) == len(original)
     assert list(rows[0]) == list(report.CSV_FIELDS)
@@ -110,7 +110,7 @@ def test_forward_summary_compares_with_fa4s_one_forward() -> None:
 
 
 def test_ratio_table_names_best_schedule(bench_csv: Path) -> None:
-    text = report.ratio_table(report.read_csv(bench_csv))
+    text = report.ratio_table(_read_committed(bench_csv))
     lines = text.splitlines()
     assert len(lines) == 2 + 16
     causal = next(line for line in lines if " causal " in line)
@@ -172,6 +172,7 @@ def test_readme_results_are_generated_from_the_committed_files(
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
     assert generated in readme.read_text()
+    # (The README's table of every provider is session 43's, bench.csv above.)
     # Session 22's d128 full rows at both clocks, session 28's forward sweep, session 29's
     # sweeps and causal orders, session 32's, 34's and 39's sweeps, and session 13's interleaved
     # host-path table, from their own files (session 18's runs are in git history at 96f6fcc,
@@ -203,20 +204,21 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session40-19760df" / "call3" / "bwd-large" / "bench.csv", readme_text),
         # Session 41: the same grid with two dQ warps in deterministic runs.
         (results / "session41-110f25b" / "call5" / "bwd-large" / "bench.csv", readme_text),
-        # Session 42: the forward with skip_unit_rescale, every head dim.
+        # Session 42: the forward with skip_unit_rescale at head dims 64-128; session 43's at
+        # 192 and 256 with the grouped causal launch order.
         (results / "session42-8a8b3d3" / "call8" / "sweep-fwd" / "bench.csv", readme_text),
-        (results / "session42-8a8b3d3" / "call7" / "fwd-large" / "bench.csv", readme_text),
+        (results / "session43-2d2ab7d" / "call6" / "fwd-large" / "bench.csv", readme_text),
     ):
-        rows = report.read_csv(path)
+        rows = _read_committed(path)
         assert report.readme_table(rows).strip() in doc
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in doc
-    orders = report.read_csv(session29 / "call4-c34fc73" / "orders" / "determinism.csv")
+    orders = _read_committed(session29 / "call4-c34fc73" / "orders" / "determinism.csv")
     assert report.determinism_table(orders, markdown=True).strip() in text
-    e2e = report.e2e_table(report.read_csv(session28 / "e2e" / "e2e.csv"), markdown=True)
+    e2e = report.e2e_table(_read_committed(session28 / "e2e" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme_text
     # Session 23: the GQA split's probe table and end-to-end blocks.
     session23 = results / "session23-87322f7"
-    e2e = report.read_csv(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")
+    e2e = _read_committed(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")
     assert report.e2e_table(e2e, markdown=True).strip() in text
     gqa = _load_tool(repo / "tools" / "gqa_split_table.py")
     probe = (session23 / "call1-87322f7" / "gqa_split_probe.txt").read_text()
@@ -235,8 +237,8 @@ def test_readme_results_are_generated_from_the_committed_files(
     assert all(row["errors"] is not None for row in rows)
     assert gqa.dkv_sum_markdown_table(rows) in text
     call4 = session24 / "call4-e3c9d1b"
-    assert report.e2e_table(report.read_csv(call4 / "e2e" / "e2e.csv"), markdown=True) in text
-    rows = report.read_csv(call4 / "sweep6" / "bench.csv")
+    assert report.e2e_table(_read_committed(call4 / "e2e" / "e2e.csv"), markdown=True) in text
+    rows = _read_committed(call4 / "sweep6" / "bench.csv")
     assert report.readme_table(rows).strip() in text
     assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
     # Session 25: dK/dV through shared memory: the fixed-clock kernel-time table, the sweep and
@@ -258,9 +260,9 @@ def test_readme_results_are_generated_from_the_committed_files(
     # Session 30: the causal orders with drain_at_turn, and Nsight Compute of the head-dim-64
     # kernels beside FA4's.
     orders30 = results / "session30-4f6fa3a" / "call7-8908f70" / "orders"
-    rows = report.read_csv(orders30 / "bench.csv")
+    rows = _read_committed(orders30 / "bench.csv")
     assert report.readme_table(rows).strip() in text
-    orders = report.read_csv(orders30 / "determinism.csv")
+    orders = _read_committed(orders30 / "determinism.csv")
     assert report.determinism_table(orders, markdown=True).strip() in text
     ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
     raw = results / "session30-4f6fa3a" / "call2-c63de68" / "raw_d64f8k.csv.gz"
@@ -317,14 +319,21 @@ def test_ncu_metric_table_needs_one_label_per_kernel(tmp_path: Path) -> None:
         ncu.main(["--source", str(raw), "--table", "a,b"])
 
 
+def _read_committed(path: Path) -> list[dict]:
+    """``report.read_csv`` of a result file, or of its gzipped copy where the tree keeps older
+    runs compressed (``bench.csv.gz``)."""
+    path = Path(path)
+    return report.read_csv(path if path.exists() else path.with_name(path.name + ".gz"))
+
+
 def _assert_sweep_and_e2e_tables(text: str, sweep: Path, e2e: Path) -> None:
     """A 24-config sweep's TFLOPS table and summary, and the end-to-end table, are in the
     README as the report functions make them from the committed CSVs."""
-    rows = report.read_csv(sweep / "bench.csv")
+    rows = _read_committed(sweep / "bench.csv")
     assert len(rows) == 96
     assert report.readme_table(rows).strip() in text
     assert report.summary_table(rows, markdown=True, only_measured=True).strip() in text
-    assert report.e2e_table(report.read_csv(e2e / "e2e.csv"), markdown=True).strip() in text
+    assert report.e2e_table(_read_committed(e2e / "e2e.csv"), markdown=True).strip() in text
 
 
 def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_files() -> None:
@@ -340,7 +349,7 @@ def test_readme_packed_and_invariance_tables_are_generated_from_the_committed_fi
     packed_rows = json.loads((results / "packed" / "packed.json").read_text())["rows"]
     assert packed_summary(packed_rows) in text
     for name in ("few_groups", "many_groups"):
-        rows = report.read_csv(results / "invariance-1faac8e" / name / "bench.csv")
+        rows = _read_committed(results / "invariance-1faac8e" / name / "bench.csv")
         assert report.readme_table(rows) in text
 
 
@@ -370,3 +379,20 @@ def test_readme_check_demo_output_is_the_committed_log() -> None:
     block = text[start : text.index("```", start)].splitlines()
     logged = set(log.read_text().splitlines())
     assert len(block) > 10 and all(line in logged for line in block if line != "...")
+
+
+def test_read_csv_reads_gzipped_result_files(tmp_path: Path) -> None:
+    """Older runs are committed as ``bench.csv.gz``: ``read_csv`` gives the same typed rows."""
+    import gzip
+    import shutil
+
+    repo = Path(__file__).resolve().parents[2]
+    plain = repo / "benchmarks" / "results" / "h200" / "bench.csv"
+    if not plain.is_file():
+        pytest.skip("not a source checkout")
+    packed = tmp_path / "bench.csv.gz"
+    with plain.open("rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    rows = report.read_csv(packed)
+    assert rows == report.read_csv(plain) and len(rows) > 0
+    assert isinstance(rows[0]["seqlen"], int) and isinstance(rows[0]["ms"], float)

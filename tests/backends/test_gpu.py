@@ -536,14 +536,14 @@ def test_hopper_forward_lpt_order_keeps_the_bits(shape):
     head's tiles in turn (only which CTA runs a tile changes) on tails, GQA, MHA and
     Sq != Sk, repeatable, and within the flash-attn rule."""
     from dash_attn.backends.hopper.fwd import hopper_fwd
-    from dash_attn.backends.hopper.launch import forward_lpt_order, forward_persistent
+    from dash_attn.backends.hopper.launch import forward_lpt_order
 
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
     q, k, v = make_qkv(
         batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16, "cuda", seed=5
     )
     _skip_if_uncovered_fwd(q, k)
-    assert forward_lpt_order(headdim, seqlen_k, True, forward_persistent(headdim, seqlen_k, True))
+    assert forward_lpt_order(headdim, seqlen_k, True)
     scale = headdim**-0.5
     out, lse = torch.ops.dash_attn.fwd(q, k, v, True, scale, "hopper")
     head_order = hopper_fwd(q, k, v, causal=True, softmax_scale=scale, lpt_order=False)

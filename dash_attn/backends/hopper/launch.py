@@ -47,7 +47,7 @@ def run_forward(
     return hopper_fwd(
         q, k, v, causal=causal, softmax_scale=softmax_scale, consumer_wgs=consumer_wgs,
         persistent=persistent, p_smem=consumer_wgs == 3 and head_dim in FWD_P_SMEM_HEADDIMS,
-        lpt_order=forward_lpt_order(head_dim, k.shape[1], causal, persistent),
+        lpt_order=forward_lpt_order(head_dim, k.shape[1], causal),
     )  # fmt: skip
 
 
@@ -65,11 +65,12 @@ def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     return seqlen_k <= limits.get(head_dim, 0)
 
 
-def forward_lpt_order(head_dim: int, seqlen_k: int, causal: bool, persistent: bool) -> bool:
-    """Whether the per-tile causal forward launches its tiles in L2 groups, longest first
-    (``FWD_LPT_ORDER_MAX_SEQLEN_K``: per head dim, up to a key length; the same bits)."""
-    limit = FWD_LPT_ORDER_MAX_SEQLEN_K.get(head_dim, 0)
-    return causal and not persistent and seqlen_k <= limit
+def forward_lpt_order(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+    """Whether the causal forward launches its tiles in L2 groups, longest first
+    (``FWD_LPT_ORDER_MAX_SEQLEN_K``: per head dim, up to a key length; the same bits). Only
+    head dims the forward runs a CTA per tile at are listed there (and ``HopperFwd`` ignores
+    the order in its persistent kernels)."""
+    return causal and seqlen_k <= FWD_LPT_ORDER_MAX_SEQLEN_K.get(head_dim, 0)
 
 
 def cute_pre_post_from_env(value: str | None) -> bool:

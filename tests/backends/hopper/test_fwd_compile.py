@@ -57,7 +57,7 @@ def ptx_of() -> Iterator[Callable[[int, torch.dtype, bool, int], str]]:
     # lpt_order): lpt_order as the backend sets it for the per-tile causal kernels (at 192/256).
     jobs = [
         (hd, str(dt).removeprefix("torch."), c, wgs, pers and c, pers, False, None, True,
-         forward_lpt_order(hd, 1024, c, pers))
+         forward_lpt_order(hd, 1024, c))
         for hd, dt, c, wgs, pers in CONFIGS
     ]  # fmt: skip
     workers = min(len(jobs), os.cpu_count() or 1)
@@ -134,13 +134,13 @@ def test_forward_lpt_order_by_head_dim_and_length() -> None:
     from dash_attn.backends.hopper.launch import forward_persistent
 
     for hd, limit in FWD_LPT_ORDER_MAX_SEQLEN_K.items():
-        assert forward_lpt_order(hd, limit, True, forward_persistent(hd, limit, True))
-        assert not forward_lpt_order(hd, limit + 1, True, forward_persistent(hd, limit + 1, True))
-        assert not forward_lpt_order(hd, 1024, False, False)
+        assert not forward_persistent(hd, limit, True)  # a CTA per tile, where the order acts
+        assert forward_lpt_order(hd, limit, True)
+        assert not forward_lpt_order(hd, limit + 1, True)
+        assert not forward_lpt_order(hd, 1024, False)
     assert set(FWD_LPT_ORDER_MAX_SEQLEN_K) == {192, 256}
-    assert not any(forward_lpt_order(128, s, True, forward_persistent(128, s, True))
-                   for s in (512, 8192, 16384))  # fmt: skip
-    assert not forward_lpt_order(64, 1024, True, True)
+    assert not any(forward_lpt_order(128, s, True) for s in (512, 8192, 16384))
+    assert not forward_lpt_order(64, 1024, True)
 
 
 @pytest.mark.slow

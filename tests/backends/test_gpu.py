@@ -557,32 +557,6 @@ def test_hopper_forward_lpt_order_keeps_the_bits(shape):
     assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
 
 
-@pytest.mark.parametrize("headdim", [64, 128])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hopper_forward_exp_poly_matches_reference(causal, headdim):
-    """``exp_poly`` (opt-in: 1 of every 4 softmax exponentials by the polynomial on the FMA
-    pipe) within the flash-attn rule on a tail with GQA and Sq != Sk (causal: rows that see no
-    key), bitwise repeatable, persistent and per tile alike."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
-
-    q, k, v = make_qkv(2, 1000, 1300, 6, 2, headdim, torch.bfloat16, "cuda", seed=17)
-    _skip_if_uncovered_fwd(q, k)
-    scale = headdim**-0.5
-    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
-    same_out, same_lse = attention_ref(q, k, v, causal=causal, upcast=False)
-    for persistent in (False, True):
-        run = functools.partial(
-            hopper_fwd, q, k, v, causal=causal, softmax_scale=scale, persistent=persistent,
-            exp_poly=(1, 4),
-        )  # fmt: skip
-        out, lse = run()
-        again = run()
-        assert torch.equal(out, again[0]) and torch.equal(lse, again[1]), persistent
-        name = f"[exp_poly fwd d{headdim}, {'causal' if causal else 'full'}, {persistent=}]"
-        assert_close_to_ref(f"out {name}", out, ref_out, same_out, atol=1e-3)
-        assert_close_to_ref(f"lse {name}", lse, ref_lse, same_lse, atol=1e-3)
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_p_smem_matches_reference(causal):
     """``p_smem`` (P through shared memory; the backend's choice at hd 96 with three consumer

@@ -61,7 +61,6 @@ from ..tables import upload_once
 from . import kernel_cache
 from ._cute_utils import gmem_tensor, pack_16bit_pair, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
-from .exp2_poly import exp2_poly
 from .fwd_tiles import L2_GROUP_BYTES, causal_tile_lists
 
 # Key-block width per head dim. 128 while Q + 2-stage K and V fit in smem (227 KiB); narrower
@@ -71,8 +70,6 @@ _TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
 SUPPORTED_HEAD_DIMS = tuple(_TILE_N)
 _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 LOG2_E = math.log2(math.e)
-# exp_poly's polynomial degree: 5, whose relative error (1.7e-7) is about ex2.approx's own.
-_EXP_POLY_DEGREE = 5
 LN_2 = math.log(2.0)
 
 # (consumer, producer) registers per thread for 2 or 3 consumer warpgroups; both fill the SM's
@@ -223,7 +220,6 @@ class HopperFwd:
         tile_n: int | None = None,
         skip_unit_rescale: bool = True,
         lpt_order: bool = False,
-        exp_poly: tuple[int, int] = (0, 1),
     ) -> None:
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(
@@ -286,16 +282,6 @@ class HopperFwd:
         #   The backend turns it on at hd 192 and 256 up to 8k keys (1.04-1.10x at hd 256
         #   causal 1k-8k; ``FWD_LPT_ORDER_MAX_SEQLEN_K``).
         self.lpt_order = lpt_order and causal and not persistent
-        # exp_poly = (k, n): k of every n of a row's exponentials (columns c of this thread's
-        #   fragment row with c % n >= n - k) by the degree-5 polynomial on the FMA pipe
-        #   (exp2_poly.py: relative error 1.7e-7, about ex2.approx's; exactly 0 for masked
-        #   keys) instead of the MUFU unit, which runs at 63-65% of its peak in the hd-64
-        #   forward (session 43, call 7). Other bits than (0, 1), the default, which is the
-        #   kernel as before. Opt-in, not timed yet (benchmarks/NOTES.md, session 43).
-        count, period = exp_poly
-        if period < 1 or not 0 <= count <= period:
-            raise ValueError(f"exp_poly must be (k, n) with 0 <= k <= n and n >= 1, got {exp_poly}")
-        self.exp_poly = (count, period) if count else (0, 1)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -786,17 +772,8 @@ class HopperFwd:
             # A row that has seen only masked keys keeps max = -inf; use 0 to avoid inf - inf.
             safe = cur if cur != -Float32.inf else Float32(0.0)
             scaled = safe * scale_log2
-            if const_expr(self.exp_poly[0] == 0):
-                row = s_mn[r, None].load()
-                s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
-            else:
-                count, period = self.exp_poly
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    x = s_mn[r, c] * scale_log2 - scaled
-                    if const_expr(c % period >= period - count):
-                        s_mn[r, c] = exp2_poly(x, _EXP_POLY_DEGREE)
-                    else:
-                        s_mn[r, c] = cute.math.exp2(x, fastmath=True)
+            row = s_mn[r, None].load()
+            s_mn[r, None].store(cute.math.exp2(row * scale_log2 - scaled, fastmath=True))
             row_scale[r] = cute.math.exp2((prev - safe) * scale_log2, fastmath=True)
             row_sum[r] = row_sum[r] * row_scale[r] + _row_reduce4(s_mn, r, operator.add)
 
@@ -1170,7 +1147,6 @@ def compile_fwd(
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
     lpt_order: bool = False,
-    exp_poly: tuple[int, int] = (0, 1),
 ) -> Any:
     """Compile (or fetch from the in-memory cache) the kernel for one (head_dim, dtype, causal).
 
@@ -1193,8 +1169,6 @@ def compile_fwd(
     (``HopperFwd``; the default, what the backend runs; False only for A/B: the same bits).
     lpt_order: the per-tile causal kernel launches its tiles in L2 groups, longest first
     (``HopperFwd``; the same bits).
-    exp_poly: (k, n), k of every n exponentials by a polynomial on the FMA pipe (``HopperFwd``;
-    other bits; opt-in, default (0, 1): none).
     """
     if tvm_ffi is None:
         tvm_ffi = TVM_FFI_LAUNCH or (persistent and causal)
@@ -1228,8 +1202,6 @@ def compile_fwd(
         key += ("rescale_always",)
     if lpt_order and causal and not persistent:
         key += ("lpt_order",)
-    if exp_poly[0]:
-        key += (f"exp_poly{exp_poly[0]}/{exp_poly[1]}",)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -1237,7 +1209,7 @@ def compile_fwd(
         cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
         kernel = HopperFwd(
             cutlass_dtype, head_dim, bool(causal), consumer_wgs, bool(persistent), bool(p_smem),
-            tile_n, bool(skip_unit_rescale), bool(lpt_order), tuple(exp_poly),
+            tile_n, bool(skip_unit_rescale), bool(lpt_order),
         )  # fmt: skip
         # The width's checks, on a cache miss only (every forward call comes through here);
         # after HopperFwd, which refuses the configs that do not exist (persistent hd > 128).
@@ -1336,7 +1308,6 @@ def hopper_fwd(
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
     lpt_order: bool = False,
-    exp_poly: tuple[int, int] = (0, 1),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on Hopper.
 
@@ -1350,7 +1321,6 @@ def hopper_fwd(
     three warpgroups).
     tile_n: keys per block (``compile_fwd``; default the backend's width for the head dim).
     skip_unit_rescale, lpt_order: ``compile_fwd``'s (the same bits either way).
-    exp_poly: ``compile_fwd``'s (opt-in; other bits).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -1398,7 +1368,6 @@ def hopper_fwd(
     compiled = compile_fwd(
         head_dim, q.dtype, bool(causal), consumer_wgs=consumer_wgs, persistent=persistent,
         p_smem=p_smem, tile_n=tile_n, skip_unit_rescale=skip_unit_rescale, lpt_order=lpt_order,
-        exp_poly=exp_poly,
     )  # fmt: skip
     # The persistent grid's bound: one CTA per SM (the kernel takes a whole SM's registers).
     max_ctas = device_info(q.device).sm_count
@@ -1437,7 +1406,6 @@ def compile_report(
     tile_n: int | None = None,
     skip_unit_rescale: bool = True,
     lpt_order: bool = False,
-    exp_poly: tuple[int, int] = (0, 1),
 ) -> tuple[str, float]:
     """(PTX, compile seconds) for one config; a top-level function so that tests and tools can
     run it in worker processes (compiles are CPU-bound, one config per process in parallel)."""
@@ -1445,6 +1413,6 @@ def compile_report(
     compiled = compile_fwd(
         head_dim, getattr(torch, dtype_name), causal, keep_ptx=True, consumer_wgs=consumer_wgs,
         persistent=persistent, tvm_ffi=tvm_ffi, p_smem=p_smem, tile_n=tile_n,
-        skip_unit_rescale=skip_unit_rescale, lpt_order=lpt_order, exp_poly=exp_poly,
+        skip_unit_rescale=skip_unit_rescale, lpt_order=lpt_order,
     )  # fmt: skip
     return compiled.__ptx__ or "", time.perf_counter() - start

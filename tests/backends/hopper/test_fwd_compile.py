@@ -197,29 +197,6 @@ def test_rescale_skip_can_be_turned_off() -> None:
     )
 
 
-def test_exp_poly_moves_exponentials_off_the_mufu_unit(ptx_of) -> None:
-    """exp_poly=(k, n) (opt-in): k of every n of the softmax's exponentials by the polynomial
-    (its floor trick's add.rm), so fewer ex2.approx than the shipped kernel, at hd 64 with
-    three warpgroups (persistent, the backend's full-mask kernel) and at hd 128; (0, n) is the
-    shipped kernel itself; a bad pair raises."""
-    shipped = ptx_of(64, torch.bfloat16, False, 3, True)
-    ptx, _ = hfwd.compile_report(
-        64, "bfloat16", False, 3, False, True, False, None, True, False, (1, 4)
-    )
-    _check_ptx(ptx, 64, torch.bfloat16, 3)
-    assert "add.rm.ftz.f32" in ptx and "add.rm.ftz.f32" not in shipped
-    assert ptx.count("ex2.approx") < shipped.count("ex2.approx")
-    ptx128, _ = hfwd.compile_report(128, "bfloat16", True, exp_poly=(1, 8))
-    _check_ptx(ptx128, 128, torch.bfloat16, 2)
-    assert "add.rm.ftz.f32" in ptx128
-    assert hfwd.compile_fwd(128, torch.bfloat16, True, keep_ptx=True, exp_poly=(0, 4)) is (
-        hfwd.compile_fwd(128, torch.bfloat16, True, keep_ptx=True)
-    )
-    for bad in ((5, 4), (1, 0), (-1, 2)):
-        with pytest.raises(ValueError, match="exp_poly"):
-            hfwd.compile_fwd(96, torch.bfloat16, False, exp_poly=bad)
-
-
 def test_compile_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     """One compile per (head_dim, dtype, causal); the real compile is stubbed (the PTX tests
     above compile for real) so only the cache logic is under test here."""

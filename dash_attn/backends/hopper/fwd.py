@@ -1153,7 +1153,8 @@ def compile_fwd(
     Compiles from small CPU tensors whose layouts are marked fully dynamic, so the result serves
     every batch / seqlen / heads / stride; the real tensors only differ in runtime values. Always
     targets sm_90a (explicitly, so this also works on a machine without a GPU).
-    keep_ptx=True keeps the PTX text on the result (`.__ptx__`) for inspection (tests).
+    keep_ptx=True keeps the PTX text (`.__ptx__`) and the cubin (`.__cubin__`) on the result for
+    inspection (tests, ``tools/hopper/fwd_sass.py``).
     consumer_wgs=3 is the 192-row tile for hd 64, and hd 96 with p_smem (FA4's choices); the
     backend runs it from ``FWD_3WG_MIN_SEQLEN`` query tokens on (``launch.forward_consumer_wgs``).
     persistent: one CTA per SM walking tiles (``HopperFwd``; head dims <= 128; causal: from
@@ -1251,7 +1252,7 @@ def compile_fwd(
             # --keep-ptx also writes a file; keep it out of the caller's cwd and delete it
             # (the text stays on the result as .__ptx__).
             dump_dir = tempfile.mkdtemp(prefix="dash_attn_fwd_ptx_")
-            options += f" --keep-ptx --dump-dir {dump_dir}"
+            options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
         try:
             if tvm_ffi and not keep_ptx:  # through the disk cache (kernel_cache)
                 compiled = kernel_cache.cached_compile(

@@ -317,6 +317,11 @@ def test_ncu_metric_table_needs_one_label_per_kernel(tmp_path: Path) -> None:
     assert cut.stat().st_size < raw.stat().st_size / 5
     with pytest.raises(SystemExit):
         ncu.main(["--source", str(raw), "--table", "a,b"])
+    # --memory adds the DRAM and L2 rows (a full set has them); the cut keeps them too.
+    memory = ncu.metric_table(cut, labels, memory=True).splitlines()
+    assert len(memory) == 2 + len(ncu.TABLE_ROWS) + len(ncu.MEMORY_ROWS)
+    hit_rates = [float(cell) for cell in memory[-1].strip("|").split("|")[1:]]
+    assert memory[-1].startswith("| L2 hit rate") and all(0 < h <= 100 for h in hit_rates)
 
 
 def _read_committed(path: Path) -> list[dict]:

@@ -8,10 +8,15 @@ shape, which is the order of ``ncu_summary.py --table``'s labels.
 
 Each shape is ``batch:seqlen:heads:head_dim:mask`` (mask ``full`` or ``causal``), bf16, seeded
 by its seqlen. Needs a GPU, FA4 (``flash_attn.cute``) and the CuTe-DSL kit.
+
+``--ours det:auto,nondet:auto`` (the default) names our runs per shape, each ``mode:schedule``
+(``det`` or ``nondet``, a schedule name or ``auto``), in that order; ``--no-fa4`` leaves FA4's
+two out (then only ours run, and FA4 need not be installed).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -28,34 +33,58 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
     return batch, seqlen, heads, head_dim, parts[4] == "causal"
 
 
+def parse_runs(text: str) -> list[tuple[bool, str]]:
+    """``det:auto,nondet:descending`` -> [(True, "auto"), (False, "descending")]."""
+    runs = []
+    for item in text.split(","):
+        mode, _, schedule = item.partition(":")
+        if mode not in ("det", "nondet") or not schedule:
+            raise ValueError(f"run {item!r}: want det:SCHEDULE or nondet:SCHEDULE")
+        runs.append((mode == "det", schedule))
+    return runs
+
+
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shapes", nargs="+", help="batch:seqlen:heads:head_dim:full|causal")
+    parser.add_argument("--ours", default="det:auto,nondet:auto", help="mode:schedule,...")
+    parser.add_argument("--fa4", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args(argv)
+    shapes = [parse_shape(text) for text in args.shapes]
+    runs = parse_runs(args.ours)
+
     import torch
-    from flash_attn.cute import flash_attn_func as fa4
 
     from dash_attn import dash_attn_func
 
-    def ours(q, k, v, causal, det):
-        return dash_attn_func(q, k, v, causal=causal, deterministic=det, backend="hopper")
+    def ours(q, k, v, causal, run):
+        det, schedule = run
+        return dash_attn_func(
+            q, k, v, causal=causal, deterministic=det, schedule=schedule, backend="hopper"
+        )
 
     def theirs(q, k, v, causal, det):
+        from flash_attn.cute import flash_attn_func as fa4
+
         out = fa4(q, k, v, causal=causal, deterministic=det)
         return out[0] if isinstance(out, tuple) else out
 
-    for text in argv:
-        batch, seqlen, heads, head_dim, causal = parse_shape(text)
+    for text, (batch, seqlen, heads, head_dim, causal) in zip(args.shapes, shapes, strict=True):
         gen = torch.Generator(device="cuda").manual_seed(seqlen)
         q, k, v, dout = (
             torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                         generator=gen)
             for _ in range(4)
         )  # fmt: skip
-        for name, attention in (("ours", ours), ("fa4", theirs)):
-            for det in (True, False):
-                leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-                out = attention(*leaves, causal, det)
-                torch.autograd.grad(out, leaves, dout)
-                torch.cuda.synchronize()
-                print(name, text, "det" if det else "non-det", flush=True)
+        calls = [(f"ours {'det' if run[0] else 'non-det'} {run[1]}", ours, run) for run in runs]
+        if args.fa4:
+            calls += [("fa4 det", theirs, True), ("fa4 non-det", theirs, False)]
+        for label, attention, option in calls:
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            out = attention(*leaves, causal, option)
+            torch.autograd.grad(out, leaves, dout)
+            torch.cuda.synchronize()
+            print(label, text, flush=True)
     print("done")
     return 0
 

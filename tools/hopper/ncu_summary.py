@@ -51,6 +51,7 @@ STALLS = ("gmma", "barrier", "long_scoreboard", "mio_throttle", "short_scoreboar
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 # ncu picks the time unit per export (usecond for short kernels).
 _TO_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+_TO_GB = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0, "Tbyte": 1e3}
 
 
 def _open(path: Path) -> Iterator[list[str]]:
@@ -112,11 +113,20 @@ TABLE_ROWS = (
     ("warps stalled per issue: long scoreboard", STALL_METRIC.format("long_scoreboard"), 1.0, 2),
     ("L2 throughput (% of peak)", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, 1),
 )  # fmt: skip
+# Rows of ``--table --memory``: where the bytes come from (the hd-256 backward's steps load 64 KiB
+# of Q and dO per 48-key step, so whether the launch order keeps them in L2 shows here).
+MEMORY_ROWS = (
+    ("DRAM read (GB)", "dram__bytes_read.sum", None, 2),
+    ("DRAM read throughput (% of peak)", "dram__bytes_read.sum.pct_of_peak_sustained_elapsed", 1.0,
+     1),
+    ("L2 hit rate (%)", "lts__t_sector_hit_rate.pct", 1.0, 1),
+)  # fmt: skip
 
 
-def metric_table(path: Path, labels: list[str]) -> str:
-    """A markdown table of TABLE_ROWS, one column per attention kernel of the raw export in
-    launch order, headed by ``labels`` (one per kernel: a mismatch is an error)."""
+def metric_table(path: Path, labels: list[str], memory: bool = False) -> str:
+    """A markdown table of TABLE_ROWS (and MEMORY_ROWS if ``memory``), one column per attention
+    kernel of the raw export in launch order, headed by ``labels`` (one per kernel: a mismatch
+    is an error)."""
     rows = list(_open(path))
     header, units, data = rows[0], rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
@@ -124,11 +134,12 @@ def metric_table(path: Path, labels: list[str]) -> str:
     if len(kernels) != len(labels):
         raise ValueError(f"{len(labels)} labels for {len(kernels)} attention kernels in {path}")
     lines = ["| metric | " + " | ".join(labels) + " |", "| :-- |" + " --: |" * len(labels)]
-    for name, metric, divisor, decimals in TABLE_ROWS:
+    for name, metric, divisor, decimals in TABLE_ROWS + (MEMORY_ROWS if memory else ()):
         if metric not in col:
             raise ValueError(f"{path} has no metric {metric} (export with --set full)")
-        if divisor is None:  # the time, in ncu's unit of the export
-            divisor = 1.0 / _TO_MS.get(units[col[metric]], 1.0)
+        if divisor is None:  # a time or a byte count, in ncu's unit of the export
+            unit = units[col[metric]]
+            divisor = 1.0 / (_TO_GB if unit in _TO_GB else _TO_MS).get(unit, 1.0)
         cells = []
         for row in kernels:
             value = _number(row[col[metric]])
@@ -146,7 +157,8 @@ _ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "
 def summary_columns() -> set[str]:
     """The raw-export columns that raw_summary and metric_table read (with the identity ones)."""
     metrics = {*RAW_METRICS.values(), *(STALL_METRIC.format(k) for k in STALLS)}
-    return {*_ID_COLUMNS, *metrics, *(metric for _, metric, _, _ in TABLE_ROWS)}
+    rows = TABLE_ROWS + MEMORY_ROWS
+    return {*_ID_COLUMNS, *metrics, *(metric for _, metric, _, _ in rows)}
 
 
 def cut_raw(path: Path, out: Path) -> int:
@@ -276,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         "headed by these comma-separated labels (in launch order)",
     )  # fmt: skip
     parser.add_argument(
+        "--memory", action="store_true",
+        help="with --table: also the DRAM bytes read, their share of the peak and the L2 hit rate",
+    )  # fmt: skip
+    parser.add_argument(
         "--cut", type=Path, metavar="OUT",
         help="with --raw: write it to OUT with only the columns these summaries read (a few KB "
         "to commit beside the summary instead of the whole export)",
@@ -291,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is not None:
         if args.raw is None:
             parser.error("--table needs --raw")
-        print(metric_table(args.raw, args.table.split(",")))
+        print(metric_table(args.raw, args.table.split(","), memory=args.memory))
         return 0
     if args.raw is not None:
         print(raw_summary(args.raw))

@@ -16,3 +16,14 @@ def test_parse_shape_reads_batch_seqlen_heads_head_dim_and_mask() -> None:
 def test_parse_shape_names_what_is_wrong(text: str) -> None:
     with pytest.raises(ValueError, match="shape"):
         backwards_for_ncu.parse_shape(text)
+
+
+def test_parse_runs_reads_mode_and_schedule_pairs() -> None:
+    runs = backwards_for_ncu.parse_runs("det:auto,nondet:descending")
+    assert runs == [(True, "auto"), (False, "descending")]
+
+
+@pytest.mark.parametrize("text", ["det", "maybe:auto", "nondet:", "det:auto,,"])
+def test_parse_runs_names_what_is_wrong(text: str) -> None:
+    with pytest.raises(ValueError, match="run"):
+        backwards_for_ncu.parse_runs(text)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .backends import BACKEND_NAMES, choose_backend
+from .backends.hopper import nondet_auto_schedule as hopper_nondet_auto_schedule
 from .backends.triton.tiles import BackwardTiles
 from .schedule import CAUSAL, FULL, Dispatch, Mask, Schedule, ScheduleSpec, make_schedule
 from .schedule.generators import auto_schedule_name
@@ -514,7 +515,17 @@ def make_backward_plan(
     split = resolve_gqa_split(problem.heads, problem.kv_heads, gqa_split)
     dkv_sum = kernel_sums_dkv(chosen, deterministic, split)
     spec = backward_spec(problem, tiles, workers, invariant, split, dkv_sum)
-    sched = make_schedule(_auto_fallback(spec) if schedule == "auto" else schedule, spec)
+    name = schedule
+    if schedule == "auto":
+        name = _auto_fallback(spec)
+        if chosen == "hopper" and not deterministic and problem.seqlens is None:
+            # Non-det sums follow arrival order: where the hopper kernels were measured faster
+            # with dynamic tickets, auto takes them (``hopper.NONDET_DESCENDING_MIN_SEQLEN_K``).
+            fast = hopper_nondet_auto_schedule(
+                problem.headdim, problem.mask.causal, problem.seqlen_k
+            )
+            name = fast or name
+    sched = make_schedule(name, spec)
     if device.is_interpreter and deterministic:
         # The interpreter runs programs one after another, so a static worker that waits for a
         # later worker's dQ contribution waits forever (the bounded wait then gives up). Dynamic

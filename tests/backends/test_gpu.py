@@ -294,6 +294,38 @@ def test_nondeterministic_mode_is_correct_and_reported(backend):
     print(f"{backend}: non-deterministic dq differs across 5 runs: {differs}")
 
 
+@pytest.mark.parametrize(
+    ("shape", "causal"),
+    [((1, 2100, 2300, 4, 2, 256), True), ((2, 1100, 1030, 2, 1, 256), False),
+     ((1, 8200, 8300, 2, 2, 192), True)],
+    ids=["b1-sq2100-sk2300-gqa4:2-d256-causal", "b2-sq1100-sk1030-mqa-d256-full",
+         "b1-sq8200-sk8300-d192-causal"],
+)  # fmt: skip
+def test_hopper_nondet_auto_takes_descending_where_listed(shape, causal):
+    """A non-det hopper backward with schedule="auto" runs descending where it was measured
+    faster (``hopper.NONDET_DESCENDING_MIN_SEQLEN_K``): still right by the rule, and the plan
+    says so; the deterministic auto keeps its static shift tables."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, torch.bfloat16,
+                       "cuda", seed=4)  # fmt: skip
+    _skip_if_uncovered("hopper", q, k, causal)
+    dout = torch.randn_like(q)
+    ref = _grads(lambda a, b, c: attention_ref(a, b, c, causal=causal)[0], q, k, v, dout)
+    same = _grads(
+        lambda a, b, c: attention_ref(a, b, c, causal=causal, upcast=False)[0], q, k, v, dout
+    )
+    got = _grads(_dash(causal, "hopper", deterministic=False), q, k, v, dout)
+    plan = last_launch_info()
+    assert (plan.deterministic, plan.schedule.name) == (False, "descending")
+    for name, g, r, s in zip(GRADS, got, ref, same, strict=True):
+        assert_close_to_ref(f"{name} [hopper non-det auto, d{headdim}]", g, r, s, atol=1e-3)
+    det = make_backward_plan(
+        problem_of(q, k, CAUSAL if causal else FULL), device=device_info(q.device),
+        backend="hopper",
+    )  # fmt: skip
+    assert det.schedule.name in ("shift", "symmetric_shift")
+
+
 @pytest.mark.parametrize("headdim", [64, 192, 256])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_broken_table_raises_instead_of_hanging(backend, headdim):

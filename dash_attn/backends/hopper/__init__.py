@@ -181,6 +181,18 @@ FWD_PERSISTENT_MAX_SEQLEN_K = {
 # 1.003x at 1k, 0.998x at 16k. At hd 128 the per-tile causal kernel runs from 8k on
 # (``FWD_PERSISTENT_MAX_SEQLEN_K``), and there the grouped order read 0.9945x at 16k.
 FWD_LPT_ORDER_MAX_SEQLEN_K = {192: 8192, 256: 8192}
+# A non-deterministic backward whose schedule is "auto" runs ``descending`` (dynamic tickets,
+# every chain walking its Q tiles top-down) from this many key tokens on, per mask kind and head
+# dim, instead of the deterministic auto's static shift tables: a non-det dQ is summed in arrival
+# order, so there the schedule decides speed only. At hd 256 the static tables' chains of
+# different heads and Q tiles run side by side and lose L2 reuse of Q, dO and the dQ accumulator
+# (Nsight Compute, causal 2 x 8192 x 8: 3.05 GB read from DRAM, L2 hit rate 85.7%, against 0.41
+# GB and 98.1% for descending; session44-feb3973/call4). Interleaved rounds, 16k tokens, hidden
+# 2048, static / descending (session44-feb3973 call3, call5 and call7 bwd*_sched.txt): hd 256
+# full 1.056x / 1.098x / 1.108x / 1.14x at 1k / 2k / 4k / 8k, causal 0.970x / 1.222x / 1.091x /
+# 1.399x / 1.142x at 1k / 2k / 4k / 8k / 16k; hd 192 causal 1.004x / 1.015x / 1.023x / 1.049x
+# at 2k / 4k / 8k / 16k, full 0.983x / 1.002x at 2k / 4k; hd 64 and 128 0.96-1.05x (not listed).
+NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256: 2048}}
 
 
 def _mask_kind(causal: bool) -> str:
@@ -213,6 +225,13 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
 
 
 @functools.cache
+def nondet_auto_schedule(headdim: int, causal: bool, seqlen_k: int) -> str | None:
+    """The schedule a non-deterministic hopper backward runs for ``schedule="auto"`` where it
+    differs from the deterministic auto's (``NONDET_DESCENDING_MIN_SEQLEN_K``), else None."""
+    min_seqlen = NONDET_DESCENDING_MIN_SEQLEN_K[_mask_kind(causal)].get(headdim)
+    return "descending" if min_seqlen is not None and seqlen_k >= min_seqlen else None
+
+
 def cutlass_available() -> bool:
     """Whether ``nvidia-cutlass-dsl`` is installed (found, not imported; asked once, as every
     forward asks)."""

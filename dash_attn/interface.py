@@ -137,6 +137,10 @@ _SHARED_ARGS_DOC = """
             lengths, the mask and the head dim (never of timing or of the GPU when
             ``invariant=True``): ``symmetric_shift`` for causal, ``descending`` for a window,
             and on the full mask ``shift`` for short sequences, ``descending`` for long ones.
+            A non-deterministic backward on the hopper backend takes ``descending`` at head dim
+            256 from 1024 (full) / 2048 (causal) keys and at 192 causal from 8192
+            (``hopper.NONDET_DESCENDING_MIN_SEQLEN_K``: measured faster there; its sums follow
+            arrival order anyway).
         backend: ``"auto"``, ``"triton"`` or ``"hopper"``: which kernels run. ``"auto"`` takes
             the fastest one that covers the call; ``last_launch_info()`` says which ran and why.
             Naming a backend that cannot run the call raises.

@@ -456,7 +456,10 @@ def make_backward_plan(
     Args:
         problem: the shape, mask and dtype.
         device: the GPU (``DeviceInfo``; ``H200`` for analysis, ``INTERPRETER`` for the CPU).
-        schedule: ``"auto"`` or a registered schedule name that fits the mask.
+        schedule: ``"auto"`` or a registered schedule name that fits the mask. ``"auto"`` is
+            ``auto_schedule_name``'s, except for a non-deterministic hopper plan of a padded
+            batch, which takes ``descending`` where ``hopper.NONDET_DESCENDING_MIN_SEQLEN_K``
+            lists its head dim and key length (no order to keep; measured faster there).
         deterministic: fixed-order dQ sums.
         sm_margin: SMs left to concurrent kernels; the schedule is made for the rest.
         backend: ``"auto"``, ``"triton"`` or ``"hopper"``.

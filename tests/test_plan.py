@@ -15,12 +15,15 @@ from dash_attn.plan import (
     FULL,
     H200,
     INTERPRETER,
+    BackwardPlan,
     DeviceInfo,
+    Mask,
     Problem,
     analysis_device,
     make_backward_plan,
 )
 from dash_attn.schedule import TABLE_FIELDS, Dispatch, make_schedule
+from dash_attn.schedule.generators import auto_schedule_name
 
 PROBLEM = Problem(batch=2, seqlen_q=1000, seqlen_k=700, heads=8, kv_heads=2, headdim=128)
 
@@ -232,3 +235,33 @@ def test_making_a_plan_imports_neither_torch_nor_triton() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_nondet_hopper_auto_takes_descending_where_listed() -> None:
+    """A non-det hopper plan with schedule="auto" runs ``descending`` from the key lengths of
+    ``hopper.NONDET_DESCENDING_MIN_SEQLEN_K`` on; below them, on the Triton backend, and in
+    deterministic mode auto is the documented rule; a named schedule is kept."""
+    from dash_attn.backends.hopper import NONDET_DESCENDING_MIN_SEQLEN_K
+
+    def plan(headdim: int, mask: Mask, seqlen: int, **options) -> BackwardPlan:
+        problem = Problem(2, seqlen, seqlen, 4, 2, headdim, mask)
+        return make_backward_plan(problem, device=H200, **options)
+
+    assert NONDET_DESCENDING_MIN_SEQLEN_K == {
+        "full": {256: 1024}, "causal": {192: 8192, 256: 2048}
+    }  # fmt: skip
+    for headdim, mask, start in ((256, FULL, 1024), (256, CAUSAL, 2048), (192, CAUSAL, 8192)):
+        fast = plan(headdim, mask, start, backend="hopper", deterministic=False)
+        assert fast.schedule.name == "descending" and fast.dispatch is Dispatch.DYNAMIC
+        below = plan(headdim, mask, start - 16, backend="hopper", deterministic=False)
+        det = plan(headdim, mask, start, backend="hopper")
+        assert below.schedule.name == det.schedule.name == auto_schedule_name(det.spec)
+        assert det.schedule.name in ("shift", "symmetric_shift")
+        named = plan(headdim, mask, start, backend="hopper", deterministic=False, schedule="fa3")
+        assert named.schedule.name == "fa3"
+        triton = plan(headdim, mask, start, backend="triton", deterministic=False)
+        assert triton.schedule.name == auto_schedule_name(triton.spec)
+    # Head dims 64-128 keep the rule (0.96-1.05x either way).
+    assert plan(128, CAUSAL, 16384, backend="hopper", deterministic=False).schedule.name == (
+        "symmetric_shift"
+    )

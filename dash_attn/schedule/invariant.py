@@ -23,14 +23,21 @@ Here the layout that defines the order belongs to one (sequence, kv head) *group
    waits at a semaphore). Each worker appends the units to its list in placement order. Placing
    rounds rather than whole lanes keeps the unit of packing one chain (or pair) long, so that
    ``V`` need not divide the worker count (``tools/invariance_model.py`` measured both).
+   The lanes are not in lockstep, though: a lane whose units are short can reach a dQ tile in
+   round ``k + 1`` before a slower lane reaches it in round ``k`` (typically around a long causal
+   sequence's last, partial round), and then that tile's round-``k`` contribution waits on a
+   round-``k + 1`` one. Placed round by round, a worker holding both deadlocked (e.g. 3 x 207 x
+   14868 tokens, causal, 64 x 128 tiles, 132 workers; until session 44). So such rounds are
+   merged (``merged_rounds``): a merged round holds each lane's units of those rounds, in order,
+   as one unit of placement; where no such wait exists every round stands alone.
 
-Deadlock freedom. Order the steps by (placement index of their round, canonical depth, lane).
-A worker edge inside a unit goes one canonical depth on; between two units of a worker it goes to
-a later placement. A rank edge joins two steps of one group: inside a round it goes to a larger
-(depth, lane) of the canonical layout, between rounds from round ``k - 1`` to ``k``, placed
-later. Every edge increases the key, so the wait graph has no cycle, provided the units of a
-round run on distinct co-resident workers: a group needs ``V <= workers`` (``ValueError``
-otherwise). ``validate`` checks the result independently.
+Deadlock freedom. Order the steps by (placement index of their (merged) round, canonical depth,
+lane). A worker edge inside a unit goes one canonical depth on; between two units of a worker it
+goes to a later placement. A rank edge joins two steps of one group: inside a round it goes to a
+smaller (depth, lane) of the canonical layout, between rounds to an earlier round (merging makes
+sure of it), placed earlier. Every wait goes to a smaller key, so the wait graph has no cycle,
+provided the units of a round run on distinct co-resident workers: a group needs ``V <=
+workers`` (``ValueError`` otherwise). ``validate`` checks the result independently.
 
 Only the dispatch (which worker runs which lane) depends on the worker count and the other
 groups; it changes no bit.
@@ -44,6 +51,7 @@ mix with any number of co-resident workers for those groups.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -162,9 +170,58 @@ def canonical_layout(name: str, seq_spec: ScheduleSpec, legacy: Generator) -> Ca
         lane_units.append(units)
     depth = max((len(units) for units in lane_units), default=0)
     rounds = tuple(
-        tuple(tuple(units[k]) for units in lane_units if k < len(units)) for k in range(depth)
+        tuple(
+            tuple(j for unit in units[first : last + 1] for j in unit)
+            for units in lane_units
+            if first < len(units)
+        )
+        for first, last in merged_rounds(lane_units, depth, q_order, ranks)
     )
     return CanonicalLayout(lanes=lanes, q_order=q_order, ranks=ranks, rounds=rounds)
+
+
+def merged_rounds(
+    lane_units: Sequence[Sequence[Sequence[int]]],
+    depth: int,
+    q_order: Sequence[np.ndarray],
+    ranks: Sequence[np.ndarray],
+) -> list[tuple[int, int]]:
+    """The rounds ``(first, last)`` that placement takes as one: consecutive rounds ``k`` (the
+    ``k``-th unit of every lane) merged wherever a contribution of round ``k`` waits on one of a
+    later round ``k' > k``, which happens because the lanes are not in lockstep: a lane whose
+    units are short reaches a dQ tile in its next unit before a slower lane reaches it in its
+    current one (e.g. the last, partial round of a long causal sequence). A merged round is
+    placed like a round, each lane's units of it in order on one worker, so every wait goes to
+    the same or an earlier (merged) round: the module's deadlock argument. Without such waits
+    every round stands alone (the placement of the rounds themselves)."""
+    round_of: dict[int, int] = {}
+    for units in lane_units:
+        for k, unit in enumerate(units):
+            for j in unit:
+                round_of[j] = k
+    # Per dQ tile, the round of each rank's contribution (rank r + 1 waits on rank r).
+    by_tile: dict[int, list[tuple[int, int]]] = {}
+    for j, (tiles, chain_ranks) in enumerate(zip(q_order, ranks, strict=True)):
+        if j not in round_of:
+            continue
+        for tile, rank in zip(tiles.tolist(), chain_ranks.tolist(), strict=True):
+            by_tile.setdefault(tile, []).append((rank, round_of[j]))
+    reach = list(range(depth))  # the last round that round k must share a placement with
+    for contributions in by_tile.values():
+        contributions.sort()
+        for (_, waited), (_, waiting) in itertools.pairwise(contributions):
+            if waited > waiting:
+                reach[waiting] = max(reach[waiting], waited)
+    merged: list[tuple[int, int]] = []
+    first = 0
+    while first < depth:
+        last, k = reach[first], first
+        while k <= last:
+            last = max(last, reach[k])
+            k += 1
+        merged.append((first, last))
+        first = last + 1
+    return merged
 
 
 def group_layout(

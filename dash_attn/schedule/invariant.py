@@ -51,7 +51,6 @@ mix with any number of co-resident workers for those groups.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -194,30 +193,29 @@ def merged_rounds(
     placed like a round, each lane's units of it in order on one worker, so every wait goes to
     the same or an earlier (merged) round: the module's deadlock argument. Without such waits
     every round stands alone (the placement of the rounds themselves)."""
-    round_of: dict[int, int] = {}
+    round_of = np.full(len(ranks), -1, dtype=np.int64)
     for units in lane_units:
         for k, unit in enumerate(units):
-            for j in unit:
-                round_of[j] = k
-    # Per dQ tile, the round of each rank's contribution (rank r + 1 waits on rank r).
-    by_tile: dict[int, list[tuple[int, int]]] = {}
-    for j, (tiles, chain_ranks) in enumerate(zip(q_order, ranks, strict=True)):
-        if j not in round_of:
-            continue
-        for tile, rank in zip(tiles.tolist(), chain_ranks.tolist(), strict=True):
-            by_tile.setdefault(tile, []).append((rank, round_of[j]))
-    reach = list(range(depth))  # the last round that round k must share a placement with
-    for contributions in by_tile.values():
-        contributions.sort()
-        for (_, waited), (_, waiting) in itertools.pairwise(contributions):
-            if waited > waiting:
-                reach[waiting] = max(reach[waiting], waited)
+            round_of[list(unit)] = k
+    chains = [j for j in range(len(ranks)) if round_of[j] >= 0]
+    if not chains:
+        return [(k, k) for k in range(depth)]
+    tiles = np.concatenate([q_order[j] for j in chains])
+    order_ranks = np.concatenate([ranks[j] for j in chains])
+    rounds = np.repeat(round_of[chains], [len(ranks[j]) for j in chains])
+    # Consecutive ranks of one dQ tile: the later (waiting) one waits on the earlier.
+    by_rank = np.lexsort((order_ranks, tiles))
+    tiles, rounds = tiles[by_rank], rounds[by_rank]
+    waited, waiting = rounds[:-1], rounds[1:]
+    backward = (tiles[1:] == tiles[:-1]) & (waited > waiting)
+    reach = np.arange(depth)  # the last round that round k must share a placement with
+    np.maximum.at(reach, waiting[backward], waited[backward])
     merged: list[tuple[int, int]] = []
     first = 0
     while first < depth:
-        last, k = reach[first], first
+        last, k = int(reach[first]), first
         while k <= last:
-            last = max(last, reach[k])
+            last = max(last, int(reach[k]))
             k += 1
         merged.append((first, last))
         first = last + 1

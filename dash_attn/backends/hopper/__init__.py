@@ -224,7 +224,6 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
     return twins.get(name, name)
 
 
-@functools.cache
 def nondet_auto_schedule(headdim: int, causal: bool, seqlen_k: int) -> str | None:
     """The schedule a non-deterministic hopper backward runs for ``schedule="auto"`` where it
     differs from the deterministic auto's (``NONDET_DESCENDING_MIN_SEQLEN_K``), else None."""
@@ -232,6 +231,7 @@ def nondet_auto_schedule(headdim: int, causal: bool, seqlen_k: int) -> str | Non
     return "descending" if min_seqlen is not None and seqlen_k >= min_seqlen else None
 
 
+@functools.cache
 def cutlass_available() -> bool:
     """Whether ``nvidia-cutlass-dsl`` is installed (found, not imported; asked once, as every
     forward asks)."""

@@ -87,6 +87,8 @@ class CanonicalLayout:
         lanes: per virtual lane, the KV tiles of its chains in execution order.
         q_order: per KV tile, the Q tiles it visits (one query head).
         ranks: per KV tile, the rank of each of those contributions in its dQ tile's sum.
+        rounds: the units of placement: per round (consecutive rounds merged where one waits
+            on a later one, ``merged_rounds``), each lane's chains of it in execution order.
     """
 
     lanes: tuple[tuple[int, ...], ...]

@@ -8,9 +8,8 @@ nvdisasm comes from PATH or from the Triton wheel.
     python -m tools.hopper.fwd_sass --headdim 64 [--causal] [--wgs 3] [--persistent]
         [--p-smem] [--top 40] [--dump FILE] [--loop]
 
---loop counts only the largest basic-block run between the first and the last HGMMA of the
-kernel's longest loop body (a rough cut: the instructions from the first HGMMA to the last one
-of the whole kernel), where per-step costs live.
+--loop counts only the instructions from the kernel's first HGMMA to its last (a rough cut
+around the step loops, where per-step costs live).
 """
 
 from __future__ import annotations
@@ -18,39 +17,16 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from dash_attn.backends.hopper.fwd import compile_fwd
+from tools.hopper.sass import disassemble
 
 _OPCODE = re.compile(
     r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)"
 )
-
-
-def nvdisasm_path() -> str:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    import triton
-
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    if not path.exists():
-        raise SystemExit("nvdisasm not found (PATH or the triton wheel)")
-    return str(path)
-
-
-def sass_of(cubin: bytes) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin_path = Path(tmp) / "kernel.cubin"
-        cubin_path.write_bytes(cubin)
-        return subprocess.run(
-            [nvdisasm_path(), "-c", str(cubin_path)], capture_output=True, text=True, check=True
-        ).stdout
 
 
 def opcodes(sass: str, loop_only: bool) -> list[str]:
@@ -79,7 +55,9 @@ def main() -> None:
         args.headdim, getattr(torch, args.dtype), args.causal, keep_ptx=True,
         consumer_wgs=args.wgs, persistent=args.persistent, p_smem=args.p_smem,
     )  # fmt: skip
-    sass = sass_of(compiled.__cubin__)
+    sass = disassemble(compiled.__cubin__)
+    if sass is None:
+        raise SystemExit("nvdisasm not found (PATH or the triton wheel)")
     if args.dump:
         args.dump.write_text(sass)
     ops = opcodes(sass, args.loop)

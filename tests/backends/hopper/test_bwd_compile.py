@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,24 +28,12 @@ from dash_attn.backends.hopper import (  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.bwd import SWAPPED_TILES, HopperAttnBwd, _fragment_rows  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
+from tools.hopper.sass import disassemble  # noqa: E402
 
 CONFIGS = list(
     itertools.product(BWD_HEADDIMS, (torch.bfloat16, torch.float16), (True, False), (True, False))
 )
 COMPILE_TIMES: dict[tuple, float] = {}
-
-
-def _tool(name: str) -> str | None:
-    """A CUDA binary tool from PATH or from the triton wheel, if either has it."""
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import triton
-    except ImportError:
-        return None
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    return str(path) if path.exists() else None
 
 
 def _fake_inputs(
@@ -123,17 +109,6 @@ def test_long_sequence_variant_compiles_for_sm90a(config: tuple, tmp_path: Path)
     """The kernel the backend ships for long key sequences (``hopper.BWD_VARIANT_LONG``)."""
     variant = bwd_variant(config[0], config[2], seqlen_k=1 << 30, deterministic=config[3])
     _check_kernel_code(config, variant, tmp_path)
-
-
-def _sass(compiled, tmp_path: Path) -> str | None:
-    nvdisasm = _tool("nvdisasm")
-    if nvdisasm is None or not isinstance(compiled.__cubin__, bytes):
-        return None
-    cubin_path = tmp_path / "kernel.cubin"
-    cubin_path.write_bytes(compiled.__cubin__)
-    return subprocess.run(
-        [nvdisasm, "-c", str(cubin_path)], capture_output=True, text=True, check=True
-    ).stdout
 
 
 # The GQA split's in-kernel dK/dV sums (``dkv_sum``, deterministic plans) on every shipped
@@ -351,7 +326,7 @@ def _check_kernel_code(
         # One bulk reduce-add per 32-column box of the swizzled dQ tile.
         assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
         assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
-    sass = _sass(compiled, tmp_path)
+    sass = disassemble(compiled.__cubin__)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
     # ptxas keeps setmaxnreg only with .minnctapersm (else warning C7508 and no USETMAXREG).
@@ -470,7 +445,7 @@ def _check_swapped_kernel_code(
     if not dkv_sum:
         # dK/dV leave through the K/V tiles by a transposing stmatrix.
         assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
-    sass = _sass(compiled, tmp_path)
+    sass = disassemble(compiled.__cubin__)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass

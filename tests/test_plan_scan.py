@@ -1,0 +1,24 @@
+"""tools/plan_scan.py: seeded draws, the study switch restores the shipped placement, and a small
+scan finds no invalid plan."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dash_attn.schedule import invariant
+from tools import plan_scan
+
+
+def test_draws_are_seeded_and_scan_finds_no_invalid_plan() -> None:
+    first = [plan_scan.draw_problem(np.random.default_rng(3)) for _ in range(2)]
+    assert first[0] == first[1]
+    checked, invalid = plan_scan.scan("hopper", count=25, seed=5)
+    assert checked > 0 and invalid == []
+
+
+def test_unmerged_rounds_is_a_study_switch_only() -> None:
+    shipped = invariant.merged_rounds
+    with plan_scan.unmerged_rounds():
+        assert invariant.merged_rounds is not shipped
+        assert invariant.merged_rounds([], 3, (), ()) == [(0, 0), (1, 1), (2, 2)]
+    assert invariant.merged_rounds is shipped

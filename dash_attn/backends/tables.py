@@ -29,9 +29,15 @@ def upload_once(
 
 
 def device_tables(schedule: Schedule, device: torch.device) -> dict[str, torch.Tensor]:
-    """The schedule's int32 tables on ``device`` (names: ``schedule.TABLE_FIELDS``)."""
+    """The schedule's int32 tables on ``device`` (names: ``schedule.TABLE_FIELDS``).
+
+    Keyed by the schedule object itself (``Schedule`` compares and hashes by identity; the key
+    keeps it alive, so its id is not reused): ``make_schedule`` returns one object per (name,
+    spec), so a training loop uploads once. A key of (name, spec) would hand another schedule
+    with the same name and spec (a placement study, a custom order) the first one's tables:
+    until session 45 three placement A/B probes timed the shipped tables twice that way."""
     return upload_once(
-        ("schedule", schedule.name, schedule.spec),
+        ("schedule", schedule),
         device,
         lambda: {name: getattr(schedule, name) for name in TABLE_FIELDS},
     )

@@ -1,0 +1,34 @@
+"""The device-table cache (``backends.tables``): one upload per schedule object, never another
+schedule's tables (CPU tensors stand in for the GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dash_attn.backends.tables import device_tables  # noqa: E402
+from dash_attn.schedule import CAUSAL, ScheduleSpec, make_schedule  # noqa: E402
+from dash_attn.schedule.generators import legacy_symmetric_shift  # noqa: E402
+from dash_attn.schedule.invariant import invariant_schedule  # noqa: E402
+
+
+def test_same_name_and_spec_with_other_tables_gets_its_own_upload() -> None:
+    """Two schedules of one name and spec but other tables (here the lanes of the canonical
+    layout, a study's argument) each get their own tensors: keyed by (name, spec), the second
+    was handed the first one's tables, so probes timed the same order twice."""
+    spec = ScheduleSpec(batch=2, q_heads=2, kv_heads=2, q_tiles=24, kv_tiles=24, mask=CAUSAL,
+                        workers=40)  # fmt: skip
+    shipped = make_schedule("symmetric_shift", spec)
+    wider = invariant_schedule("symmetric_shift", spec, legacy_symmetric_shift, 4)
+    assert (shipped.name, shipped.spec) == (wider.name, wider.spec)
+    assert not np.array_equal(shipped.step_q_tile, wider.step_q_tile)
+    cpu = torch.device("cpu")
+    first, second = device_tables(shipped, cpu), device_tables(wider, cpu)
+    for name, tensor in second.items():
+        assert np.array_equal(tensor.numpy(), getattr(wider, name)), name
+    assert not torch.equal(first["step_q_tile"], second["step_q_tile"])
+    # The same object again: the same tensors, no second upload.
+    again = device_tables(shipped, cpu)
+    assert all(again[name] is first[name] for name in first)

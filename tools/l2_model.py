@@ -23,6 +23,7 @@ import numpy as np
 from dash_attn.plan import CAUSAL, FULL, H200, Problem, make_backward_plan
 from dash_attn.schedule import Schedule, simulate
 from dash_attn.schedule.generators import legacy_shift, legacy_symmetric_shift
+from dash_attn.schedule import invariant
 from dash_attn.schedule.invariant import LaneCap, invariant_schedule, units_per_group
 from dash_attn.schedule.types import ScheduleSpec
 
@@ -85,7 +86,9 @@ def replay(schedule: Schedule, headdim: int, q_rows: int, kv_rows: int, l2_bytes
     return Traffic(name or schedule.name, sim.makespan, touched / 1e9, missed / 1e9)
 
 
-def contenders(problem: Problem, waves: list[int]) -> list[tuple[str, Schedule]]:
+def contenders(
+    problem: Problem, waves: list[str], blocks: list[float] = ()
+) -> list[tuple[str, Schedule]]:
     """The plan's own tables, descending, invariant=False, and the shift family at other
     WAVEs (the study's ``wave`` argument of ``invariant_schedule``)."""
     plan = make_backward_plan(problem, device=H200, backend="hopper")
@@ -101,6 +104,12 @@ def contenders(problem: Problem, waves: list[int]) -> list[tuple[str, Schedule]]
     for wave in waves:
         cap = lane_cap(wave, name)
         out.append((f"{name} lanes {wave}", invariant_schedule(name, spec, legacy, cap)))
+    for f in blocks:
+        invariant.BLOCK_WAVES = f
+        try:
+            out.append((f"{name} blocks f={f:g}", invariant_schedule(name, spec, legacy)))
+        finally:
+            invariant.BLOCK_WAVES = None
     return out
 
 
@@ -128,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=2048, help="heads x headdim")
     parser.add_argument("--l2-mib", type=float, default=50.0)
     parser.add_argument("--wave", nargs="*", default=["32", "64", "b64"])
+    parser.add_argument("--blocks", type=float, nargs="*", default=[],
+                        help="placement by blocks of groups (invariant.BLOCK_WAVES)")
     args = parser.parse_args(argv)
     heads = args.hidden // args.headdim
     problem = Problem(batch=max(1, args.tokens // args.seqlen), seqlen_q=args.seqlen,
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     q_rows, kv_rows = plan.tiles.block_m, plan.tiles.block_n
     print(f"{problem}, tiles {q_rows} x {kv_rows}, L2 {args.l2_mib} MiB")
     print(f"{'tables':36s} {'makespan':>9s} {'touched GB':>10s} {'missed GB':>9s} {'hit %':>6s}")
-    for name, schedule in contenders(problem, args.wave):
+    for name, schedule in contenders(problem, args.wave, args.blocks):
         t = replay(schedule, args.headdim, q_rows, kv_rows, int(args.l2_mib * 2**20), name)
         print(f"{name:36s} {t.makespan:9.0f} {t.touched_gb:10.3f} {t.missed_gb:9.3f} "
               f"{100 * t.hit_rate:6.1f}")

@@ -87,7 +87,7 @@ def replay(schedule: Schedule, headdim: int, q_rows: int, kv_rows: int, l2_bytes
 
 
 def contenders(
-    problem: Problem, waves: list[str], blocks: list[float] = ()
+    problem: Problem, waves: list[str], blocks: list[float] = (), greedy: bool = False
 ) -> list[tuple[str, Schedule]]:
     """The plan's own tables, descending, invariant=False, and the shift family at other
     WAVEs (the study's ``wave`` argument of ``invariant_schedule``)."""
@@ -104,6 +104,12 @@ def contenders(
     for wave in waves:
         cap = lane_cap(wave, name)
         out.append((f"{name} lanes {wave}", invariant_schedule(name, spec, legacy, cap)))
+    if greedy:
+        invariant.GREEDY = True
+        try:
+            out.append((f"{name} greedy", invariant_schedule(name, spec, legacy)))
+        finally:
+            invariant.GREEDY = False
     for f in blocks:
         invariant.BLOCK_WAVES = f
         try:
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wave", nargs="*", default=["32", "64", "b64"])
     parser.add_argument("--blocks", type=float, nargs="*", default=[],
                         help="placement by blocks of groups (invariant.BLOCK_WAVES)")
+    parser.add_argument("--greedy", action="store_true", help="invariant.GREEDY placement")
     args = parser.parse_args(argv)
     heads = args.hidden // args.headdim
     problem = Problem(batch=max(1, args.tokens // args.seqlen), seqlen_q=args.seqlen,
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     q_rows, kv_rows = plan.tiles.block_m, plan.tiles.block_n
     print(f"{problem}, tiles {q_rows} x {kv_rows}, L2 {args.l2_mib} MiB")
     print(f"{'tables':36s} {'makespan':>9s} {'touched GB':>10s} {'missed GB':>9s} {'hit %':>6s}")
-    for name, schedule in contenders(problem, args.wave, args.blocks):
+    for name, schedule in contenders(problem, args.wave, args.blocks, args.greedy):
         t = replay(schedule, args.headdim, q_rows, kv_rows, int(args.l2_mib * 2**20), name)
         print(f"{name:36s} {t.makespan:9.0f} {t.touched_gb:10.3f} {t.missed_gb:9.3f} "
               f"{100 * t.hit_rate:6.1f}")

@@ -282,7 +282,12 @@ def place_rounds(
     load = np.zeros(workers, dtype=np.int64) if load is None else load
     group_free = [0] * len(rounds)  # nominal end of each group's latest round
     placement: list[list[list[int]]] = [[] for _ in rounds]
-    for g, k in _placement_order(rounds, blocks):
+    if GREEDY:
+        order = _greedy_order(rounds, workers, load.copy())
+    else:
+        order = _placement_order(rounds, blocks)
+    LAST_ORDER[:] = order
+    for g, k in order:
         lengths = np.asarray(rounds[g][k], dtype=np.int64)
         if len(lengths) > workers:
             raise ValueError(
@@ -296,6 +301,35 @@ def place_rounds(
         group_free[g] = start + int(lengths.max())
         placement[g].append(chosen.tolist())
     return placement
+
+
+GREEDY = False  # session 45 study: each next round to the group that can start it first
+LAST_ORDER: list[tuple[int, int]] = []
+
+
+def _greedy_order(rounds, workers, load):
+    nxt = [0] * len(rounds)
+    group_free = [0] * len(rounds)
+    order = []
+    while True:
+        best = None
+        for g, group in enumerate(rounds):
+            k = nxt[g]
+            if k >= len(group):
+                continue
+            n = len(group[k])
+            chosen = np.lexsort((np.arange(workers), load))[:n]
+            start = max(int(load[chosen].max()), group_free[g])
+            if best is None or start < best[0]:
+                best = (start, g, chosen)
+        if best is None:
+            return order
+        start, g, chosen = best
+        lengths = np.asarray(rounds[g][nxt[g]], dtype=np.int64)
+        load[chosen] = start + lengths
+        group_free[g] = start + int(lengths.max())
+        order.append((g, nxt[g]))
+        nxt[g] += 1
 
 
 def _placement_order(
@@ -439,7 +473,7 @@ def _place_shift_groups(
     lanes = [len(layouts[b].rounds[0]) if layouts[b].rounds else 0 for b, _ in groups]
     blocks = group_blocks(lanes, spec.workers, BLOCK_WAVES)
     placement = place_rounds(lengths_of, spec.workers, load, blocks)
-    for i, k in _placement_order(lengths_of, blocks):
+    for i, k in list(LAST_ORDER):
         b, g = groups[i]
         for unit, worker in zip(layouts[b].rounds[k], placement[i][k], strict=True):
             per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)

@@ -23,9 +23,9 @@ import numpy as np
 from dash_attn.plan import CAUSAL, FULL, H200, Problem, make_backward_plan
 from dash_attn.schedule import Schedule, simulate
 from dash_attn.schedule.generators import legacy_shift, legacy_symmetric_shift
-from dash_attn.schedule import invariant
 from dash_attn.schedule.invariant import LaneCap, invariant_schedule, units_per_group
 from dash_attn.schedule.types import ScheduleSpec
+
 
 # Bytes of one row, bf16 inputs: Q and dO (2 x 2 x d), LSE and delta (2 x 4); dQ in fp32.
 def _row_bytes(headdim: int) -> tuple[int, int, int]:
@@ -47,8 +47,14 @@ class Traffic:
         return 1.0 - self.missed_gb / self.touched_gb if self.touched_gb else 1.0
 
 
-def replay(schedule: Schedule, headdim: int, q_rows: int, kv_rows: int, l2_bytes: int,
-           name: str | None = None) -> Traffic:
+def replay(
+    schedule: Schedule,
+    headdim: int,
+    q_rows: int,
+    kv_rows: int,
+    l2_bytes: int,
+    name: str | None = None,
+) -> Traffic:
     """Replay ``schedule``'s steps (DAG times) through an LRU of ``l2_bytes``."""
     sim = simulate(schedule, 1.0, 0.3)
     spec = schedule.spec
@@ -86,9 +92,7 @@ def replay(schedule: Schedule, headdim: int, q_rows: int, kv_rows: int, l2_bytes
     return Traffic(name or schedule.name, sim.makespan, touched / 1e9, missed / 1e9)
 
 
-def contenders(
-    problem: Problem, waves: list[str], blocks: list[float] = (), greedy: bool = False
-) -> list[tuple[str, Schedule]]:
+def contenders(problem: Problem, waves: list[str]) -> list[tuple[str, Schedule]]:
     """The plan's own tables, descending, invariant=False, and the shift family at other
     WAVEs (the study's ``wave`` argument of ``invariant_schedule``)."""
     plan = make_backward_plan(problem, device=H200, backend="hopper")
@@ -96,26 +100,15 @@ def contenders(
     out = [(f"{plan.schedule.name} (shipped)", plan.schedule)]
     down = make_backward_plan(problem, device=H200, backend="hopper", schedule="descending")
     out.append(("descending", down.schedule))
-    loose = make_backward_plan(problem, device=H200, backend="hopper", invariant=False,
-                               schedule=plan.schedule.name)
+    loose = make_backward_plan(
+        problem, device=H200, backend="hopper", invariant=False, schedule=plan.schedule.name
+    )
     out.append((f"{plan.schedule.name} invariant=False", loose.schedule))
     legacy = legacy_symmetric_shift if problem.mask == CAUSAL else legacy_shift
     name = "symmetric_shift" if problem.mask == CAUSAL else "shift"
     for wave in waves:
         cap = lane_cap(wave, name)
         out.append((f"{name} lanes {wave}", invariant_schedule(name, spec, legacy, cap)))
-    if greedy:
-        invariant.GREEDY = True
-        try:
-            out.append((f"{name} greedy", invariant_schedule(name, spec, legacy)))
-        finally:
-            invariant.GREEDY = False
-    for f in blocks:
-        invariant.BLOCK_WAVES = f
-        try:
-            out.append((f"{name} blocks f={f:g}", invariant_schedule(name, spec, legacy)))
-        finally:
-            invariant.BLOCK_WAVES = None
     return out
 
 
@@ -143,22 +136,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=2048, help="heads x headdim")
     parser.add_argument("--l2-mib", type=float, default=50.0)
     parser.add_argument("--wave", nargs="*", default=["32", "64", "b64"])
-    parser.add_argument("--blocks", type=float, nargs="*", default=[],
-                        help="placement by blocks of groups (invariant.BLOCK_WAVES)")
-    parser.add_argument("--greedy", action="store_true", help="invariant.GREEDY placement")
     args = parser.parse_args(argv)
     heads = args.hidden // args.headdim
-    problem = Problem(batch=max(1, args.tokens // args.seqlen), seqlen_q=args.seqlen,
-                      seqlen_k=args.seqlen, heads=heads, kv_heads=heads,
-                      headdim=args.headdim, mask=CAUSAL if args.mask == "causal" else FULL)
+    problem = Problem(
+        batch=max(1, args.tokens // args.seqlen),
+        seqlen_q=args.seqlen,
+        seqlen_k=args.seqlen,
+        heads=heads,
+        kv_heads=heads,
+        headdim=args.headdim,
+        mask=CAUSAL if args.mask == "causal" else FULL,
+    )
     plan = make_backward_plan(problem, device=H200, backend="hopper")
     q_rows, kv_rows = plan.tiles.block_m, plan.tiles.block_n
     print(f"{problem}, tiles {q_rows} x {kv_rows}, L2 {args.l2_mib} MiB")
     print(f"{'tables':36s} {'makespan':>9s} {'touched GB':>10s} {'missed GB':>9s} {'hit %':>6s}")
-    for name, schedule in contenders(problem, args.wave, args.blocks, args.greedy):
+    for name, schedule in contenders(problem, args.wave):
         t = replay(schedule, args.headdim, q_rows, kv_rows, int(args.l2_mib * 2**20), name)
-        print(f"{name:36s} {t.makespan:9.0f} {t.touched_gb:10.3f} {t.missed_gb:9.3f} "
-              f"{100 * t.hit_rate:6.1f}")
+        print(
+            f"{name:36s} {t.makespan:9.0f} {t.touched_gb:10.3f} {t.missed_gb:9.3f} "
+            f"{100 * t.hit_rate:6.1f}"
+        )
     return 0
 
 

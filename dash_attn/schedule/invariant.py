@@ -79,35 +79,6 @@ dynamic) stays within 1% for the full mask. ``invariant=False`` keeps the worker
 tables for such shapes."""
 
 
-BLOCK_WAVES: float | None = None
-"""Placement by blocks of groups (an experiment of session 36; None: round-major over all
-groups). With a value f, consecutive groups join one block while their lanes fit in f x the
-workers, and a block's rounds are placed (round-major within it) before the next block's, so
-that a group's next round runs while its Q, dO and dQ tiles are still in L2. Only the dispatch
-changes: the same deadlock argument holds (a group's round k is still placed after its round
-k - 1), and no bit."""
-
-
-def group_blocks(lanes: Sequence[int], workers: int, waves: float | None) -> list[list[int]]:
-    """Consecutive group indices in blocks, each taking groups while their lanes fit in
-    ``waves x workers`` (a group with more lanes is a block of its own); one block of every
-    group when ``waves`` is None."""
-    if waves is None:
-        return [list(range(len(lanes)))] if len(lanes) else []
-    blocks: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for g, count in enumerate(lanes):
-        if current and total + count > waves * workers:
-            blocks.append(current)
-            current, total = [], 0
-        current.append(g)
-        total += count
-    if current:
-        blocks.append(current)
-    return blocks
-
-
 @dataclass(frozen=True)
 class CanonicalLayout:
     """The order-defining layout of one sequence's (one kv head's) chains.
@@ -265,16 +236,11 @@ def group_layout(
 
 
 def place_rounds(
-    rounds: list[list[list[int]]],
-    workers: int,
-    load: np.ndarray | None = None,
-    blocks: list[list[int]] | None = None,
+    rounds: list[list[list[int]]], workers: int, load: np.ndarray | None = None
 ) -> list[list[list[int]]]:
     """The worker of every unit: ``rounds[g][k][u]`` is the length (steps) of unit ``u`` of
     round ``k`` of group ``g``; returns the same nesting with workers (see the module).
     ``load``: the workers' nominal loads before these rounds (updated in place); zeros if None.
-    ``blocks``: groups placed block after block, round-major within each (``group_blocks``);
-    one block of all groups if None.
 
     Raises:
         ValueError: a round has more units than there are workers.
@@ -282,65 +248,24 @@ def place_rounds(
     load = np.zeros(workers, dtype=np.int64) if load is None else load
     group_free = [0] * len(rounds)  # nominal end of each group's latest round
     placement: list[list[list[int]]] = [[] for _ in rounds]
-    if GREEDY:
-        order = _greedy_order(rounds, workers, load.copy())
-    else:
-        order = _placement_order(rounds, blocks)
-    LAST_ORDER[:] = order
-    for g, k in order:
-        lengths = np.asarray(rounds[g][k], dtype=np.int64)
-        if len(lengths) > workers:
-            raise ValueError(
-                f"an order-invariant schedule needs {len(lengths)} co-resident workers for "
-                f"one (sequence, kv head), but the backward has {workers} (the GPU's SMs "
-                "minus sm_margin): lower sm_margin, or pass invariant=False"
-            )
-        chosen = np.lexsort((np.arange(workers), load))[: len(lengths)]
-        start = max(int(load[chosen].max()), group_free[g])
-        load[chosen] = start + lengths
-        group_free[g] = start + int(lengths.max())
-        placement[g].append(chosen.tolist())
-    return placement
-
-
-GREEDY = False  # session 45 study: each next round to the group that can start it first
-LAST_ORDER: list[tuple[int, int]] = []
-
-
-def _greedy_order(rounds, workers, load):
-    nxt = [0] * len(rounds)
-    group_free = [0] * len(rounds)
-    order = []
-    while True:
-        best = None
+    depth = max((len(group) for group in rounds), default=0)
+    for k in range(depth):
         for g, group in enumerate(rounds):
-            k = nxt[g]
             if k >= len(group):
                 continue
-            n = len(group[k])
-            chosen = np.lexsort((np.arange(workers), load))[:n]
+            lengths = np.asarray(group[k], dtype=np.int64)
+            if len(lengths) > workers:
+                raise ValueError(
+                    f"an order-invariant schedule needs {len(lengths)} co-resident workers for "
+                    f"one (sequence, kv head), but the backward has {workers} (the GPU's SMs "
+                    "minus sm_margin): lower sm_margin, or pass invariant=False"
+                )
+            chosen = np.lexsort((np.arange(workers), load))[: len(lengths)]
             start = max(int(load[chosen].max()), group_free[g])
-            if best is None or start < best[0]:
-                best = (start, g, chosen)
-        if best is None:
-            return order
-        start, g, chosen = best
-        lengths = np.asarray(rounds[g][nxt[g]], dtype=np.int64)
-        load[chosen] = start + lengths
-        group_free[g] = start + int(lengths.max())
-        order.append((g, nxt[g]))
-        nxt[g] += 1
-
-
-def _placement_order(
-    rounds: Sequence[Sequence[object]], blocks: list[list[int]] | None
-) -> list[tuple[int, int]]:
-    """``(group, round)`` in placement order: block after block, round-major within each."""
-    order = []
-    for block in blocks if blocks is not None else [list(range(len(rounds)))]:
-        depth = max((len(rounds[g]) for g in block), default=0)
-        order.extend((g, k) for k in range(depth) for g in block if k < len(rounds[g]))
-    return order
+            load[chosen] = start + lengths
+            group_free[g] = start + int(lengths.max())
+            placement[g].append(chosen.tolist())
+    return placement
 
 
 def _group_block(
@@ -470,13 +395,14 @@ def _place_shift_groups(
         [[layouts[b].unit_steps(unit) * group for unit in units] for units in layouts[b].rounds]
         for b, _ in groups
     ]
-    lanes = [len(layouts[b].rounds[0]) if layouts[b].rounds else 0 for b, _ in groups]
-    blocks = group_blocks(lanes, spec.workers, BLOCK_WAVES)
-    placement = place_rounds(lengths_of, spec.workers, load, blocks)
-    for i, k in list(LAST_ORDER):
-        b, g = groups[i]
-        for unit, worker in zip(layouts[b].rounds[k], placement[i][k], strict=True):
-            per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)
+    placement = place_rounds(lengths_of, spec.workers, load)
+    depth = max((len(layouts[b].rounds) for b in batches), default=0)
+    for k in range(depth):
+        for (b, g), workers in zip(groups, placement, strict=True):
+            if k >= len(workers):
+                continue
+            for unit, worker in zip(layouts[b].rounds[k], workers[k], strict=True):
+                per_worker[worker].extend(spec.chain_id(b, g, j) for j in unit)
 
 
 def _shared_blocks(

@@ -265,3 +265,22 @@ def test_nondet_hopper_auto_takes_descending_where_listed() -> None:
     assert plan(128, CAUSAL, 16384, backend="hopper", deterministic=False).schedule.name == (
         "symmetric_shift"
     )
+
+
+def test_full_mask_auto_walks_down_from_an_area_in_tokens() -> None:
+    """The full mask's deterministic ``auto`` per sequence: ``shift`` below
+    ``DESCENDING_MIN_AREA`` padded tokens squared (about 14.2k x 14.2k), ``descending`` from it,
+    whatever the tiles (until session 45 the rule counted tile tasks, so hd 256's 64 x 48 tiles
+    sent 8k to ``descending``, measured 1.07x slower than ``shift`` there)."""
+    from dash_attn.schedule.generators import DESCENDING_MIN_AREA
+
+    def name(headdim: int, seqlen: int, backend: str = "hopper") -> str:
+        problem = Problem(1, seqlen, seqlen, 4, 4, headdim, FULL)
+        return make_backward_plan(problem, device=H200, backend=backend).schedule.name
+
+    assert 14080**2 < DESCENDING_MIN_AREA <= 14336**2
+    for headdim in (64, 128, 192, 256):
+        assert name(headdim, 8192) == name(headdim, 12288) == "shift", headdim
+        assert name(headdim, 16384) == "descending", headdim
+    assert name(128, 12288, backend="triton") == "shift"
+    assert name(128, 16384, backend="triton") == "descending"

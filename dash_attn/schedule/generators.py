@@ -35,7 +35,7 @@ Generators (paper section 3):
   every concurrent long column covers, cyclically shifted, then the rest of its column ascending
   (the folded triangle); KV tile ``N - 1 - p`` then walks its column descending. Static dispatch.
 * ``shift_descending``: full mask only; per sequence, ``descending``'s tables from
-  ``DESCENDING_MIN_TASKS`` tile tasks on and ``shift``'s below, in one static launch
+  ``DESCENDING_MIN_AREA`` (padded tokens squared) on and ``shift``'s below, in one static launch
   (``invariant.mixed_invariant_schedule``): what ``auto`` runs for a pack with both kinds.
 
 Order invariance (``ScheduleSpec.invariant``, the default). ``fa3`` and ``descending`` are
@@ -346,30 +346,36 @@ def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
     return build_schedule("symmetric_shift", spec, Dispatch.STATIC, order, units, RANK_ARRIVAL)
 
 
-# The full mask's ``auto``, per sequence: ``descending`` from this many tile tasks (Q tiles x KV
-# tiles of the sequence) on, ``shift`` below. Why: a shift round (16 lanes) streams its whole
-# sequence's Q, dO and dQ through L2, and the rounds of one group run one after another, so a
-# long sequence is read from DRAM once per round (H200, d128 full 16k, ncu: 5.7 GB of DRAM
-# traffic against 0.7 GB for ``descending``, whose chains of a group run side by side). Where the
-# groups running side by side no longer fit in L2 that costs more than the pipeline fill that
-# ``descending`` pays (H200, hopper backend, benchmarks/results/h200/session17-85ebde9/
-# call1-e67552e/orders, git history at 70f1578): d128 (80 x 128 tiles) 8k: 6592 tasks, shift
-# 2% faster; 12k: 14784, descending 1.5% faster; 16k 4%, 32k 11%. d64 (128 x 128): 12k: 9216,
-# shift 5% faster; 16k: 16384, equal; 32k: descending 3% faster. GQA 4:1 agrees (call7-85ebde9,
-# git history at 36416cc).
-DESCENDING_MIN_TASKS = 12288
+# The full mask's ``auto``, per sequence: ``descending`` from this padded area on (the sequence's
+# Q tiles x KV tiles times the tile sizes, in tokens squared: about 14.2k x 14.2k), ``shift``
+# below. Why: a shift round (16 lanes) streams its whole sequence's Q, dO and dQ through L2, and
+# the rounds of one group run one after another, so a long sequence is read from DRAM once per
+# round (H200, d128 full 16k, ncu: 5.7 GB of DRAM traffic against 0.7 GB for ``descending``,
+# whose chains of a group run side by side); past some length that costs more than the pipeline
+# fill that ``descending`` pays. Measured on the H200, hopper backend, deterministic, shift /
+# descending time (benchmarks/results/h200/session45-c166108/call3 and call4): d128 (80 x 128
+# tiles) 12k 0.966; d192 (64 x 96) 12k 0.969; d256 (64 x 48) 8k 0.937-0.939, 12k 0.986, 16k
+# 1.037; session 43's sweep: d64 (128 x 128) and d128 16k within 2% either way. The rule was
+# 12288 tile tasks until session 45 (session 17's kernels: d128 12k 1.5% the other way), which
+# at hd 256's small tiles sent 8k to ``descending``; in area it is the same 12288 tasks for
+# 128 x 128 tiles. A spec given in tiles without their sizes counts them as 128 x 128.
+DESCENDING_MIN_AREA = 12288 * 128 * 128
+UNKNOWN_TILE_ROWS = 128
 
 
 def walks_down(spec: ScheduleSpec, batch: int) -> bool:
-    """Whether the full mask's ``auto`` gives sequence ``batch`` the ``descending`` order: at
-    least ``DESCENDING_MIN_TASKS`` tile tasks (a function of the sequence's lengths and tiles)."""
+    """Whether the full mask's ``auto`` gives sequence ``batch`` the ``descending`` order: a
+    padded area of at least ``DESCENDING_MIN_AREA`` tokens squared (a function of the sequence's
+    lengths and tiles)."""
     q_tiles, kv_tiles = spec.seq_tiles(batch)
-    return q_tiles * kv_tiles >= DESCENDING_MIN_TASKS
+    block_m = spec.block_m or UNKNOWN_TILE_ROWS
+    block_n = spec.block_n or UNKNOWN_TILE_ROWS
+    return q_tiles * block_m * kv_tiles * block_n >= DESCENDING_MIN_AREA
 
 
 def shift_descending(spec: ScheduleSpec) -> Schedule:
     """Full mask, per sequence: ``descending``'s order for a sequence of at least
-    ``DESCENDING_MIN_TASKS`` tile tasks (``walks_down``), ``shift``'s below, in one static launch
+    ``DESCENDING_MIN_AREA`` (``walks_down``), ``shift``'s below, in one static launch
     (``invariant.mixed_invariant_schedule``). What ``auto`` runs for a pack that has both kinds;
     each sequence's tables, and so its bits, equal those of the named schedule it gets.
     ``invariant=False`` only caps the shift lanes at the worker count."""
@@ -446,8 +452,8 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     (local): its chains walk their band top-down, so the KV tiles of a dQ tile arrive in
     ascending order, the order the ranks ask for (the band-mask study in
     ``tools/invariance_model.py``). The full mask, per sequence (``walks_down``: its Q tiles x KV
-    tiles against ``DESCENDING_MIN_TASKS``): ``descending`` if every sequence is long, ``shift``
-    if none is, ``shift_descending`` (each sequence as it would be alone) for a mix. It depends
+    tiles times their sizes against ``DESCENDING_MIN_AREA``): ``descending`` if every sequence
+    is long, ``shift`` if none is, ``shift_descending`` (each sequence as it would be alone) for a mix. It depends
     on the mask and each sequence's own tiles, never on the worker count or the other
     sequences, so the order it implies is invariant too. Known cost
     (``invariant.WAVE``): with few (sequence, kv head) groups per launch, the shift schedules

@@ -23,7 +23,7 @@ from dash_attn.schedule import (
     simulate,
     validate,
 )
-from dash_attn.schedule.generators import DESCENDING_MIN_TASKS
+from dash_attn.schedule.generators import DESCENDING_MIN_AREA
 from dash_attn.schedule.invariance import invariance_errors, sequence_order
 from dash_attn.schedule.invariant import WAVE, lanes_per_group
 
@@ -153,27 +153,31 @@ def test_auto_is_a_function_of_the_mask_and_each_sequence() -> None:
         for workers in (16, 132):
             spec = packed_spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
             assert auto_schedule_name(spec) == name
-    # 112 x 112 tiles of 16 tokens: 12544 tasks, over DESCENDING_MIN_TASKS; 300 tokens: 19 x 19.
-    long, short = (1792, 1792), (300, 300)
-    assert 112 * 112 >= DESCENDING_MIN_TASKS > 19 * 19
+    # 112 x 112 tiles of 128 tokens: 14336^2 tokens^2, over DESCENDING_MIN_AREA; 2400 tokens:
+    # 19 x 19 tiles. The rule is in tokens, not tiles: the same tile counts at 16 tokens stay
+    # under it.
+    long, short = (14336, 14336), (2400, 2400)
+    assert 14336**2 >= DESCENDING_MIN_AREA > 2400**2
     for pack, name in [
         ([long], "descending"),
         ([long, long], "descending"),
         ([short, long], "shift_descending"),
         ([long, (0, 0), short], "shift_descending"),
     ]:
-        spec = packed_spec(pack, mask=FULL, block=(16, 16), heads=(2, 1), workers=40)
+        spec = packed_spec(pack, mask=FULL, block=(128, 128), heads=(2, 1), workers=40)
         assert auto_schedule_name(spec) == name
+    small_tiles = packed_spec([(1792, 1792)], mask=FULL, block=(16, 16), heads=(2, 1))
+    assert auto_schedule_name(small_tiles) == "shift"
 
 
 def test_mixed_full_pack_orders_each_sequence_as_its_named_schedule() -> None:
     """``shift_descending``: valid, and every sequence carries the tables ``auto`` gives it alone
-    (``descending`` from DESCENDING_MIN_TASKS tile tasks on, ``shift`` below), at several worker
-    counts; with invariant=False the shift lanes follow the worker count instead."""
-    long, short, other = (1792, 1792), (300, 300), (700, 650)
+    (``descending`` from DESCENDING_MIN_AREA on, ``shift`` below), at several worker counts;
+    with invariant=False the shift lanes follow the worker count instead."""
+    long, short, other = (14336, 14336), (2400, 2400), (5600, 5200)
     pack = [short, long, other, (0, 0), long]
     for workers in (16, 40, 132):
-        spec = packed_spec(pack, mask=FULL, block=(16, 16), heads=(4, 2), workers=workers)
+        spec = packed_spec(pack, mask=FULL, block=(128, 128), heads=(4, 2), workers=workers)
         schedule = make_schedule("auto", spec)
         assert schedule.name == "shift_descending"
         assert validate(schedule).valid
@@ -181,11 +185,11 @@ def test_mixed_full_pack_orders_each_sequence_as_its_named_schedule() -> None:
             if lengths == (0, 0):
                 continue
             alone = make_schedule(
-                "auto", packed_spec([lengths], mask=FULL, block=(16, 16), heads=(2, 1))
+                "auto", packed_spec([lengths], mask=FULL, block=(128, 128), heads=(2, 1))
             )
             assert alone.name == ("descending" if lengths == long else "shift")
             assert invariance_errors(schedule, b, alone, 0) == []
-    few = packed_spec(pack, mask=FULL, block=(16, 16), heads=(4, 2), workers=3)
+    few = packed_spec(pack, mask=FULL, block=(128, 128), heads=(4, 2), workers=3)
     with pytest.raises(ValueError, match="co-resident workers"):
         make_schedule("shift_descending", few)
     loose = make_schedule("shift_descending", dataclasses.replace(few, invariant=False))

@@ -453,9 +453,9 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     ascending order, the order the ranks ask for (the band-mask study in
     ``tools/invariance_model.py``). The full mask, per sequence (``walks_down``: its Q tiles x KV
     tiles times their sizes against ``DESCENDING_MIN_AREA``): ``descending`` if every sequence
-    is long, ``shift`` if none is, ``shift_descending`` (each sequence as it would be alone) for a mix. It depends
-    on the mask and each sequence's own tiles, never on the worker count or the other
-    sequences, so the order it implies is invariant too. Known cost
+    is long, ``shift`` if none is, ``shift_descending`` (each sequence as it would be alone)
+    for a mix. It depends on the mask and each sequence's own tiles, never on the worker count
+    or the other sequences, so the order it implies is invariant too. Known cost
     (``invariant.WAVE``): with few (sequence, kv head) groups per launch, the shift schedules
     leave most workers idle; ``descending`` or ``invariant=False`` serve those shapes better.
 

@@ -132,8 +132,8 @@ _SHARED_ARGS_DOC = """
         return_attn_probs: must be False (use ``return_lse`` for the log-sum-exp).
         schedule: ``"auto"``, ``"fa3"``, ``"descending"``, ``"shift"`` (full mask only),
             ``"symmetric_shift"`` (causal only) or ``"shift_descending"`` (full mask only: per
-            sequence ``descending`` from about 14.2k x 14.2k tokens on, ``shift`` below,
-            ``generators.DESCENDING_MIN_AREA``): which DASH
+            sequence ``descending`` from 12288 tile tasks and 10240 x 10240 tokens on,
+            ``shift`` below, ``generators.walks_down``): which DASH
             schedule the backward runs. ``"auto"`` is a pure function of each sequence's
             lengths, the mask and the head dim (never of timing or of the GPU when
             ``invariant=True``): ``symmetric_shift`` for causal, ``descending`` for a window,

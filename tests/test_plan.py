@@ -267,20 +267,25 @@ def test_nondet_hopper_auto_takes_descending_where_listed() -> None:
     )
 
 
-def test_full_mask_auto_walks_down_from_an_area_in_tokens() -> None:
-    """The full mask's deterministic ``auto`` per sequence: ``shift`` below
-    ``DESCENDING_MIN_AREA`` padded tokens squared (about 14.2k x 14.2k), ``descending`` from it,
-    whatever the tiles (until session 45 the rule counted tile tasks, so hd 256's 64 x 48 tiles
-    sent 8k to ``descending``, measured 1.07x slower than ``shift`` there)."""
-    from dash_attn.schedule.generators import DESCENDING_MIN_AREA
+def test_full_mask_auto_walks_down_from_tasks_and_an_area() -> None:
+    """The full mask's deterministic ``auto`` per sequence: ``descending`` from
+    ``DESCENDING_MIN_TASKS`` tile tasks and ``DESCENDING_MIN_AREA`` padded tokens squared,
+    ``shift`` below. The area floor (session 45) keeps hd 256's small tiles (64 x 48: 21888
+    tasks at 8k) on ``shift`` up to 10k tokens, where it measured 1.06x faster; d64 and d128
+    keep the tasks rule."""
+    from dash_attn.schedule.generators import DESCENDING_MIN_AREA, DESCENDING_MIN_TASKS
 
     def name(headdim: int, seqlen: int, backend: str = "hopper") -> str:
         problem = Problem(1, seqlen, seqlen, 4, 4, headdim, FULL)
         return make_backward_plan(problem, device=H200, backend=backend).schedule.name
 
-    assert 14080**2 < DESCENDING_MIN_AREA <= 14336**2
+    assert (DESCENDING_MIN_TASKS, DESCENDING_MIN_AREA) == (12288, 10240**2)
     for headdim in (64, 128, 192, 256):
-        assert name(headdim, 8192) == name(headdim, 12288) == "shift", headdim
+        assert name(headdim, 8192) == "shift", headdim
         assert name(headdim, 16384) == "descending", headdim
-    assert name(128, 12288, backend="triton") == "shift"
-    assert name(128, 16384, backend="triton") == "descending"
+    assert name(256, 10176) == "shift" and name(256, 10304) == "descending"
+    assert name(192, 10176) == "shift" and name(192, 10304) == "descending"
+    # The tasks rule binds first at d64 (128 x 128 tiles) and d128 (80 x 128).
+    assert name(64, 12288) == "shift" and name(64, 14208) == "descending"
+    assert name(128, 11040) == "shift" and name(128, 11200) == "descending"
+    assert name(128, 12288, backend="triton") == "descending"

@@ -35,8 +35,9 @@ Generators (paper section 3):
   every concurrent long column covers, cyclically shifted, then the rest of its column ascending
   (the folded triangle); KV tile ``N - 1 - p`` then walks its column descending. Static dispatch.
 * ``shift_descending``: full mask only; per sequence, ``descending``'s tables from
-  ``DESCENDING_MIN_AREA`` (padded tokens squared) on and ``shift``'s below, in one static launch
-  (``invariant.mixed_invariant_schedule``): what ``auto`` runs for a pack with both kinds.
+  ``DESCENDING_MIN_TASKS`` tile tasks and ``DESCENDING_MIN_AREA`` on and ``shift``'s below, in one
+  static launch (``invariant.mixed_invariant_schedule``): what ``auto`` runs for a pack with both
+  kinds.
 
 Order invariance (``ScheduleSpec.invariant``, the default). ``fa3`` and ``descending`` are
 invariant by construction (their orders and ranks depend on the sequence alone). The two shift
@@ -346,39 +347,48 @@ def legacy_symmetric_shift(spec: ScheduleSpec) -> Schedule:
     return build_schedule("symmetric_shift", spec, Dispatch.STATIC, order, units, RANK_ARRIVAL)
 
 
-# The full mask's ``auto``, per sequence: ``descending`` from this padded area on (the sequence's
-# Q tiles x KV tiles times the tile sizes, in tokens squared: about 14.2k x 14.2k), ``shift``
-# below. Why: a shift round (16 lanes) streams its whole sequence's Q, dO and dQ through L2, and
-# the rounds of one group run one after another, so a long sequence is read from DRAM once per
-# round (H200, d128 full 16k, ncu: 5.7 GB of DRAM traffic against 0.7 GB for ``descending``,
-# whose chains of a group run side by side); past some length that costs more than the pipeline
-# fill that ``descending`` pays. Measured on the H200, hopper backend, deterministic, shift /
-# descending time (benchmarks/results/h200/session45-c166108/call3 and call4): d128 (80 x 128
-# tiles) 12k 0.966; d192 (64 x 96) 12k 0.969; d256 (64 x 48) 8k 0.937-0.939, 12k 0.986, 16k
-# 1.037; session 43's sweep: d64 (128 x 128) and d128 16k within 2% either way. The rule was
-# 12288 tile tasks until session 45 (session 17's kernels: d128 12k 1.5% the other way), which
-# at hd 256's small tiles sent 8k to ``descending``; in area it is the same 12288 tasks for
-# 128 x 128 tiles. A spec given in tiles without their sizes counts them as 128 x 128.
-DESCENDING_MIN_AREA = 12288 * 128 * 128
-UNKNOWN_TILE_ROWS = 128
+# The full mask's ``auto``, per sequence: ``descending`` from this many tile tasks (Q tiles x KV
+# tiles of the sequence) and this padded area (the tiles times their sizes, in tokens squared) on,
+# ``shift`` below. Why: a shift round (16 lanes) streams its whole sequence's Q, dO and dQ through
+# L2, and the rounds of one group run one after another, so a long sequence is read from DRAM
+# once per round (H200, d128 full 16k, ncu: 5.7 GB of DRAM traffic against 0.7 GB for
+# ``descending``, whose chains of a group run side by side). Where the groups running side by
+# side no longer fit in L2 that costs more than the pipeline fill that ``descending`` pays (H200,
+# hopper backend, benchmarks/results/h200/session17-85ebde9/call1-e67552e/orders, git history at
+# 70f1578): d128 (80 x 128 tiles) 8k: 6592 tasks, shift 2% faster; 12k: 14784, descending 1.5%
+# faster; 16k 4%, 32k 11%. d64 (128 x 128): 12k: 9216, shift 5% faster; 16k: 16384, equal; 32k:
+# descending 3% faster. GQA 4:1 agrees (call7-85ebde9, git history at 36416cc).
+DESCENDING_MIN_TASKS = 12288
+# The area floor (session 45): in tasks alone the rule sent hd 256 (64 x 48 tiles: 21888 tasks
+# at 8k) to ``descending`` from about 6.1k tokens, where ``shift`` is faster: det, 8k, 1.063-1.067x
+# in three runs (benchmarks/results/h200/session45-c166108/call3, call4 and call5); at 12k the two
+# are within 2% and at 16k ``descending`` is 1.04-1.05x faster. 10240^2 leaves d64 and d128
+# (whose 12288 tasks are 201M and 126M tokens squared) as they were and moves hd 256 between
+# 6.1k and 10.2k tokens and hd 192 (64 x 96) between 8.7k and 10.2k to ``shift``. The runs at
+# d128 and hd 192 12k disagreed with each other (call 4: shift 1.03x faster, call 5: descending
+# 1.04-1.05x), so those stay as they were.
+DESCENDING_MIN_AREA = 10240 * 10240
 
 
 def walks_down(spec: ScheduleSpec, batch: int) -> bool:
-    """Whether the full mask's ``auto`` gives sequence ``batch`` the ``descending`` order: a
-    padded area of at least ``DESCENDING_MIN_AREA`` tokens squared (a function of the sequence's
-    lengths and tiles)."""
+    """Whether the full mask's ``auto`` gives sequence ``batch`` the ``descending`` order: at
+    least ``DESCENDING_MIN_TASKS`` tile tasks and a padded area of ``DESCENDING_MIN_AREA`` tokens
+    squared (a function of the sequence's lengths and tiles; a spec given in tiles without their
+    sizes is judged by its tasks alone)."""
     q_tiles, kv_tiles = spec.seq_tiles(batch)
-    block_m = spec.block_m or UNKNOWN_TILE_ROWS
-    block_n = spec.block_n or UNKNOWN_TILE_ROWS
-    return q_tiles * block_m * kv_tiles * block_n >= DESCENDING_MIN_AREA
+    if q_tiles * kv_tiles < DESCENDING_MIN_TASKS:
+        return False
+    if spec.block_m is None or spec.block_n is None:
+        return True
+    return q_tiles * spec.block_m * kv_tiles * spec.block_n >= DESCENDING_MIN_AREA
 
 
 def shift_descending(spec: ScheduleSpec) -> Schedule:
     """Full mask, per sequence: ``descending``'s order for a sequence of at least
-    ``DESCENDING_MIN_AREA`` (``walks_down``), ``shift``'s below, in one static launch
-    (``invariant.mixed_invariant_schedule``). What ``auto`` runs for a pack that has both kinds;
-    each sequence's tables, and so its bits, equal those of the named schedule it gets.
-    ``invariant=False`` only caps the shift lanes at the worker count."""
+    ``DESCENDING_MIN_TASKS`` tile tasks and ``DESCENDING_MIN_AREA`` (``walks_down``), ``shift``'s
+    below, in one static launch (``invariant.mixed_invariant_schedule``). What ``auto`` runs for a
+    pack that has both kinds; each sequence's tables, and so its bits, equal those of the named
+    schedule it gets. ``invariant=False`` only caps the shift lanes at the worker count."""
     check_schedule_fits("shift_descending", spec.mask)
     return mixed_invariant_schedule(
         "shift_descending", spec, lambda batch: walks_down(spec, batch), legacy_shift, descending
@@ -452,10 +462,11 @@ def auto_schedule_name(spec: ScheduleSpec) -> str:
     (local): its chains walk their band top-down, so the KV tiles of a dQ tile arrive in
     ascending order, the order the ranks ask for (the band-mask study in
     ``tools/invariance_model.py``). The full mask, per sequence (``walks_down``: its Q tiles x KV
-    tiles times their sizes against ``DESCENDING_MIN_AREA``): ``descending`` if every sequence
-    is long, ``shift`` if none is, ``shift_descending`` (each sequence as it would be alone)
-    for a mix. It depends on the mask and each sequence's own tiles, never on the worker count
-    or the other sequences, so the order it implies is invariant too. Known cost
+    tiles and its padded area against ``DESCENDING_MIN_TASKS`` and ``DESCENDING_MIN_AREA``):
+    ``descending`` if every sequence is long, ``shift`` if none is, ``shift_descending`` (each
+    sequence as it would be alone) for a mix. It depends on the mask and each sequence's own
+    tiles, never on the worker count or the other sequences, so the order it implies is
+    invariant too. Known cost
     (``invariant.WAVE``): with few (sequence, kv head) groups per launch, the shift schedules
     leave most workers idle; ``descending`` or ``invariant=False`` serve those shapes better.
 

@@ -124,7 +124,7 @@ def test_bitwise_repeatable_every_schedule(backend, headdim, causal, busy):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_long_full_sequence_walks_down_static_or_dynamic(backend):
-    """A full-mask sequence past DESCENDING_MIN_AREA (16000 x 16000 tokens, padded to tiles):
+    """A full-mask sequence past DESCENDING_MIN_TASKS tile tasks (15625 with 128 x 128 tiles):
     ``auto`` runs ``descending`` (dynamic tickets); ``shift_descending`` runs the same tables
     from static worker lists. Same bits both ways, repeatable with another stream busy, and
     within the flash-attn rule of the fp32 reference."""

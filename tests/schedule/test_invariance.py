@@ -23,7 +23,7 @@ from dash_attn.schedule import (
     simulate,
     validate,
 )
-from dash_attn.schedule.generators import DESCENDING_MIN_AREA
+from dash_attn.schedule.generators import DESCENDING_MIN_AREA, DESCENDING_MIN_TASKS
 from dash_attn.schedule.invariance import invariance_errors, sequence_order
 from dash_attn.schedule.invariant import WAVE, lanes_per_group
 
@@ -153,11 +153,11 @@ def test_auto_is_a_function_of_the_mask_and_each_sequence() -> None:
         for workers in (16, 132):
             spec = packed_spec([(300, 300)], mask=mask, block=(16, 32), workers=workers)
             assert auto_schedule_name(spec) == name
-    # 112 x 112 tiles of 128 tokens: 14336^2 tokens^2, over DESCENDING_MIN_AREA; 2400 tokens:
-    # 19 x 19 tiles. The rule is in tokens, not tiles: the same tile counts at 16 tokens stay
-    # under it.
+    # 112 x 112 tiles of 128 tokens: 12544 tasks and 14336^2 tokens^2, over both thresholds;
+    # 2400 tokens: 19 x 19 tiles. The same tile counts at 16 tokens stay under the area floor.
     long, short = (14336, 14336), (2400, 2400)
-    assert 14336**2 >= DESCENDING_MIN_AREA > 2400**2
+    assert 112 * 112 >= DESCENDING_MIN_TASKS > 19 * 19
+    assert 14336**2 >= DESCENDING_MIN_AREA > 1792**2
     for pack, name in [
         ([long], "descending"),
         ([long, long], "descending"),
@@ -172,7 +172,8 @@ def test_auto_is_a_function_of_the_mask_and_each_sequence() -> None:
 
 def test_mixed_full_pack_orders_each_sequence_as_its_named_schedule() -> None:
     """``shift_descending``: valid, and every sequence carries the tables ``auto`` gives it alone
-    (``descending`` from DESCENDING_MIN_AREA on, ``shift`` below), at several worker counts;
+    (``descending`` from DESCENDING_MIN_TASKS and DESCENDING_MIN_AREA on, ``shift`` below), at
+    several worker counts;
     with invariant=False the shift lanes follow the worker count instead."""
     long, short, other = (14336, 14336), (2400, 2400), (5600, 5200)
     pack = [short, long, other, (0, 0), long]

@@ -64,7 +64,8 @@ _BWD_TILES = {
 # 1.02-1.04x at 1k-4k, 1.03-1.10x at hd 64 to 4k and 1.01x at 16k (det; non-det up to 1.16x),
 # bits equal (session25-814acab call2/call3 ev_ab.txt; ev_check.txt in git history at bdb8aa2);
 # at hd 64 with dkv_row_ptr, which it needs (one register then goes through local memory once
-# per step at hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys (0.94x).
+# per step at hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys
+# (0.94x).
 # Everywhere, deterministic kernels store each dQ tile's rank-0 partial instead of adding it
 # (dq_first_store, "_fs"), so the preprocess zeroes only the flags: GPU time of the whole
 # backward at a fixed clock 1.06-1.08x at 512 tokens, 1.01-1.07x at 1k-2k, 1.00-1.01x from 8k

@@ -366,7 +366,8 @@ DESCENDING_MIN_TASKS = 12288
 # (whose 12288 tasks are 201M and 126M tokens squared) as they were and moves hd 256 between
 # 6.1k and 10.2k tokens and hd 192 (64 x 96) between 8.7k and 10.2k to ``shift``. The runs at
 # d128 and hd 192 12k disagreed with each other (call 4: shift 1.03x faster, call 5: descending
-# 1.04-1.05x), so those stay as they were.
+# 1.04-1.05x; call 7: at d128 the timing method decides the sign, at 192 the head count), so
+# those stay as they were.
 DESCENDING_MIN_AREA = 10240 * 10240
 
 

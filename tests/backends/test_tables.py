@@ -32,3 +32,19 @@ def test_same_name_and_spec_with_other_tables_gets_its_own_upload() -> None:
     # The same object again: the same tensors, no second upload.
     again = device_tables(shipped, cpu)
     assert all(again[name] is first[name] for name in first)
+
+
+def test_a_stand_in_schedule_need_not_be_hashable() -> None:
+    """The interpreter tests pass duck-typed schedules (a ``SimpleNamespace`` with the table
+    fields); the cache keys them by identity and keeps them alive with their entry."""
+    from types import SimpleNamespace
+
+    from dash_attn.schedule import TABLE_FIELDS
+
+    spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=3, kv_tiles=3, mask=CAUSAL,
+                        workers=2)  # fmt: skip
+    real = make_schedule("fa3", spec)
+    stand_in = SimpleNamespace(**{name: getattr(real, name) for name in TABLE_FIELDS})
+    tables = device_tables(stand_in, torch.device("cpu"))  # type: ignore[arg-type]
+    assert np.array_equal(tables["step_q_tile"].numpy(), real.step_q_tile)
+    assert device_tables(stand_in, torch.device("cpu")) is tables  # type: ignore[arg-type]

@@ -238,7 +238,6 @@ class HopperAttnBwd:
         drain_at_turn: bool = False,
         dq_writers: int = 1,
         dkv_swap: bool = False,
-        turn_parts: int = 1,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -493,25 +492,6 @@ class HopperAttnBwd:
         #   for the adds to land and its release overlap the other's whole step. Deterministic
         #   runs at head dims 192/256 take it (1.05-1.25x one dQ warp, session 41).
         self.dq_shared_writers = dq_writers == 2 and not dq_double
-        # turn_parts: the deterministic dQ turn taken per part of the tile, one semaphore per
-        #   part (the flags hold turn_parts per dQ tile), so that rank r + 1 adds part j as
-        #   soon as rank r's part j has landed, while rank r's later parts are still read and
-        #   added. Each element is still added in rank order: the same bits. Why: at hd 256 a
-        #   64 KiB bulk add takes 1.6 us to be read out of shared memory alone, and the turn
-        #   passed on only after all of it made a hand-off take about a step (session 46, NOTES
-        #   items 241-243). The parts split the warpgroups' hand-off parts (dq_wg) evenly.
-        hand_parts = 2 if dq_wg else 1
-        if turn_parts < 1 or (turn_parts > 1 and (turn_parts % hand_parts or not dq_frag)):
-            raise ValueError(
-                f"turn_parts must be 1, or a multiple of the dQ hand-off parts ({hand_parts}) "
-                f"with dq_frag, got {turn_parts}"
-            )
-        if (block_m * head_dim // turn_parts) % 4:
-            raise ValueError(
-                f"turn_parts={turn_parts} splits the dQ tile into parts that are no whole "
-                "16-byte rows"
-            )
-        self.turn_parts = turn_parts
         # dkv_swap (head dims 192 and 256; FA4's layout there): the step keeps Q rows as the MMA
         #   rows, S = Q K^T and dP = dO V^T, with the warpgroups splitting the KV columns (64 x 48
         #   each at hd 192, 64 x 24 at hd 256), so the LSE2/delta rows are two per thread. P and
@@ -648,8 +628,8 @@ class HopperAttnBwd:
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mdKVacc: cute.Tensor,  # dkv_sum: fp32 [2 * b * seqlen_k * kv_heads * hd], dK then dV
-        # int32 [2 + b * heads * q_tiles * turn_parts (+ 2 * b * kv_heads * kv_tiles with dkv_sum)]:
-        # ticket, error, dQ semaphores (then dK/dV semaphores)
+        # int32 [2 + b * heads * q_tiles (+ 2 * b * kv_heads * kv_tiles with dkv_sum)]: ticket,
+        # error, dQ semaphores (then dK/dV semaphores)
         mFlags: cute.Tensor,
         mChainStart: cute.Tensor,
         mStepHead: cute.Tensor,
@@ -952,7 +932,7 @@ class HopperAttnBwd:
             # The dK/dV semaphores (dkv_sum) follow the dQ tiles' in mFlags.
             dkv_sums = _DkvSums(
                 mdKVacc, mFlags, sDqFail, kv_group, kv_tiles,
-                2 + batch * heads * q_tiles * self.turn_parts, timeout_ns,
+                2 + batch * heads * q_tiles, timeout_ns,
             )  # fmt: skip
             mma_args = (
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
@@ -1223,10 +1203,7 @@ class HopperAttnBwd:
                 # This warp's next step: the next stage, or with two warps the one after it.
                 for _ in cutlass.range_constexpr(self.dq_writers):
                     stage, phase = self._next_stage(stage, phase)
-                # The tile's first semaphore (turn_parts of them per tile).
-                sem_ptr = mFlags.iterator + (
-                    2 + ((b * heads + qh) * q_tiles + qt) * self.turn_parts
-                )  # fmt: skip
+                sem_ptr = mFlags.iterator + (2 + (b * heads + qh) * q_tiles + qt)
                 if const_expr(two and not self.early_turn):
                     # The turn after the partial's first part is in, as with one warp.
                     self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=True)
@@ -1246,87 +1223,75 @@ class HopperAttnBwd:
                 for p in cutlass.range_constexpr(parts):
                     if const_expr(p > 0 or self.early_turn):
                         self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
-                    if const_expr(self.turn_parts > 1):
-                        self._add_turn_parts(
-                            mdQ, mFlags, sdQ_buf, sDqFail, sem_ptr, b, qh, qt, rank, p, part,
-                            fail, lane, timeout_ns,
-                        )  # fmt: skip
-                    else:
-                        if const_expr(self.deterministic):
-                            if sDqFail[fail] != 0:
-                                # Never a silent wrong result: poison what this step adds and
-                                # raise the error flag (a plain store: every writer writes 1).
-                                nan = Float32(float("nan"))
-                                for i in cutlass.range(
-                                    p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
-                                ):
-                                    if const_expr(self.dq_frag):
-                                        sdQ_buf[i] = nan
-                                    else:
-                                        sdQ_buf[i // hd, i % hd] = nan
-                                cute.arch.fence_view_async_shared()
-                                if lane == 0:
-                                    mFlags[1] = Int32(1)
-                            cute.arch.sync_warp()
-                        if const_expr(self.dq_frag):
-                            # One flat bulk reduce per part (the accumulator's tile is in the same
-                            # fragment order), issued and committed by lane 0.
+                    if const_expr(self.deterministic):
+                        if sDqFail[fail] != 0:
+                            # Never a silent wrong result: poison what this step adds and
+                            # raise the error flag (a plain store: every writer writes 1).
+                            nan = Float32(float("nan"))
+                            for i in cutlass.range(
+                                p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
+                            ):
+                                if const_expr(self.dq_frag):
+                                    sdQ_buf[i] = nan
+                                else:
+                                    sdQ_buf[i // hd, i % hd] = nan
+                            cute.arch.fence_view_async_shared()
                             if lane == 0:
-                                tile = mdQ[b, qh, qt, None]
-                                if const_expr(self.dq_first_store):
-                                    # The tile's first contribution in the fixed order: a copy.
-                                    if rank == 0:
-                                        cute_prims.cp_async_bulk_global_shared_cta(
-                                            tile.iterator + p * part, sdQ_buf.iterator + p * part,
-                                            part * 4,
-                                        )  # fmt: skip
-                                    else:
-                                        self._reduce_part(tile, sdQ_buf, p * part, part)
+                                mFlags[1] = Int32(1)
+                        cute.arch.sync_warp()
+                    if const_expr(self.dq_frag):
+                        # One flat bulk reduce per part (the accumulator's tile is in the same
+                        # fragment order), issued and committed by lane 0.
+                        if lane == 0:
+                            tile = mdQ[b, qh, qt, None]
+                            if const_expr(self.dq_first_store):
+                                # The tile's first contribution in the fixed order: a copy.
+                                if rank == 0:
+                                    cute_prims.cp_async_bulk_global_shared_cta(
+                                        tile.iterator + p * part, sdQ_buf.iterator + p * part,
+                                        part * 4,
+                                    )  # fmt: skip
                                 else:
                                     self._reduce_part(tile, sdQ_buf, p * part, part)
-                                cute.arch.cp_async_bulk_commit_group()
-                        else:
-                            # The whole warp issues the copy (it elects one lane itself); bulk
-                            # groups are per thread, so every lane commits (empty groups for the
-                            # others).
-                            gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
-                            ts, tg = cpasync.tma_partition(
-                                tma_dq, 0, cute.make_layout(1),
-                                cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
-                            )  # fmt: skip
-                            staged = ts[None, buf] if const_expr(self.dq_double) else ts
-                            cute.copy(tma_dq, staged, tg)
+                            else:
+                                self._reduce_part(tile, sdQ_buf, p * part, part)
                             cute.arch.cp_async_bulk_commit_group()
+                    else:
+                        # The whole warp issues the copy (it elects one lane itself); bulk
+                        # groups are per thread, so every lane commits (empty groups for the
+                        # others).
+                        gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
+                        ts, tg = cpasync.tma_partition(
+                            tma_dq, 0, cute.make_layout(1),
+                            cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
+                        )  # fmt: skip
+                        cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
+                        cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.dq_shared_writers):
                     self._writers_handover(writer, handover, wait=False)
-                if const_expr(self.turn_parts > 1):
-                    self._release_turn_parts(storage, sem_ptr, buf, parts, last, lane)
-                    if const_expr(self.dq_double and not two):
-                        buf = buf ^ 1
-                else:
-                    # Each part may be overwritten once the TMA unit has read it (oldest first).
-                    for p in cutlass.range_constexpr(parts):
-                        cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
-                        cute.arch.sync_warp()
-                        self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
-                    if const_expr(self.dq_double and not two):
-                        buf = buf ^ 1
-                    if const_expr(self.deterministic):
-                        # Release only once the adds have been performed in global memory (the wait
-                        # for the shared-memory read alone is too weak), ordered before the
-                        # generic-proxy release by the proxy fence. Every lane waits for its own
-                        # groups (whichever lane was elected), then lane 0 releases.
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        cute.arch.fence_proxy("async.global")
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            cute.arch.red(
-                                sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
-                            )
-                            if const_expr(self.drain_ticket and not self.drain_at_turn):  # noqa: SIM102
-                                if last != 0:
-                                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-                        cute.arch.sync_warp()
+                # Each part may be overwritten once the TMA unit has read it (oldest first).
+                for p in cutlass.range_constexpr(parts):
+                    cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
+                    cute.arch.sync_warp()
+                    self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
+                if const_expr(self.dq_double and not two):
+                    buf = buf ^ 1
+                if const_expr(self.deterministic):
+                    # Release only once the adds have been performed in global memory (the wait
+                    # for the shared-memory read alone is too weak), ordered before the
+                    # generic-proxy release by the proxy fence. Every lane waits for its own
+                    # groups (whichever lane was elected), then lane 0 releases.
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_proxy("async.global")
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.red(
+                            sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
+                        )
+                        if const_expr(self.drain_ticket and not self.drain_at_turn):  # noqa: SIM102
+                            if last != 0:
+                                cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                    cute.arch.sync_warp()
             elif const_expr(two):
                 # The first terminator comes with the MMA warpgroups' stop handshake, the
                 # other warp's (_F_QUIET) without.
@@ -1376,77 +1341,6 @@ class HopperAttnBwd:
         for p in cutlass.range_constexpr(parts):
             if const_expr(p > 0 or ring_first):
                 self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
-
-    @cute.jit
-    def _add_turn_parts(
-        self, mdQ, mFlags, sdQ_buf, sDqFail, sem_ptr, b, qh, qt, rank, p: cutlass.Constexpr[int],
-        part: cutlass.Constexpr[int], fail: cutlass.Constexpr[int], lane, timeout_ns,
-    ):  # fmt: skip
-        """Hand-off part ``p`` of the staged partial (in) as its ``turn_parts / parts`` turn
-        parts, each added once its own turn has come (turn part 0's was taken before)."""
-        per = self.turn_parts * part // (self.block_m * self.head_dim)
-        size = part // per
-        for q in cutlass.range_constexpr(per):
-            j = p * per + q
-            offset = p * part + q * size
-            if const_expr(self.deterministic):
-                if const_expr(j > 0):
-                    if lane == 0:
-                        if self._wait_turn(sem_ptr + j, rank, timeout_ns) != 0:
-                            sDqFail[fail] = Int32(1)
-                        cute.arch.fence_proxy("async.global")
-                    cute.arch.sync_warp()
-                if sDqFail[fail] != 0:
-                    # Never a silent wrong result (as with one turn per tile).
-                    nan = Float32(float("nan"))
-                    for i in cutlass.range(
-                        offset + lane, offset + size, cute.arch.WARP_SIZE, unroll=4
-                    ):
-                        sdQ_buf[i] = nan
-                    cute.arch.fence_view_async_shared()
-                    if lane == 0:
-                        mFlags[1] = Int32(1)
-                cute.arch.sync_warp()
-            if lane == 0:
-                tile = mdQ[b, qh, qt, None]
-                if const_expr(self.dq_first_store):
-                    if rank == 0:
-                        cute_prims.cp_async_bulk_global_shared_cta(
-                            tile.iterator + offset, sdQ_buf.iterator + offset, size * 4
-                        )
-                    else:
-                        self._reduce_part(tile, sdQ_buf, offset, size)
-                else:
-                    self._reduce_part(tile, sdQ_buf, offset, size)
-                cute.arch.cp_async_bulk_commit_group()
-
-    @cute.jit
-    def _release_turn_parts(
-        self, storage, sem_ptr, buf, parts: cutlass.Constexpr[int], last, lane
-    ):  # fmt: skip
-        """After ``_add_turn_parts``: each turn part's semaphore released as soon as its adds
-        have landed (oldest first), and each hand-off part's buffer freed once read."""
-        total = self.turn_parts
-        per = total // parts
-        for j in cutlass.range_constexpr(total):
-            if const_expr(j % per == per - 1):
-                cute.arch.cp_async_bulk_wait_group(total - 1 - j, read=True)
-                cute.arch.sync_warp()
-                self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(j // per), wait=False)
-            if const_expr(self.deterministic):
-                cute.arch.cp_async_bulk_wait_group(total - 1 - j, read=False)
-                cute.arch.fence_proxy("async.global")
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.red(
-                        sem_ptr + j, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
-                    )
-                cute.arch.sync_warp()
-        if const_expr(self.deterministic and self.drain_ticket and not self.drain_at_turn):
-            if lane == 0:  # noqa: SIM102 (runtime)
-                if last != 0:
-                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-            cute.arch.sync_warp()
 
     @cute.jit
     def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):

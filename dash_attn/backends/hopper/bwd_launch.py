@@ -177,10 +177,6 @@ VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
 # to land and its release overlap the other's turn and reduce. Deterministic runs take it
 # (hopper.BWD_DET_TWIN; session 41).
 VARIANTS["sw_w2_fs"] = {**VARIANTS["sw_et_fs"], "dq_writers": 2}
-# Session 46: the dQ turn per part of the tile (turn_parts: 2, one per warpgroup half; 4, a
-# quarter each), so that the next rank adds a part once this rank's has landed.
-for _parts in (2, 4):
-    VARIANTS[f"sw_w2_fs_t{_parts}"] = {**VARIANTS["sw_w2_fs"], "turn_parts": _parts}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -617,9 +613,7 @@ def prepare_bwd(
         timeout_ns=scalars[6],
         dq_shape=dq_shape,
         dq_size=math.prod(dq_shape),
-        flag_count=2
-        + batch * heads * q_tiles * VARIANTS[variant].get("turn_parts", 1)
-        + (2 * batch * kv_heads * kv_tiles) * dkv_sum,
+        flag_count=2 + batch * heads * q_tiles + (2 * batch * kv_heads * kv_tiles) * dkv_sum,
         dkv_heads=int(dkv_heads),
         dkv_sum=bool(dkv_sum),
     )

@@ -120,7 +120,7 @@ from ._cute_utils import (
     wgmma,
 )
 from .exp2_poly import EXP2_POLY_COEFFS, exp2_poly
-from .gmem_pairs import load_f32_cg, red_add_f32x2, red_add_f32x4, store_f32x2, store_f32x4
+from .gmem_pairs import load_f32_cg, red_add_f32x2, store_f32x2
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SUPPORTED_TILES = ((64, 128), (80, 128), (128, 128), (64, 96), (64, 48))
@@ -238,7 +238,6 @@ class HopperAttnBwd:
         drain_at_turn: bool = False,
         dq_writers: int = 1,
         dkv_swap: bool = False,
-        dq_lsu: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -493,14 +492,6 @@ class HopperAttnBwd:
         #   for the adds to land and its release overlap the other's whole step. Deterministic
         #   runs at head dims 192/256 take it (1.05-1.25x one dQ warp, session 41).
         self.dq_shared_writers = dq_writers == 2 and not dq_double
-        # dq_lsu: the dQ writer adds the staged partial with 16-byte reductions of its 32 lanes
-        #   (ld.shared, red.global.add.v4.f32) instead of one bulk add by the TMA unit, and frees
-        #   each hand-off part once it is read into registers. Why: at hd 256 the bulk add reads
-        #   its 64 KiB out of shared memory at 24-28 bytes a cycle, 1.6 us of a 4-4.5 us hand-off
-        #   (session 46, NOTES item 243). The same fp32 adds in the same rank order: the same bits.
-        if dq_lsu and not dq_frag:
-            raise ValueError("dq_lsu needs dq_frag (a flat partial, 16-byte aligned)")
-        self.dq_lsu = dq_lsu
         # dkv_swap (head dims 192 and 256; FA4's layout there): the step keeps Q rows as the MMA
         #   rows, S = Q K^T and dP = dO V^T, with the warpgroups splitting the KV columns (64 x 48
         #   each at hd 192, 64 x 24 at hd 256), so the LSE2/delta rows are two per thread. P and
@@ -1248,13 +1239,7 @@ class HopperAttnBwd:
                             if lane == 0:
                                 mFlags[1] = Int32(1)
                         cute.arch.sync_warp()
-                    if const_expr(self.dq_lsu):
-                        self._add_part_lsu(mdQ, sdQ_buf, b, qh, qt, rank, p * part, part, lane)
-                        # Read into registers (each red waits for its loads): the part's
-                        # buffer is free again.
-                        cute.arch.sync_warp()
-                        self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
-                    elif const_expr(self.dq_frag):
+                    if const_expr(self.dq_frag):
                         # One flat bulk reduce per part (the accumulator's tile is in the same
                         # fragment order), issued and committed by lane 0.
                         if lane == 0:
@@ -1285,26 +1270,13 @@ class HopperAttnBwd:
                 if const_expr(self.dq_shared_writers):
                     self._writers_handover(writer, handover, wait=False)
                 # Each part may be overwritten once the TMA unit has read it (oldest first).
-                if const_expr(not self.dq_lsu):
-                    for p in cutlass.range_constexpr(parts):
-                        cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
-                        cute.arch.sync_warp()
-                        self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
+                for p in cutlass.range_constexpr(parts):
+                    cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
+                    cute.arch.sync_warp()
+                    self._dq_barrier(_BAR_DQ_EMPTY, buf, Int32(p), wait=False)
                 if const_expr(self.dq_double and not two):
                     buf = buf ^ 1
-                if const_expr(self.deterministic and self.dq_lsu):
-                    # Every lane's reductions performed (its fence), then lane 0 releases.
-                    cute.arch.fence_acq_rel_gpu()
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        cute.arch.red(
-                            sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu"
-                        )
-                        if const_expr(self.drain_ticket and not self.drain_at_turn):  # noqa: SIM102
-                            if last != 0:
-                                cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-                    cute.arch.sync_warp()
-                elif const_expr(self.deterministic):
+                if const_expr(self.deterministic):
                     # Release only once the adds have been performed in global memory (the wait
                     # for the shared-memory read alone is too weak), ordered before the
                     # generic-proxy release by the proxy fence. Every lane waits for its own
@@ -1369,26 +1341,6 @@ class HopperAttnBwd:
         for p in cutlass.range_constexpr(parts):
             if const_expr(p > 0 or ring_first):
                 self._dq_barrier(_BAR_DQ_FULL, buf, Int32(p), wait=True)
-
-    @cute.jit
-    def _add_part_lsu(
-        self, mdQ, sdQ_buf, b, qh, qt, rank, offset: cutlass.Constexpr[int],
-        size: cutlass.Constexpr[int], lane,
-    ):  # fmt: skip
-        """``size`` staged fp32 values from ``offset`` added to the accumulator's tile (both in
-        fragment order) by the warp's lanes, 4 consecutive values a lane at a time (dq_lsu);
-        the tile's rank-0 contribution stored instead with dq_first_store."""
-        tile_addr = mdQ[b, qh, qt, None].iterator.toint()
-        for i in cutlass.range(offset + 4 * lane, offset + size, 4 * cute.arch.WARP_SIZE, unroll=4):
-            a0, a1, a2, a3 = sdQ_buf[i], sdQ_buf[i + 1], sdQ_buf[i + 2], sdQ_buf[i + 3]
-            addr = tile_addr + Int64(i) * 4
-            if const_expr(self.dq_first_store and self.deterministic):
-                if rank == 0:
-                    store_f32x4(addr, a0, a1, a2, a3)
-                else:
-                    red_add_f32x4(addr, a0, a1, a2, a3)
-            else:
-                red_add_f32x4(addr, a0, a1, a2, a3)
 
     @cute.jit
     def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):

@@ -177,10 +177,6 @@ VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
 # to land and its release overlap the other's turn and reduce. Deterministic runs take it
 # (hopper.BWD_DET_TWIN; session 41).
 VARIANTS["sw_w2_fs"] = {**VARIANTS["sw_et_fs"], "dq_writers": 2}
-# Session 46: the dQ partial added by the writer's lanes (16-byte reductions) instead of one
-# bulk add (dq_lsu), det and non-det.
-for _name in ("sw_fs", "sw_w2_fs"):
-    VARIANTS[_name + "_lsu"] = {**VARIANTS[_name], "dq_lsu": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

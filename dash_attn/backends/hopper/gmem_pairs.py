@@ -65,24 +65,3 @@ def load_f32_cg(addr: Int64, *, loc: Any = None, ip: Any = None) -> Float32:
         )
     )
 
-
-@dsl_user_op
-def store_f32x4(
-    addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc: Any = None, ip: Any = None
-) -> None:
-    """``addr[0:4] = a, b, c, d`` (global, 16-byte aligned ``addr``)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
-    _side_effect("st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", operands, loc, ip)
-
-
-@dsl_user_op
-def red_add_f32x4(
-    addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc: Any = None, ip: Any = None
-) -> None:
-    """``addr[0:4] += a, b, c, d`` at L2, relaxed, GPU scope (16-byte aligned ``addr``)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
-    _side_effect(
-        "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", operands, loc, ip
-    )

@@ -238,6 +238,7 @@ class HopperAttnBwd:
         drain_at_turn: bool = False,
         dq_writers: int = 1,
         dkv_swap: bool = False,
+        kv_prefetch: int | None = None,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -530,6 +531,19 @@ class HopperAttnBwd:
         # by head-dim rows ("m") at hd 256 (FA4's choices; split by its 48 KV columns, each
         # warpgroup would read all of dO^T and Q^T, 32 KiB each, per step for 24 columns).
         self.dkv_split = "n" if head_dim == 192 else "m"
+        # kv_prefetch = a (>= 0; None: off): under static dispatch the producer asks the L2
+        #   for the next chain's K and V (TMA prefetches, no shared memory) when it issues the
+        #   loads of the step a steps before the current chain's last (its first if the chain
+        #   is shorter).
+        #   The next chain's K/V load waits for this chain's epilogue to free the K/V tiles
+        #   and then reads HBM: the first step's S^T wait was ~2200 cycles longer than a
+        #   mid-chain one at d64 full 8k (benchmarks/NOTES.md item 164), a cost per chain that
+        #   grows with shorter chains. Dynamic tickets do not know the next chain; nothing
+        #   else changes, so the bits do not either.
+        if kv_prefetch is not None and kv_prefetch < 0:
+            raise ValueError(f"kv_prefetch must be None or >= 0, got {kv_prefetch}")
+        self.kv_prefetch = kv_prefetch
+        self.kv_prefetch_ahead = kv_prefetch or 0  # (a plain int for the traced code)
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -1008,6 +1022,9 @@ class HopperAttnBwd:
             b = rest // kv_heads
             lo = mChainStart[chain]
             hi = mChainStart[chain + 1]
+            prefetch_step = hi - 1 - self.kv_prefetch_ahead
+            if prefetch_step < lo:
+                prefetch_step = lo
             for step in cutlass.range(lo, hi, unroll=1):
                 full = storage.full_bar.data_ptr() + stage
                 # The table reads (L2 latency) overlap the wait for the free stage instead of
@@ -1064,6 +1081,12 @@ class HopperAttnBwd:
                     self._tma_load_single(tma_k, gK, sK, kv_full)
                     self._tma_load_single(tma_v, gV, sV, kv_full)
                     kv_phase = kv_phase ^ 1
+                if const_expr(self.kv_prefetch is not None):  # noqa: SIM102 (compile-time)
+                    if step == prefetch_step and ticket + 1 < end and dynamic == 0 and lane == 0:
+                        self._prefetch_kv(
+                            mK, mV, tma_k, tma_v, sK, sV, mOrder[ticket + 1], kv_tiles,
+                            kv_heads, kv_group,
+                        )  # fmt: skip
                 stage, phase = self._next_stage(stage, phase)
             if dynamic != 0:
                 # The next ticket only once the MMA warpgroups have finished this chain (they
@@ -1097,6 +1120,24 @@ class HopperAttnBwd:
         if const_expr(self.pdl):
             # The dQ cast may launch (it waits for this grid's end before reading anything).
             cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def _prefetch_kv(
+        self, mK, mV, tma_k, tma_v, sK, sV, chain: Int32, kv_tiles: Int32, kv_heads: Int32,
+        kv_group: Int32,
+    ):  # fmt: skip
+        """kv_prefetch: TMA prefetches of ``chain``'s K and V tiles into L2."""
+        kvt = chain % kv_tiles
+        rest = chain // kv_tiles
+        kv_in = (rest % kv_heads) // kv_group
+        b = rest // kv_heads
+        shape = (self.block_n, self.head_dim)
+        for atom, m, s in ((tma_k, mK, sK), (tma_v, mV, sV)):
+            g = cute.local_tile(m[None, None, kv_in, b], shape, (kvt, 0))
+            _, tg = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+            )
+            cute.prefetch(atom, tg)
 
     @cute.jit
     def _take_ticket(self, mFlags: cute.Tensor, lane: Int32) -> Int32:

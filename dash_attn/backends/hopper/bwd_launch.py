@@ -177,16 +177,14 @@ VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
 # to land and its release overlap the other's turn and reduce. Deterministic runs take it
 # (hopper.BWD_DET_TWIN; session 41).
 VARIANTS["sw_w2_fs"] = {**VARIANTS["sw_et_fs"], "dq_writers": 2}
-# Session 47: the next chain's K/V prefetched into L2 a steps before the chain's last step
-# (kv_prefetch, "_kp{a}"; static dispatch only), on the shipped variants and their twins at
-# head dims 64-128.
-for _name in (
-    "t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2_w2", "t128_xm24r_sm2_fs_dq2_dt",
-    "t128_xm24r_sm2_fs_dq2_dt_w2", "t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2",
-    "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
-):  # fmt: skip
-    for _ahead in (0, 3):
-        VARIANTS[f"{_name}_kp{_ahead}"] = {**VARIANTS[_name], "kv_prefetch": _ahead}
+# Session 47: the next chain's K/V prefetched into L2 with the loads of the chain's last step
+# (kv_prefetch=0, "_kp"; static dispatch only), on the hd-64 kernels and their twins (shipped
+# there: NOTES items 249-250). (Three steps before the last, and the same at hd 96/128, in git
+# history at d12b58c.)
+for _name in ("t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_dq2_dt"):
+    VARIANTS[_name + "_kp"] = {**VARIANTS[_name], "kv_prefetch": 0}
+    if _name != "t128_xm24r_sm2_fs":
+        VARIANTS[_name + "_kp_w2"] = {**VARIANTS[_name + "_kp"], "dq_writers": 2}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

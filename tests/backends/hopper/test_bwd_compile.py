@@ -262,6 +262,9 @@ VARIANT_CONFIGS = [
     # Session 29: the drain's arrival at the last turn (drain_at_turn), both head dims.
     ("t128_xm24r_sm2_fs_dq2_dt", (64, torch.bfloat16, True, True)),
     ("t128_wg2gr_sm2_fs_dt", (128, torch.float16, True, True)),
+    # Session 47: the next chain's K/V prefetched into L2 (shipped at hd 64; here on the
+    # non-det twins of the causal kernel, which no run takes).
+    ("t128_xm24r_sm2_fs_dq2_dt_kp_w2", (64, torch.float16, True, False)),
     # Session 31: two dQ warps, one per staging buffer (deterministic runs ship them; here
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
@@ -307,6 +310,9 @@ def _check_kernel_code(
     # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
     assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
     assert ("griddepcontrol.launch_dependents" in ptx) == bool(options.get("pdl"))
+    # kv_prefetch: the producer's two TMA prefetches of the next chain's K and V into L2.
+    prefetches = ptx.count("cp.async.bulk.prefetch.tensor.4d.L2.global")
+    assert prefetches == (2 if options.get("kv_prefetch") is not None else 0)
     # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
     # Each dQ warp's loop has its own (dq_writers).
     writers = options.get("dq_writers", 1)
@@ -589,7 +595,12 @@ def test_variants_resolve() -> None:
     assert bwd_variant(64, False, deterministic=True).endswith("_w2")
     assert bwd_variant(256, True, deterministic=True) == "sw_w2_fs"
     assert bwd_variant(256, True, deterministic=False) == "sw_fs"
-    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs"
+    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp"
+    assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2"
+    # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
+    for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:
+        options = bwd_launch.VARIANTS[name]
+        assert (options.get("kv_prefetch") == 0) == name.startswith("t128_xm24r"), name
     kinds = ("full", "causal")
     assert set(hopper.BWD_VARIANT) == {(d, k) for d in hopper.BWD_HEADDIMS for k in kinds}
     with pytest.raises(NotImplementedError, match="head_dim=80"):
@@ -659,6 +670,8 @@ def test_bad_kernel_options_raise() -> None:
             cutlass.BFloat16, 64, causal=False, deterministic=True, exp_poly=(1, 4),
             exp_poly_degree=2,
         )  # fmt: skip
+    with pytest.raises(ValueError, match="kv_prefetch"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
     # The staged dK/dV epilogue builds on the row-addressed one.
     base = {"dtype": cutlass.BFloat16, "head_dim": 128, "causal": True, "deterministic": True}
     for bad, match in (

@@ -1,14 +1,21 @@
-"""Pieces the backward A/B probes under benchmarks/results/h200/ share (session 45's lane,
-stride and turn probes): gradients of one backward call, their fp32 and same-dtype references,
-and the flash-attn rule's verdict on them as a line.
+"""Pieces the backward A/B probes under benchmarks/results/h200/ share (sessions 45-47's lane,
+stride, turn and prefetch probes): gradients of one backward call, their fp32 and same-dtype
+references, the flash-attn rule's verdict on them as a line, and a hopper backward captured
+once and replayed with other tables or another kernel variant.
 
     refs = grad_references(q, k, v, dout, causal=True)
     print(f"check B: {grad_verdict('B', grads(out, leaves, dout), *refs)}")
+
+    base = capture(leaves, dout, causal=True, deterministic=True)
+    kp = base.with_launch(variant_launch(base.plan, leaves[0], lambda name: name + "_kp"))
+    time_contenders({"B": base.backward, "kp": kp.backward}, 20, "ab")
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,3 +51,59 @@ def grad_verdict(tag: str, got: Sequence[torch.Tensor], ref: Grads, same: Grads)
     except AssertionError as err:
         return f"FAILS {str(err)[:200]}"
     return "rule ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """One hopper backward as a probe replays it: the autograd graph of a ``dash_attn_func``
+    call (``out``, its ``leaves`` q, k, v and ``dout``) and the launch the backend cached for it
+    (``key`` into ``hopper.launch._launches``, the ``plan`` and its prepared ``launch``)."""
+
+    out: torch.Tensor
+    leaves: tuple[torch.Tensor, ...]
+    dout: torch.Tensor
+    key: Any
+    plan: Any
+    launch: Any
+
+    def with_launch(self, launch: Any, plan: Any = None) -> Captured:
+        """The same call run by another prepared launch (and its plan, if it has new tables)."""
+        return dataclasses.replace(self, launch=launch, plan=self.plan if plan is None else plan)
+
+    def backward(self) -> tuple[torch.Tensor, ...]:
+        """dq, dk, dv by this launch: it is put in the backend's cache under the call's key
+        alone, so the autograd backward finds it instead of preparing the plan again."""
+        from dash_attn.backends.hopper import launch as hopper_launch
+
+        hopper_launch._launches.clear()
+        hopper_launch._launches[self.key] = (self.plan, self.launch)
+        return torch.autograd.grad(self.out, self.leaves, self.dout, retain_graph=True)
+
+
+def capture(leaves: Sequence[torch.Tensor], dout: torch.Tensor, **kwargs: Any) -> Captured:
+    """Run ``dash_attn_func(*leaves, backend="hopper", **kwargs)`` and its backward once and
+    capture the one launch the backend prepared (ValueError if it prepared another number)."""
+    import dash_attn
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    hopper_launch._launches.clear()
+    out = dash_attn.dash_attn_func(*leaves, backend="hopper", **kwargs)
+    torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    if len(hopper_launch._launches) != 1:
+        raise ValueError(f"expected one backward launch, got {len(hopper_launch._launches)}")
+    ((key, (plan, prepared)),) = hopper_launch._launches.items()
+    return Captured(out, tuple(leaves), dout, key, plan, prepared)
+
+
+def variant_launch(plan: Any, q: torch.Tensor, variant_of: Callable[[str], str]) -> Any:
+    """``plan`` prepared for the kernel variant ``variant_of(shipped variant)`` (a name in
+    ``bwd_launch.VARIANTS``) instead of the shipped one; the backend's choice is restored
+    after."""
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    shipped = hopper_launch.bwd_variant
+    hopper_launch.bwd_variant = lambda *args, **kwargs: variant_of(shipped(*args, **kwargs))
+    try:
+        return hopper_launch._prepare(plan, q)
+    finally:
+        hopper_launch.bwd_variant = shipped

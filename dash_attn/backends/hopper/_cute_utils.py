@@ -14,6 +14,9 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+# Shared memory a CTA may have on sm_90 (227 KiB).
+SMEM_LIMIT = 232_448
+
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
     """The same shared-memory tensor with its first two modes swapped (no data movement)."""

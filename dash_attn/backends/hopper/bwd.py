@@ -113,6 +113,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import dq_fragment
 from ._cute_utils import (
+    SMEM_LIMIT,
     acc_to_operand_a,
     pack_16bit_pair,
     select_modes,
@@ -239,6 +240,7 @@ class HopperAttnBwd:
         dq_writers: int = 1,
         dkv_swap: bool = False,
         kv_prefetch: int | None = None,
+        dkv_stage: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -423,6 +425,16 @@ class HopperAttnBwd:
         if dkv_smem_unroll < 1:
             raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
         self.dkv_smem_unroll = dkv_smem_unroll
+        # dkv_stage (with dkv_smem, hd 64): the chain's dK/dV are staged in a buffer of their
+        #   own (32 KiB after the dQ staging buffers; the hd-64 kernels have 33 KiB left of the
+        #   227) instead of the K/V tiles, so each MMA thread frees K/V as soon as its last
+        #   GEMM is done: the next chain's K/V load runs beside the epilogue instead of after
+        #   it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
+        #   and reads back only its own 64 rows).
+        #   (Not with dkv_sum, whose epilogue is its own.)
+        if dkv_stage and not (dkv_smem and head_dim == 64 and block_m == 128):
+            raise ValueError("dkv_stage needs dkv_smem at hd 64 with 128-row tiles")
+        self.dkv_stage = dkv_stage and self.dkv_smem
         # dq_first_store: in deterministic mode the rank-0 contribution to each dQ tile is
         #   stored (a bulk copy) instead of added, so the accumulator needs no zero fill: the
         #   preprocess then zeroes the flags only (``bwd_launch.FullBackward``), which saves
@@ -772,6 +784,9 @@ class HopperAttnBwd:
         self.bytes_step = (1 if const_expr(self.do_single) else 2) * bm * hd * elem + 2 * bm * 4
         self.bytes_kv = 2 * bn * hd * elem
 
+        # dkv_stage's buffer in 32-bit words: two 16-bit (bn, hd) tiles.
+        dkv_words = cute.cosize(sK_layout) if const_expr(self.dkv_stage) else 0
+
         @cute.struct
         class Storage:
             full_bar: cute.struct.MemRange[Int64, st]
@@ -789,8 +804,18 @@ class HopperAttnBwd:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bm * hd * self.dq_bufs], 1024]
+            # (dkv_stage: the chain's dK and dV tiles, in K's layout, after the dQ buffers.)
+            sdQ: cute.struct.Align[
+                cute.struct.MemRange[Float32, bm * hd * self.dq_bufs + dkv_words], 1024
+            ]
 
+        # The shared memory a CTA may have on sm_90: a kernel over it would fail at launch.
+        self.smem_bytes = Storage.size_in_bytes()
+        if const_expr(self.smem_bytes > SMEM_LIMIT):
+            raise ValueError(
+                f"these options need {self.smem_bytes} bytes of shared memory, more than the "
+                f"{SMEM_LIMIT} a CTA may have"
+            )
         scale_log2 = softmax_scale * math.log2(math.e)
         # Chains run dK/dV's heads: K/V's, or q's with per-q-head partials (GQA split), or q's
         # adding into dK/dV of K/V's heads (dkv_sum); their K/V are those of head // kv_group.
@@ -956,7 +981,22 @@ class HopperAttnBwd:
             if const_expr(self.dkv_swap):
                 self.mma_swapped(*mma_args)
             else:
-                self.mma(*mma_args)
+                # Where the chain's dK/dV are staged: their own buffer (dkv_stage) or K/V's.
+                sK_out, sV_out = sK, sV
+                if const_expr(self.dkv_stage):
+                    words = self.block_m * self.head_dim * self.dq_bufs
+                    half = cute.cosize(sK_layout) // 2
+                    sK_out, sV_out = [
+                        cute.make_tensor(
+                            cute.recast_ptr(
+                                storage.sdQ.data_ptr() + words + i * half, sK_layout.inner,
+                                dtype=self.dtype,
+                            ),
+                            sK_layout.outer,
+                        )
+                        for i in (0, 1)
+                    ]  # fmt: skip
+                self.mma(*mma_args, sK_out, sV_out)
 
     @cute.jit
     def producer(
@@ -1417,14 +1457,15 @@ class HopperAttnBwd:
     ):  # fmt: skip
         """The last step of a chain: release its ring stage and K/V (after reading the chain's
         batch, kv head and kv tile from the stage's slot), then dK/dV from registers to
-        global memory (with dkv_smem through the K/V tiles, which are released after)."""
+        global memory (with dkv_smem through sK/sV: the K/V tiles, which are released after,
+        or with dkv_stage a buffer of their own)."""
         b = sInfo[_I_BATCH, stage]
         kvh = sInfo[_I_KVH, stage]
         kvt = sInfo[_I_KVT, stage]
         # Q, dO, LSE2, delta and the metadata of this stage are no longer read; K/V are free
         # for the next chain.
         cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-        if const_expr(not self.dkv_smem):
+        if const_expr(not self.dkv_smem or self.dkv_stage):
             cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
         rdK = cute.make_fragment_like(acc_dK, self.dtype)
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
@@ -1436,7 +1477,8 @@ class HopperAttnBwd:
                 rdK, rdV, sK, sV, mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt,
                 seqlen_k, mma_dkv, tidx, wg,
             )  # fmt: skip
-            cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+            if const_expr(not self.dkv_stage):
+                cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
             return
         rdV = cute.make_fragment_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
@@ -1448,8 +1490,10 @@ class HopperAttnBwd:
         """dkv_smem: a chain's dK/dV (16-bit fragments) to global rows ``kvt * block_n + n``
         through the K/V tiles in shared memory, written by stmatrix and read back as 16-byte
         chunks of whole rows (full L2 sectors)."""
-        # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of K).
-        cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        if const_expr(not self.dkv_stage):
+            # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of
+            # K). (dkv_stage's own buffer: each warpgroup writes and reads its own rows only.)
+            cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
         st_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )
@@ -1861,6 +1905,8 @@ class HopperAttnBwd:
         mma_dq: cute.TiledMma,
         tidx: Int32,
         dkv_sums: _DkvSums,
+        sK_out: cute.Tensor,
+        sV_out: cute.Tensor,
     ):
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
         wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(
@@ -2061,7 +2107,7 @@ class HopperAttnBwd:
                     else:
                         self._chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                            softmax_scale, seqlen_k, sK, sV, tidx, wg,
+                            softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
                         )  # fmt: skip
                 else:
                     b = sInfo[_I_BATCH, stage]

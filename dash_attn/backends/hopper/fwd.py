@@ -59,7 +59,7 @@ from cutlass.cute.runtime import make_fake_stream
 from ...device import device_info
 from ..tables import upload_once
 from . import kernel_cache
-from ._cute_utils import gmem_tensor, pack_16bit_pair, select_modes
+from ._cute_utils import SMEM_LIMIT, gmem_tensor, pack_16bit_pair, select_modes
 from ._tensor_args import fake_tensor, outer_strides, tma_view
 from .fwd_tiles import L2_GROUP_BYTES, causal_tile_lists
 
@@ -84,10 +84,6 @@ _BAR_SCHED_BASE = 2
 # p_smem: consumer warpgroup w's P tile fully in shared memory (its 128 threads), id
 # _BAR_P_BASE + w - 1 (after the scheduler barriers of up to three warpgroups).
 _BAR_P_BASE = 5
-
-
-# Shared memory a CTA may have on sm_90 (227 KiB).
-SMEM_LIMIT = 232_448
 
 
 def fwd_smem_bytes(

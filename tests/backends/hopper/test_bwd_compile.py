@@ -265,6 +265,9 @@ VARIANT_CONFIGS = [
     # Session 47: the next chain's K/V prefetched into L2 (shipped at hd 64; here on the
     # non-det twins of the causal kernel, which no run takes).
     ("t128_xm24r_sm2_fs_dq2_dt_kp_w2", (64, torch.float16, True, False)),
+    # Session 47: the chain's dK/dV staged in a buffer of their own (dkv_stage).
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_dt_kp_st", (64, torch.float16, True, False)),
     # Session 31: two dQ warps, one per staging buffer (deterministic runs ship them; here
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
@@ -672,6 +675,8 @@ def test_bad_kernel_options_raise() -> None:
         )  # fmt: skip
     with pytest.raises(ValueError, match="kv_prefetch"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
+    with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.
     base = {"dtype": cutlass.BFloat16, "head_dim": 128, "causal": True, "deterministic": True}
     for bad, match in (
@@ -968,3 +973,13 @@ def test_drain_ticket_adds_one_barrier_in_det_mode(deterministic: bool, tmp_path
             reduce = ptx.index("cp.reduce.async.bulk", turn)
             assert ("mbarrier.arrive" in ptx[release : release + 2000]) == after_release
             assert ("mbarrier.arrive" in ptx[turn:reduce]) != after_release
+
+
+def test_kernel_over_the_shared_memory_limit_raises(monkeypatch, tmp_path: Path) -> None:
+    """The shipped hd-64 kernel needs 195 KiB of shared memory; under a lower limit its compile
+    stops with the bytes it needs instead of a kernel that fails at launch."""
+    from dash_attn.backends.hopper import bwd
+
+    monkeypatch.setattr(bwd, "SMEM_LIMIT", 199_679)
+    with pytest.raises(ValueError, match="need 199680 bytes of shared memory, more than the 1996"):
+        _compile((64, torch.bfloat16, False, True), tmp_path)

@@ -94,11 +94,15 @@ _BWD_TILES = {
 # loads of a chain's last step (static dispatch): a chain's first step waited for K/V from HBM
 # (benchmarks/NOTES.md item 164). Bits equal (a cache hint only); det 1.008-1.028x at full
 # 1k-8k and 1.024-1.025x causal 1k-2k in interleaved rounds, non-det 0.998-1.019x
-# (session47-54b87c1 calls 1-2, kp_ab.txt); at hd 96 and 128 0.99-1.02x, so not there.
+# (session47-54b87c1 calls 1-2, kp_ab.txt); at hd 96 and 128 0.99-1.02x, so not there. And
+# ("_st") the chain's dK/dV leave through a buffer of their own (dkv_stage: the hd-64 kernels
+# then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
+# at full 1k-8k and causal 1k-4k in 10 of 11 interleaved A/Bs (0.997x causal 4k), non-det
+# 0.989-1.008x (calls 5-6, st_ab.txt).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_xm24r_sm2_fs_dq2_kp",
-    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt_kp",
+    (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st",
+    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt_kp_st",
     (96, "full"): "t128_wg2gr_sm2_fs_dt",
     (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs",
@@ -126,8 +130,8 @@ BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
 # non-deterministic backwards keep one dQ warp. Only variants with two staging buffers have a
 # twin (hd 128 full below 8k keys has one).
 BWD_DET_TWIN = {
-    "t128_xm24r_sm2_fs_dq2_kp": "t128_xm24r_sm2_fs_dq2_kp_w2",
-    "t128_xm24r_sm2_fs_dq2_dt_kp": "t128_xm24r_sm2_fs_dq2_dt_kp_w2",
+    "t128_xm24r_sm2_fs_dq2_kp_st": "t128_xm24r_sm2_fs_dq2_kp_w2_st",
+    "t128_xm24r_sm2_fs_dq2_dt_kp_st": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
     "t80_wg2r_p14_fs": "t80_wg2r_p14_fs_w2",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
@@ -145,7 +149,7 @@ BWD_DET_TWIN = {
 # call2/call3, median of 24-30 per-triple ratios): 1.015x / 1.001x / 1.016x / 1.020x / 1.004x
 # at full 1k / 2k / 4k / 8k / 16k (ranges above 1.0 at 4k and 8k). Causal: 1.010x and 1.015x
 # at 8k and 16k but 0.973x and 0.993x at 2k and 4k (ranges +-8%), so it keeps the shipped one.
-BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp": "t128_xm24r_sm2_fs_kp"}
+BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp_st": "t128_xm24r_sm2_fs_kp_st"}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row

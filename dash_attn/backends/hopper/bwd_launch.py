@@ -192,6 +192,8 @@ for _name in (
     "t128_xm24r_sm2_fs_dq2_dt_kp", "t128_xm24r_sm2_fs_dq2_dt_kp_w2",
 ):  # fmt: skip
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
+    # (Prepared in session 47, not run: the staged dK/dV leave by TMA stores, dkv_tma.)
+    VARIANTS[_name + "_st_tma"] = {**VARIANTS[_name + "_st"], "dkv_tma": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

@@ -266,6 +266,9 @@ VARIANT_CONFIGS = [
     # hd 64), and the causal det twin in non-det mode, which no run takes.
     ("t128_xm24r_sm2_fs_dq2_kp_w2", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_dt_kp_w2_st", (64, torch.float16, True, False)),
+    # Session 47 (prepared, not run): the staged dK/dV leave by TMA stores (dkv_tma).
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_tma", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_dt_kp_st_tma", (64, torch.float16, True, False)),
     # Session 31: two dQ warps, one per staging buffer (deterministic runs ship them; here
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
@@ -314,6 +317,9 @@ def _check_kernel_code(
     # kv_prefetch: the producer's two TMA prefetches of the next chain's K and V into L2.
     prefetches = ptx.count("cp.async.bulk.prefetch.tensor.4d.L2.global")
     assert prefetches == (2 if options.get("kv_prefetch") is not None else 0)
+    # dkv_tma: a TMA store of each warpgroup's dK and dV rows, issued by one thread.
+    stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx))
+    assert stores == (2 if options.get("dkv_tma") else 0)
     # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
     # Each dQ warp's loop has its own (dq_writers).
     writers = options.get("dq_writers", 1)
@@ -360,10 +366,14 @@ def _check_kernel_code(
     dkv_stmatrix = 0
     if staged:
         # dK/dV through shared memory: stmatrix x4 of both (hd / 16 per thread and tensor), then
-        # 16-byte global stores of whole rows (a loop: a few copies).
+        # 16-byte global stores of whole rows (a loop: a few copies), or with dkv_tma the TMA
+        # stores (UTMASTG), no read-back.
         dkv_stmatrix = head_dim // 8
-        assert any(st.startswith("STG.E.128") for st in stores), stores
-        assert len(re.findall(r"\bLDS\.128\b", mma_code)) >= 2
+        if options.get("dkv_tma"):
+            assert sass.count("UTMASTG") == 2 and not stores, stores
+        else:
+            assert any(st.startswith("STG.E.128") for st in stores), stores
+            assert len(re.findall(r"\bLDS\.128\b", mma_code)) >= 2
     else:
         # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
         assert len(stores) >= head_dim // 2
@@ -676,6 +686,8 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
+    with pytest.raises(ValueError, match="dkv_tma needs dkv_stage"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_tma=True)
     # The staged dK/dV epilogue builds on the row-addressed one.
     base = {"dtype": cutlass.BFloat16, "head_dim": 128, "causal": True, "deterministic": True}
     for bad, match in (

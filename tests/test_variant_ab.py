@@ -1,0 +1,31 @@
+"""tools/hopper/variant_ab.py on the CPU: its configs and arguments (the A/B itself needs an
+sm_90 GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.hopper import variant_ab
+
+
+def test_configs_take_the_sweep_shapes() -> None:
+    cfg = variant_ab.parse_config("2048:causal", 128)
+    assert cfg == variant_ab.Config(2048, True, 8, 16, 16)
+    assert cfg.label == "causal 2048 b8 h16/16"
+    # Lengths that are not powers of two (tails) run three sequences; GQA by kv heads.
+    assert variant_ab.parse_config("1000:full:8", 64) == variant_ab.Config(1000, False, 3, 32, 8)
+    assert variant_ab.parse_config("16384:full", 64).batch == 1
+
+
+@pytest.mark.parametrize("text", ["1024", "1024:window", "0:full", "1024:full:5", "a:full"])
+def test_bad_configs_name_the_config(text: str) -> None:
+    with pytest.raises(ValueError, match=text.split(":")[0] if text != "a:full" else "invalid"):
+        variant_ab.parse_config(text, 64)
+
+
+def test_arguments() -> None:
+    args = variant_ab.parse_args(["--suffix", "_tma", "--rounds", "5", "1024:full", "512:causal"])
+    assert args.suffix == "_tma" and args.rounds == 5 and args.bits == "same"
+    assert [c.seqlen for c in args.configs] == [1024, 512]
+    with pytest.raises(SystemExit):
+        variant_ab.parse_args(["1024:full"])  # the suffix is required

@@ -1,0 +1,167 @@
+"""A hopper backward kernel variant against the shipped one on the same tables (sessions 45-47
+copied this probe per change; this is it once). For each config the shipped deterministic and
+non-deterministic backwards are captured (``bwd_probe.capture``), then prepared again for the
+variant named ``<shipped variant><suffix>`` (``bwd_launch.VARIANTS``), and
+
+- each variant's gradients are compared with ``torch.equal`` to the shipped kernel's (det: dq,
+  dk, dv; non-det: dk and dv, whose order is the chain's; dq is added in arrival order), for a
+  variant meant to keep the bits (``--bits same``; ``--bits rule`` checks the variant by the
+  flash-attn rule instead);
+- det runs repeat bitwise, the shipped kernels meet the rule (up to ``--rule-max`` tokens);
+- det and non-det are timed in interleaved rounds beside FA4-det and FA4 non-det
+  (``fwd_probe.time_contenders``: medians and per-round ratios).
+
+On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
+
+    python3 -m tools.hopper.variant_ab --suffix _tma --rounds 40 1024:full 2048:causal 1000:full:8
+
+A config is ``seqlen:mask[:kv_heads]`` at ``--headdim`` (the sweep's shapes: batch 16384 //
+seqlen, 2048 // headdim heads; a seqlen that is not a power of two runs batch 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Config:
+    """One A/B shape: ``batch x seqlen x heads`` queries against ``kv_heads`` key heads."""
+
+    seqlen: int
+    causal: bool
+    batch: int
+    heads: int
+    kv_heads: int
+
+    @property
+    def label(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"{mask} {self.seqlen} b{self.batch} h{self.heads}/{self.kv_heads}"
+
+
+def parse_config(text: str, head_dim: int) -> Config:
+    """``seqlen:mask[:kv_heads]`` at ``head_dim``.
+
+    >>> parse_config("1024:full", 64)
+    Config(seqlen=1024, causal=False, batch=16, heads=32, kv_heads=32)
+    >>> parse_config("1000:causal:8", 64).batch
+    3
+    """
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[1] not in ("full", "causal"):
+        raise ValueError(f"a config is seqlen:full|causal[:kv_heads], got {text!r}")
+    seqlen = int(parts[0])
+    if seqlen < 1:
+        raise ValueError(f"seqlen must be positive, got {text!r}")
+    heads = 2048 // head_dim
+    kv_heads = int(parts[2]) if len(parts) == 3 else heads
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads must divide the {heads} heads, got {text!r}")
+    batch = 16384 // seqlen if seqlen & (seqlen - 1) == 0 and seqlen <= 16384 else 3
+    return Config(seqlen, parts[1] == "causal", batch, heads, kv_heads)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="+", help="seqlen:full|causal[:kv_heads]")
+    parser.add_argument("--suffix", required=True, help="variant = shipped variant + suffix")
+    parser.add_argument("--headdim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--bits", choices=("same", "rule"), default="same")
+    parser.add_argument("--rule-max", type=int, default=4096, help="longest seqlen checked")
+    args = parser.parse_args(argv)
+    args.configs = [parse_config(text, args.headdim) for text in args.configs]
+    return args
+
+
+def run(args: argparse.Namespace) -> None:  # pragma: no cover - needs an sm_90 GPU
+    for cfg in args.configs:
+        run_config(cfg, args)
+    print("done")
+
+
+def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cover - GPU
+    """The checks and the timed rounds of one config, printed."""
+    import torch
+    from flash_attn.cute import flash_attn_func as fa4
+
+    from tools.hopper.bwd_probe import capture, grad_references, grad_verdict, variant_launch
+    from tools.hopper.fwd_probe import time_contenders
+
+    dev, hd = torch.device("cuda", 0), args.headdim
+    gen = torch.Generator(device=dev).manual_seed(cfg.seqlen + hd)
+    q, k, v = (
+        torch.randn((cfg.batch, cfg.seqlen, heads, hd), generator=gen, device=dev,
+                    dtype=torch.bfloat16)
+        for heads in (cfg.heads, cfg.kv_heads, cfg.kv_heads)
+    )  # fmt: skip
+    dout = torch.randn_like(q)
+    refs = None
+    if cfg.seqlen <= args.rule_max:
+        refs = grad_references(q, k, v, dout, causal=cfg.causal)
+    torch.cuda.empty_cache()
+    runs = {}
+    for base, det in (("S", True), ("ND", False)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        runs[base] = capture(leaves, dout, causal=cfg.causal, deterministic=det)
+        prepared = variant_launch(runs[base].plan, leaves[0], lambda n: n + args.suffix)
+        runs[base + "_v"] = runs[base].with_launch(prepared)
+    det_plan, nondet_plan = runs["S"].plan, runs["ND"].plan
+    print(
+        f"== d{hd} {cfg.label}: det {det_plan.schedule.name} {det_plan.dispatch.name}, "
+        f"non-det {nondet_plan.schedule.name} {nondet_plan.dispatch.name}; variant "
+        f"<shipped>{args.suffix}",
+        flush=True,
+    )
+    first: dict[str, list[torch.Tensor]] = {}
+    for tag, captured in runs.items():
+        got = [t.clone() for t in captured.backward()]
+        base, det = tag.partition("_")[0], captured.plan.deterministic
+        line = f"check {tag}:"
+        if refs is not None and (tag == base or args.bits == "rule"):
+            line += f" {grad_verdict(tag, got, *refs)};"
+        if det:
+            again = captured.backward()
+            same = all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+            line += f" repeats bitwise {same};"
+        if base in first and args.bits == "same":
+            # Non-det dq is added in arrival order: only dk and dv can be compared.
+            skip = 0 if det else 1
+            pairs = zip(got[skip:], first[base][skip:], strict=True)
+            which = "dq dk dv" if det else "dk dv"
+            line += f" equal to {base} ({which}) {all(torch.equal(a, b) for a, b in pairs)}"
+        first.setdefault(base, got)
+        print(line, flush=True)
+    del refs, first
+    peers = {}
+    for tag, det in (("F", True), ("FN", False)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = fa4(*leaves, causal=cfg.causal, deterministic=det)
+        out = out[0] if isinstance(out, tuple) else out
+        peers[tag] = _replay(out, leaves, dout)
+    for mode, base, peer in (("det", "S", "F"), ("nondet", "ND", "FN")):
+        fns = {base: runs[base].backward, base + "_v": runs[base + "_v"].backward}
+        fns[peer] = peers[peer]
+        time_contenders(fns, args.rounds, f"ab {mode} d{hd} {cfg.label} (ms per backward)")
+    del runs, peers
+    torch.cuda.empty_cache()
+
+
+def _replay(out: Any, leaves: list[Any], dout: Any) -> Callable[[], object]:  # pragma: no cover
+    """A peer's backward, callable again (its graph kept)."""
+    import torch
+
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -427,8 +427,8 @@ class HopperAttnBwd:
             raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
         self.dkv_smem_unroll = dkv_smem_unroll
         # dkv_stage (with dkv_smem, hd 64): the chain's dK/dV are staged in a buffer of their
-        #   own (32 KiB after the dQ staging buffers; the hd-64 kernels have 33 KiB left of the
-        #   227) instead of the K/V tiles, so each MMA thread frees K/V as soon as its last
+        #   own (32 KiB after the dQ staging buffers: what the hd-64 kernels had left of the
+        #   227 KiB) instead of the K/V tiles, so each MMA thread frees K/V as soon as its last
         #   GEMM is done: the next chain's K/V load runs beside the epilogue instead of after
         #   it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
         #   and reads back only its own 64 rows).

@@ -186,7 +186,8 @@ for _name in ("t128_xm24r_sm2_fs", "t128_xm24r_sm2_fs_dq2", "t128_xm24r_sm2_fs_d
     if _name != "t128_xm24r_sm2_fs":
         VARIANTS[_name + "_kp_w2"] = {**VARIANTS[_name + "_kp"], "dq_writers": 2}
 # Session 47: the chain's dK/dV staged in a buffer of their own (dkv_stage, "_st"), so that
-# K/V are free at the start of the chain's epilogue, on the hd-64 kernels.
+# K/V are free at the start of the chain's epilogue, on the hd-64 kernels (shipped on all of
+# them: NOTES item 251).
 for _name in (
     "t128_xm24r_sm2_fs_kp", "t128_xm24r_sm2_fs_dq2_kp", "t128_xm24r_sm2_fs_dq2_kp_w2",
     "t128_xm24r_sm2_fs_dq2_dt_kp", "t128_xm24r_sm2_fs_dq2_dt_kp_w2",

@@ -1517,6 +1517,15 @@ class HopperAttnBwd:
             # Both warpgroups' GEMMs of the last step are done (the dQ GEMM reads every row of
             # K). (dkv_stage's own buffer: each warpgroup writes and reads its own rows only.)
             cute.arch.barrier(barrier_id=_BAR_KV_FREE, number_of_threads=self.num_mma_threads)
+        self._stmatrix_dkv(rdK, rdV, sK, sV, mma_dkv, tidx)
+        # Each warpgroup reads back only its own 64 rows.
+        cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
+        self._copy_rows_out(sK, sV, gK, gV, kvt, seqlen_k, tidx, wg)
+
+    @cute.jit
+    def _stmatrix_dkv(self, rdK, rdV, sK, sV, mma_dkv, tidx):
+        """A chain's dK/dV (16-bit fragments in the accumulators' layout) into the (bn, hd)
+        tiles sK/sV by stmatrix, each thread its own elements."""
         st_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )
@@ -1524,9 +1533,6 @@ class HopperAttnBwd:
         thr_st = st_copy.get_slice(tidx)
         cute.copy(st_copy, thr_st.retile(rdK), thr_st.partition_D(sK))
         cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(sV))
-        # Each warpgroup reads back only its own 64 rows.
-        cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
-        self._copy_rows_out(sK, sV, gK, gV, kvt, seqlen_k, tidx, wg)
 
     @cute.jit
     def _store_dkv_tma(self, rdK, rdV, sK, sV, dkv_store, b, kvh, kvt, mma_dkv, tidx, wg):
@@ -1539,13 +1545,7 @@ class HopperAttnBwd:
         if issuer:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
-        st_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        st_copy = cute.make_tiled_copy_C(st_atom, mma_dkv)
-        thr_st = st_copy.get_slice(tidx)
-        cute.copy(st_copy, thr_st.retile(rdK), thr_st.partition_D(sK))
-        cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(sV))
+        self._stmatrix_dkv(rdK, rdV, sK, sV, mma_dkv, tidx)
         # The warpgroup's stmatrix writes, made visible to the TMA unit (the async proxy).
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)

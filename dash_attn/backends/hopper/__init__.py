@@ -97,7 +97,7 @@ _BWD_TILES = {
 # (session47-54b87c1 calls 1-2, kp_ab.txt); at hd 96 and 128 0.99-1.02x, so not there. And
 # ("_st") the chain's dK/dV leave through a buffer of their own (dkv_stage: the hd-64 kernels
 # then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
-# at full 1k-8k and causal 1k-4k in 10 of 11 interleaved A/Bs (0.997x causal 4k), non-det
+# at full 1k-8k and causal 1k-4k in 11 of 12 interleaved A/Bs (0.997x causal 4k), non-det
 # 0.989-1.008x (calls 5-6, st_ab.txt).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {

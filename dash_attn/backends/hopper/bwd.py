@@ -828,10 +828,10 @@ class HopperAttnBwd:
             ]
 
         # The shared memory a CTA may have on sm_90: a kernel over it would fail at launch.
-        self.smem_bytes = Storage.size_in_bytes()
-        if const_expr(self.smem_bytes > SMEM_LIMIT):
+        smem_bytes = Storage.size_in_bytes()
+        if const_expr(smem_bytes > SMEM_LIMIT):
             raise ValueError(
-                f"these options need {self.smem_bytes} bytes of shared memory, more than the "
+                f"these options need {smem_bytes} bytes of shared memory, more than the "
                 f"{SMEM_LIMIT} a CTA may have"
             )
         scale_log2 = softmax_scale * math.log2(math.e)

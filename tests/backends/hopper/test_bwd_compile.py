@@ -262,8 +262,8 @@ VARIANT_CONFIGS = [
     # Session 29: the drain's arrival at the last turn (drain_at_turn), both head dims.
     ("t128_xm24r_sm2_fs_dq2_dt", (64, torch.bfloat16, True, True)),
     ("t128_wg2gr_sm2_fs_dt", (128, torch.float16, True, True)),
-    # Session 47: the next chain's K/V prefetched into L2 without dkv_stage (both shipped at
-    # hd 64), and the causal det twin in non-det mode, which no run takes.
+    # Session 47: the K/V prefetch alone (shipped at hd 64 before dkv_stage joined it), and
+    # the shipped causal det twin in non-det mode, which no run takes.
     ("t128_xm24r_sm2_fs_dq2_kp_w2", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_dt_kp_w2_st", (64, torch.float16, True, False)),
     # Session 47 (prepared, not run): the staged dK/dV leave by TMA stores (dkv_tma).

@@ -433,8 +433,8 @@ class HopperAttnBwd:
         #   it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
         #   and reads back only its own 64 rows).
         #   (Not with dkv_sum, whose epilogue is its own.)
-        if dkv_stage and not (dkv_smem and head_dim == 64 and block_m == 128):
-            raise ValueError("dkv_stage needs dkv_smem at hd 64 with 128-row tiles")
+        if dkv_stage and not (dkv_smem and head_dim in (64, 96)):
+            raise ValueError("dkv_stage needs dkv_smem at hd 64 or 96")
         self.dkv_stage = dkv_stage and self.dkv_smem
         # dkv_tma (with dkv_stage): the staged dK/dV leave by TMA stores, one per warpgroup
         #   half and tensor, issued by the warpgroup's first thread, instead of the read-back

@@ -195,6 +195,12 @@ for _name in (
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
     # (Prepared in session 47, not run: the staged dK/dV leave by TMA stores, dkv_tma.)
     VARIANTS[_name + "_st_tma"] = {**VARIANTS[_name + "_st"], "dkv_tma": True}
+# Session 48: the same staging at hd 96 (162 KiB used, 48 KiB more), on its kernel and twin
+# (their names serve hd 128 causal too, which has no room: the constructor refuses it there).
+for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
+    VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
+    # With the next chain's K/V prefetched too (neutral at hd 96 alone, session 47).
+    VARIANTS[_name + "_st_kp"] = {**VARIANTS[_name + "_st"], "kv_prefetch": 0}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

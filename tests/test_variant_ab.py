@@ -3,6 +3,8 @@ sm_90 GPU)."""
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 
 from tools.hopper import variant_ab
@@ -28,4 +30,21 @@ def test_arguments() -> None:
     assert args.suffix == "_tma" and args.rounds == 5 and args.bits == "same"
     assert [c.seqlen for c in args.configs] == [1024, 512]
     with pytest.raises(SystemExit):
-        variant_ab.parse_args(["1024:full"])  # the suffix is required
+        variant_ab.parse_args(["1024:full"])  # a suffix or a replacement is required
+    with pytest.raises(SystemExit):
+        variant_ab.parse_args(["--replace", "_st", "1024:full"])  # OLD=NEW
+
+
+def test_variant_names() -> None:
+    args = variant_ab.parse_args(["--replace", "_st=", "--suffix", "_x", "8192:full"])
+    assert variant_ab.variant_name("t128_kp_w2_st", args) == "t128_kp_w2_x"
+    assert variant_ab.variant_label(args) == "<shipped>.replace('_st', '')_x"
+    # An empty suffix alone is an A/A.
+    args = variant_ab.parse_args(["--suffix", "", "8192:full"])
+    assert variant_ab.variant_name("t128_kp", args) == "t128_kp"
+    with pytest.raises(ValueError, match="not in the shipped variant"):
+        variant_ab.variant_name("sw_fs", variant_ab.parse_args(["--replace", "_st=", "1:full"]))
+
+
+def test_worked_examples() -> None:
+    assert doctest.testmod(variant_ab).failed == 0

@@ -15,6 +15,10 @@ On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.variant_ab --suffix _tma --rounds 40 1024:full 2048:causal 1000:full:8
 
+``--replace OLD=NEW`` names the variant ``<shipped>.replace(OLD, NEW)`` first (``--replace
+_st=`` times the shipped kernels against themselves without ``dkv_stage``); an empty suffix and
+no replacement is an A/A.
+
 A config is ``seqlen:mask[:kv_heads]`` at ``--headdim`` (the sweep's shapes: batch 16384 //
 seqlen, 2048 // headdim heads; a seqlen that is not a power of two runs batch 3).
 """
@@ -68,14 +72,47 @@ def parse_config(text: str, head_dim: int) -> Config:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="+", help="seqlen:full|causal[:kv_heads]")
-    parser.add_argument("--suffix", required=True, help="variant = shipped variant + suffix")
+    parser.add_argument("--suffix", default=None, help="variant = shipped variant + suffix")
+    parser.add_argument(
+        "--replace", default=None, metavar="OLD=NEW",
+        help="variant = shipped variant with OLD replaced by NEW (then the suffix)",
+    )  # fmt: skip
     parser.add_argument("--headdim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--bits", choices=("same", "rule"), default="same")
     parser.add_argument("--rule-max", type=int, default=4096, help="longest seqlen checked")
     args = parser.parse_args(argv)
+    if args.suffix is None and args.replace is None:
+        parser.error("name the variant: --suffix and/or --replace")
+    if args.replace is not None and "=" not in args.replace:
+        parser.error(f"--replace takes OLD=NEW, got {args.replace!r}")
     args.configs = [parse_config(text, args.headdim) for text in args.configs]
     return args
+
+
+def variant_name(shipped: str, args: argparse.Namespace) -> str:
+    """The variant a shipped kernel is timed against (``--replace``, then ``--suffix``).
+
+    >>> variant_name("t128_a_st", parse_args(["--replace", "_st=", "1024:full"]))
+    't128_a'
+    >>> variant_name("t128_a_st", parse_args(["--suffix", "_tma", "1024:full"]))
+    't128_a_st_tma'
+    """
+    if args.replace is not None:
+        old, new = args.replace.split("=", 1)
+        if old not in shipped:
+            raise ValueError(f"--replace: {old!r} is not in the shipped variant {shipped!r}")
+        shipped = shipped.replace(old, new)
+    return shipped + (args.suffix or "")
+
+
+def variant_label(args: argparse.Namespace) -> str:
+    """How the report names the variant."""
+    label = "<shipped>"
+    if args.replace is not None:
+        old, new = args.replace.split("=", 1)
+        label += f".replace({old!r}, {new!r})"
+    return label + (args.suffix or "")
 
 
 def run(args: argparse.Namespace) -> None:  # pragma: no cover - needs an sm_90 GPU
@@ -108,13 +145,13 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     for base, det in (("S", True), ("ND", False)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         runs[base] = capture(leaves, dout, causal=cfg.causal, deterministic=det)
-        prepared = variant_launch(runs[base].plan, leaves[0], lambda n: n + args.suffix)
+        prepared = variant_launch(runs[base].plan, leaves[0], lambda n: variant_name(n, args))
         runs[base + "_v"] = runs[base].with_launch(prepared)
     det_plan, nondet_plan = runs["S"].plan, runs["ND"].plan
     print(
         f"== d{hd} {cfg.label}: det {det_plan.schedule.name} {det_plan.dispatch.name}, "
         f"non-det {nondet_plan.schedule.name} {nondet_plan.dispatch.name}; variant "
-        f"<shipped>{args.suffix}",
+        f"{variant_label(args)}",
         flush=True,
     )
     first: dict[str, list[torch.Tensor]] = {}

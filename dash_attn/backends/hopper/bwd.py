@@ -241,7 +241,6 @@ class HopperAttnBwd:
         dkv_swap: bool = False,
         kv_prefetch: int | None = None,
         dkv_stage: bool = False,
-        dkv_tma: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -426,24 +425,16 @@ class HopperAttnBwd:
         if dkv_smem_unroll < 1:
             raise ValueError(f"dkv_smem_unroll must be >= 1, got {dkv_smem_unroll}")
         self.dkv_smem_unroll = dkv_smem_unroll
-        # dkv_stage (with dkv_smem, hd 64): the chain's dK/dV are staged in a buffer of their
-        #   own (32 KiB after the dQ staging buffers: what the hd-64 kernels had left of the
-        #   227 KiB) instead of the K/V tiles, so each MMA thread frees K/V as soon as its last
-        #   GEMM is done: the next chain's K/V load runs beside the epilogue instead of after
-        #   it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
+        # dkv_stage (with dkv_smem, hd 64 or 96): the chain's dK/dV are staged in a buffer of
+        #   their own after the dQ staging buffers (32 KiB at hd 64: what those kernels had
+        #   left of the 227 KiB; 48 KiB at hd 96, of 65) instead of the K/V tiles, so each MMA
+        #   thread frees K/V as soon as its last GEMM is done: the next chain's K/V load runs
+        #   beside the epilogue instead of after it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
         #   and reads back only its own 64 rows).
         #   (Not with dkv_sum, whose epilogue is its own.)
         if dkv_stage and not (dkv_smem and head_dim in (64, 96)):
             raise ValueError("dkv_stage needs dkv_smem at hd 64 or 96")
         self.dkv_stage = dkv_stage and self.dkv_smem
-        # dkv_tma (with dkv_stage): the staged dK/dV leave by TMA stores, one per warpgroup
-        #   half and tensor, issued by the warpgroup's first thread, instead of the read-back
-        #   loop (FA3/FA4's epilogue); the staging buffer is written again only once those
-        #   stores have read it, which the next chain's epilogue waits for. TMA clips the rows
-        #   past seqlen_k. The same values reach the same places: the same bits.
-        if dkv_tma and not dkv_stage:
-            raise ValueError("dkv_tma needs dkv_stage")
-        self.dkv_tma = dkv_tma and self.dkv_stage
         # dq_first_store: in deterministic mode the rank-0 contribution to each dQ tile is
         #   stored (a bulk copy) instead of added, so the accumulator needs no zero fill: the
         #   preprocess then zeroes the flags only (``bwd_launch.FullBackward``), which saves
@@ -769,15 +760,6 @@ class HopperAttnBwd:
         )
         tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, mK_t, sK_layout, (bn, hd))
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, mV_t, sK_layout, (bn, hd))
-        # dkv_tma: each warpgroup's half of the chain's dK/dV tiles (the other options pass
-        # K's and V's load atoms in their place, unused).
-        tma_dk, tma_tdK, tma_dv, tma_tdV = tma_k, tma_tK, tma_v, tma_tV
-        if const_expr(self.dkv_tma):
-            s2g = cpasync.CopyBulkTensorTileS2GOp()
-            half = self._smem_layout(bn // 2, hd, None, dq_cols)
-            mdK_t, mdV_t = [select_modes(t, qkv_modes) for t in (mdK, mdV)]
-            tma_dk, tma_tdK = cpasync.make_tiled_tma_atom(s2g, mdK_t, half, (bn // 2, hd))
-            tma_dv, tma_tdV = cpasync.make_tiled_tma_atom(s2g, mdV_t, half, (bn // 2, hd))
         tma_lse, tma_tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE_t, cute.make_layout(bm), (bm,))
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
             g2s, mDelta_t, cute.make_layout(bm), (bm,)
@@ -841,7 +823,6 @@ class HopperAttnBwd:
         self.kernel(
             tma_tQ, tma_tK, tma_tV, tma_tdO, tma_tLSE, tma_tDelta, tma_tdQ,
             tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq,
-            (tma_dk, tma_tdK, tma_dv, tma_tdV),
             mdK, mdV, mdKVacc, mFlags,
             mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
             q_tiles, kv_tiles, num_chains, dynamic,
@@ -879,7 +860,6 @@ class HopperAttnBwd:
         tma_lse: cute.CopyAtom,
         tma_delta: cute.CopyAtom,
         tma_dq: cute.CopyAtom,
-        dkv_store: tuple,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mdKVacc: cute.Tensor,
@@ -1016,7 +996,7 @@ class HopperAttnBwd:
                         )
                         for i in (0, 1)
                     ]  # fmt: skip
-                self.mma(*mma_args, sK_out, sV_out, dkv_store)
+                self.mma(*mma_args, sK_out, sV_out)
 
     @cute.jit
     def producer(
@@ -1473,7 +1453,7 @@ class HopperAttnBwd:
     @cute.jit
     def _chain_epilogue(
         self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
-        seqlen_k, sK, sV, tidx, wg, dkv_store=None,
+        seqlen_k, sK, sV, tidx, wg,
     ):  # fmt: skip
         """The last step of a chain: release its ring stage and K/V (after reading the chain's
         batch, kv head and kv tile from the stage's slot), then dK/dV from registers to
@@ -1493,9 +1473,6 @@ class HopperAttnBwd:
         if const_expr(self.dkv_smem):
             rdV = cute.make_fragment_like(acc_dV, self.dtype)
             rdV.store(acc_dV.load().to(self.dtype))
-            if const_expr(self.dkv_tma):
-                self._store_dkv_tma(rdK, rdV, sK, sV, dkv_store, b, kvh, kvt, mma_dkv, tidx, wg)
-                return
             self._store_dkv_staged(
                 rdK, rdV, sK, sV, mdK[b, None, kvh, None], mdV[b, None, kvh, None], kvt,
                 seqlen_k, mma_dkv, tidx, wg,
@@ -1533,33 +1510,6 @@ class HopperAttnBwd:
         thr_st = st_copy.get_slice(tidx)
         cute.copy(st_copy, thr_st.retile(rdK), thr_st.partition_D(sK))
         cute.copy(st_copy, thr_st.retile(rdV), thr_st.partition_D(sV))
-
-    @cute.jit
-    def _store_dkv_tma(self, rdK, rdV, sK, sV, dkv_store, b, kvh, kvt, mma_dkv, tidx, wg):
-        """dkv_tma: a chain's dK/dV (16-bit fragments) by stmatrix into their staging tiles,
-        then, from warpgroup ``wg``'s first thread, one TMA store of its 64 rows of each (a
-        store copy does not elect a lane itself: issued by a warp, it would run 32 times)."""
-        tma_dk, tma_tdK, tma_dv, tma_tdV = dkv_store
-        issuer = tidx % 128 == 0
-        # The previous chain's stores have read the staging tiles (bulk groups are per thread).
-        if issuer:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
-        self._stmatrix_dkv(rdK, rdV, sK, sV, mma_dkv, tidx)
-        # The warpgroup's stmatrix writes, made visible to the TMA unit (the async proxy).
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_BAR_DKV + wg, number_of_threads=128)
-        if issuer:
-            tile = (self.block_n // 2, self.head_dim)
-            for atom, mT, s in ((tma_dk, tma_tdK, sK), (tma_dv, tma_tdV, sV)):
-                g = cute.local_tile(mT[None, None, kvh, b], tile, (kvt * 2 + wg, 0))
-                sh = cute.local_tile(s, tile, (wg, 0))
-                ts, tg = cpasync.tma_partition(
-                    atom, 0, cute.make_layout(1), cute.group_modes(sh, 0, 2),
-                    cute.group_modes(g, 0, 2),
-                )  # fmt: skip
-                cute.copy(atom, ts, tg)
-            cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def _copy_rows_out(self, sK, sV, gK, gV, kvt, seqlen_k, tidx, wg):
@@ -1963,7 +1913,6 @@ class HopperAttnBwd:
         dkv_sums: _DkvSums,
         sK_out: cute.Tensor,
         sV_out: cute.Tensor,
-        dkv_store: tuple,
     ):
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
         wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(
@@ -2164,7 +2113,7 @@ class HopperAttnBwd:
                     else:
                         self._chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                            softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg, dkv_store,
+                            softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
                         )  # fmt: skip
                 else:
                     b = sInfo[_I_BATCH, stage]
@@ -2187,9 +2136,6 @@ class HopperAttnBwd:
                         self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
 
                 stage, phase = self._next_stage(stage, phase)
-        if const_expr(self.dkv_tma):
-            # The chains' dK/dV stores must be complete before the CTA exits.
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def mma_swapped(

@@ -193,8 +193,9 @@ for _name in (
     "t128_xm24r_sm2_fs_dq2_dt_kp", "t128_xm24r_sm2_fs_dq2_dt_kp_w2",
 ):  # fmt: skip
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
-    # (Prepared in session 47, not run: the staged dK/dV leave by TMA stores, dkv_tma.)
-    VARIANTS[_name + "_st_tma"] = {**VARIANTS[_name + "_st"], "dkv_tma": True}
+# (Session 48, measured and not kept: the staged dK/dV leave by TMA stores from one thread per
+# warpgroup, dkv_tma "_st_tma": the same bits, 0.975-1.000x det; code in git history at
+# ab35427, benchmarks/NOTES.md item 256.)
 # Session 48: the same staging at hd 96 (162 KiB used, 48 KiB more), on its kernel and twin
 # (their names serve hd 128 causal too, which has no room: the constructor refuses it there).
 for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):

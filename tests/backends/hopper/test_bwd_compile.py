@@ -266,9 +266,6 @@ VARIANT_CONFIGS = [
     # the shipped causal det twin in non-det mode, which no run takes.
     ("t128_xm24r_sm2_fs_dq2_kp_w2", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_dt_kp_w2_st", (64, torch.float16, True, False)),
-    # Session 47 (prepared, not run): the staged dK/dV leave by TMA stores (dkv_tma).
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_tma", (64, torch.bfloat16, False, True)),
-    ("t128_xm24r_sm2_fs_dq2_dt_kp_st_tma", (64, torch.float16, True, False)),
     # Session 48: the dK/dV staging at hd 96, on its kernel and det twin.
     ("t128_wg2gr_sm2_fs_dt_w2_st", (96, torch.bfloat16, True, True)),
     ("t128_wg2gr_sm2_fs_dt_st", (96, torch.float16, False, False)),
@@ -323,9 +320,8 @@ def _check_kernel_code(
     # (At hd 96 K and V rows are 32-byte swizzled: each tile moves as six boxes of 16 columns.)
     boxes = 6 if head_dim == 96 else 1
     assert prefetches == (2 * boxes if options.get("kv_prefetch") is not None else 0)
-    # dkv_tma: a TMA store of each warpgroup's dK and dV rows, issued by one thread.
-    stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx))
-    assert stores == (2 if options.get("dkv_tma") else 0)
+    # No TMA stores: dK/dV leave by the MMA threads' own stores.
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
     # Each dQ warp's loop has its own (dq_writers).
     writers = options.get("dq_writers", 1)
@@ -372,14 +368,10 @@ def _check_kernel_code(
     dkv_stmatrix = 0
     if staged:
         # dK/dV through shared memory: stmatrix x4 of both (hd / 16 per thread and tensor), then
-        # 16-byte global stores of whole rows (a loop: a few copies), or with dkv_tma the TMA
-        # stores (UTMASTG), no read-back.
+        # 16-byte global stores of whole rows (a loop: a few copies).
         dkv_stmatrix = head_dim // 8
-        if options.get("dkv_tma"):
-            assert sass.count("UTMASTG") == 2 and not stores, stores
-        else:
-            assert any(st.startswith("STG.E.128") for st in stores), stores
-            assert len(re.findall(r"\bLDS\.128\b", mma_code)) >= 2
+        assert any(st.startswith("STG.E.128") for st in stores), stores
+        assert len(re.findall(r"\bLDS\.128\b", mma_code)) >= 2
     else:
         # dK/dV leave as 32-bit pairs: 2 x (64 x hd / 128 threads / 2) stores, none 16-bit.
         assert len(stores) >= head_dim // 2
@@ -692,8 +684,6 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
-    with pytest.raises(ValueError, match="dkv_tma needs dkv_stage"):
-        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_tma=True)
     # The staged dK/dV epilogue builds on the row-addressed one.
     base = {"dtype": cutlass.BFloat16, "head_dim": 128, "causal": True, "deterministic": True}
     for bad, match in (

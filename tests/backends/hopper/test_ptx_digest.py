@@ -3,6 +3,7 @@ leaves the shipped kernels alone (compiled for sm_90a on the CPU)."""
 
 from __future__ import annotations
 
+import doctest
 import hashlib
 
 import pytest
@@ -37,3 +38,23 @@ def test_masked_ptx_is_reproducible_and_names_are_masked() -> None:
     second = ptx_digest.masked_ptx(64, False, True, variant)
     assert "cutlass_" not in first and "wgmma" in first
     assert hashlib.md5(first.encode()).digest() == hashlib.md5(second.encode()).digest()
+
+
+def test_sass_digests_worked_examples() -> None:
+    assert doctest.testmod(ptx_digest).failed == 0
+
+
+def test_sass_digests_of_a_kernel_are_reproducible() -> None:
+    variant = bwd_variant(64, False, 0, False)
+    first = ptx_digest.kernel_sass(64, False, False, variant)
+    if first is None:
+        pytest.skip("no nvdisasm")
+    opcodes = ptx_digest.sass_opcodes(first)
+    # Five GEMMs per step at hd 64 with 128 x 128 tiles: S, dP (4 k-blocks each), dV, dK (8
+    # each) and dQ (8), as HGMMA instructions.
+    assert sum(op.startswith("HGMMA") for op in opcodes) == 2 * 4 + 2 * 8 + 8
+    second = ptx_digest.kernel_sass(64, False, False, variant)
+    assert second is not None
+    assert ptx_digest.sass_digests(opcodes) == ptx_digest.sass_digests(
+        ptx_digest.sass_opcodes(second)
+    )

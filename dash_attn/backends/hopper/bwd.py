@@ -79,9 +79,8 @@ Constructor options (``bwd_launch.VARIANTS`` names combinations):
 (``dq_fragment.py``; 16-byte stores, one flat bulk reduce per step, decoded by the final cast),
 ``dq_swizzle`` instead in a 128-byte swizzled row-major tile (one TMA reduce per 32 columns);
 ``dq_double`` gives the dQ writer two staging buffers; ``dq_wg`` lets each MMA warpgroup hand
-its half of the partial over on its own (FA4's hand-off); ``split_exp`` computes the exponentials'
-arguments in a pass of their own; ``early_turn`` has the dQ writer take the turn while the step
-is computed; ``joint_wait`` and ``exp_tail`` move the wait for dP^T before all or the last of the
+its half of the partial over on its own (FA4's hand-off); ``early_turn`` has the dQ writer take
+the turn while the step is computed; ``exp_tail`` moves the wait for dP^T before the last of the
 exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
 dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
 warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
@@ -219,9 +218,7 @@ class HopperAttnBwd:
         dq_swizzle: bool = False,
         dq_double: bool = False,
         dq_wg: bool = False,
-        split_exp: bool = False,
         early_turn: bool = False,
-        joint_wait: bool = False,
         exp_tail: int = 0,
         early_meta: bool = False,
         do_single: bool = False,
@@ -229,7 +226,6 @@ class HopperAttnBwd:
         dkv_row_ptr: bool = False,
         exp_poly: tuple[int, int] = (0, 1),
         exp_poly_degree: int = 5,
-        early_lse: bool = False,
         dkv_sum: bool = False,
         dkv_smem: bool = False,
         dkv_smem_unroll: int = 1,
@@ -327,11 +323,6 @@ class HopperAttnBwd:
         if ds_guard and not (dq_double and dq_wg):
             raise ValueError("ds_guard guards the single dS buffer of dq_double with dq_wg")
         self.ds_guard = ds_guard
-        # split_exp: P^T is computed in two passes over the tile, all the scale-and-subtract
-        #   FMAs, then all the exponentials, so that no exponential waits for the FMA that
-        #   feeds it (the session-8 profile had the MUFU ops stalled on fixed-latency waits).
-        #   Measured no faster in session 9: ptxas already interleaves them in the plain loop.
-        self.split_exp = split_exp
         # early_turn: the dQ warp reads a step's metadata from its ring slot as soon as the
         #   slot is loaded (its "full" mbarrier) and, deterministic, waits for the dQ tile's
         #   turn then, while the MMA warpgroups still compute the step; only then does it wait
@@ -341,14 +332,11 @@ class HopperAttnBwd:
         #   for (session 15's profile at hd 64 causal 4k: twice FA4's barrier stalls there).
         #   Measured faster at hd 64, slower with two dQ buffers (hd 128 causal).
         self.early_turn = early_turn
-        # joint_wait: wait for S^T and dP^T together, then compute P^T and dS^T in one block
-        #   per mask path (no wait between them), so that ptxas interleaves the exponentials
-        #   with the dS arithmetic (as in FA4's SASS), instead of issuing them between the
-        #   FFMAs that feed them with the MUFU pipe's issue gaps exposed ("wait" stalls on
-        #   the MUFUs: 10.6k samples against FA4's 0.9k at hd 64 causal 4k, session 15).
-        #   The exponentials then no longer overlap the dP^T GEMM: measured no faster
-        #   (0.97-1.06x per config, session 15).
-        self.joint_wait = joint_wait
+        # (Measured and not kept, code in git history at 102690c: the exponentials' arguments
+        #   in a pass of their own, split_exp, no faster, ptxas interleaves them already,
+        #   session 9; S^T and dP^T awaited together with P^T and dS^T in one block,
+        #   joint_wait, 0.97-1.06x, session 15; the LSE2 rows read into registers while S^T
+        #   runs, early_lse, 0.92-0.97x det at hd 128, session 22.)
         # exp_tail: the last exp_tail of each thread's exponentials (all, if it has fewer:
         #   64 per step at hd 64, 32 or 40 at hd 128) are computed after the wait for dP^T,
         #   in one basic block with dS^T, so that ptxas issues them between the dS arithmetic
@@ -356,8 +344,6 @@ class HopperAttnBwd:
         #   Without it the exponential loop (one basic block per mask path) ends in a run of
         #   ~40 back-to-back MUFUs (their FFMAs are all done) before the wait for dP^T.
         #   Measured 1.03x (geomean) at hd 64 with 24 of 64, neutral at hd 128 (session 16).
-        if joint_wait and exp_tail:
-            raise ValueError("joint_wait and exp_tail both place the dP^T wait: pick one")
         if exp_tail < 0:
             raise ValueError(f"exp_tail must be >= 0, got {exp_tail}")
         self.exp_tail = exp_tail
@@ -394,13 +380,6 @@ class HopperAttnBwd:
             )
         self.exp_poly = (count, period)
         self.exp_poly_degree = exp_poly_degree
-        # early_lse: each element's LSE2 row is read from shared memory into registers right
-        #   after S^T and dP^T are issued, so the exponentials do not wait for those loads after
-        #   the S^T wait (FA4 reads its LSE while S^T runs; session 21's profile of hd 128
-        #   causal 2k). Holds one more register per distinct row across the wait: 0.92-0.97x
-        #   det at hd 128 at a fixed clock (session 22; before, without it, no faster at hd 128
-        #   and spills at hd 64).
-        self.early_lse = early_lse
         # dkv_sum: a GQA split's chains (one per q head) add their dK/dV into fp32
         #   accumulators of the kv heads in q-head order (the chain epilogue in the module
         #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
@@ -429,8 +408,8 @@ class HopperAttnBwd:
         #   their own after the dQ staging buffers (32 KiB at hd 64: what those kernels had
         #   left of the 227 KiB; 48 KiB at hd 96, of 65) instead of the K/V tiles, so each MMA
         #   thread frees K/V as soon as its last GEMM is done: the next chain's K/V load runs
-        #   beside the epilogue instead of after it, and no barrier of both warpgroups precedes the staging (each warpgroup writes
-        #   and reads back only its own 64 rows).
+        #   beside the epilogue instead of after it, and no barrier of both warpgroups
+        #   precedes the staging (each warpgroup writes and reads back only its own 64 rows).
         #   (Not with dkv_sum, whose epilogue is its own.)
         if dkv_stage and not (dkv_smem and head_dim in (64, 96)):
             raise ValueError("dkv_stage needs dkv_smem at hd 64 or 96")
@@ -528,8 +507,7 @@ class HopperAttnBwd:
         if dkv_swap:
             swap_needs = {"dq_frag": dq_frag, "dq_wg": dq_wg, "do_single": do_single}
             swap_excludes = {
-                "dq_double": dq_double, "split_exp": split_exp, "joint_wait": joint_wait,
-                "exp_tail": exp_tail, "early_lse": early_lse, "exp_poly": exp_poly != (0, 1),
+                "dq_double": dq_double, "exp_tail": exp_tail, "exp_poly": exp_poly != (0, 1),
                 "dkv_smem": dkv_smem, "stages != 2": stages != 2,
             }  # fmt: skip
             missing = [k for k, v in swap_needs.items() if not v]
@@ -1825,7 +1803,6 @@ class HopperAttnBwd:
         acc_S: cute.Tensor,
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
-        rLSE: cute.Tensor | None,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -1839,22 +1816,13 @@ class HopperAttnBwd:
         """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
-        lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from ``rLSE`` (one per
-        element, read by early_lse) when given, else from the stage's ``sLSE`` rows."""
+        lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from the stage's
+        ``sLSE`` rows."""
         end = cute.size(acc_S) if const_expr(end is None) else end
-        if const_expr(self.split_exp):
-            for i in cutlass.range_constexpr(first, end):
-                _, m = tScS[i]
-                acc_S[i] = acc_S[i] * scale_log2 - sLSE[m, stage]
         poly_count, poly_period = self.exp_poly
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
-            if const_expr(self.split_exp):
-                x = acc_S[i]
-            elif const_expr(rLSE is not None):
-                x = acc_S[i] * scale_log2 - rLSE[i]
-            else:
-                x = acc_S[i] * scale_log2 - sLSE[m, stage]
+            x = acc_S[i] * scale_log2 - sLSE[m, stage]
             if const_expr(i % poly_period >= poly_period - poly_count):
                 p = exp2_poly(x, self.exp_poly_degree)
             else:
@@ -1992,28 +1960,14 @@ class HopperAttnBwd:
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
-                rLSE = None
-                if const_expr(self.early_lse):
-                    rLSE = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                    for i in cutlass.range_constexpr(cute.size(rLSE)):
-                        rLSE[i] = sLSE[tScS[i][1], stage]
                 warpgroup.wait_group(1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
-                # shared memory here unless early_lse read them before the wait.
+                # shared memory here.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
-                if const_expr(self.joint_wait):
-                    warpgroup.wait_group(0)
-                    # P^T and dS^T inside each branch: one basic block each.
-                    if edge != 0:
-                        self._probs(*probs_args, True)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-                    else:
-                        self._probs(*probs_args, False)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-                elif const_expr(self.exp_tail > 0):
+                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                if const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
                     # wgmma wait above every exponential of its own block.

@@ -43,13 +43,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # Two dQ staging buffers (dS single-buffered to make room).
 VARIANTS["t128_dq2"] = {**VARIANTS["t128_smq"], "dq_double": True}
 # Session 9: the dQ partial staged and accumulated in fragment order (16-byte stores, one flat
-# bulk reduce per step; the final cast decodes the layout), with one or two staging buffers;
-# and the exponentials in their own pass after the FMAs that feed them (no faster: ptxas
-# interleaves them already).
+# bulk reduce per step; the final cast decodes the layout), with one or two staging buffers.
+# (The exponentials in their own pass after the FMAs that feed them, split_exp "t128_fqx", no
+# faster: ptxas interleaves them already; git history at 102690c.)
 _FRAG = {"dq_frag": True, "dq_swizzle": False}
 VARIANTS["t128_fq"] = {**VARIANTS["t128_smq"], **_FRAG}
 VARIANTS["t128_fq2"] = {**VARIANTS["t128_dq2"], **_FRAG}
-VARIANTS["t128_fqx"] = {**VARIANTS["t128_fq"], "split_exp": True}
 # Session 10: FA4's 80 x 128 tiles at hd 128 (dQ computed transposed, one dQ buffer); the
 # plan gives them to full masks only (causal keeps 64 x 128, as FA4).
 VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80, 128)}}
@@ -63,11 +62,9 @@ for _name in ("t128_fq", "t128_fq2", "t80_fq"):
 # 0.91-0.99x: git history, 0da812d.)
 for _name in ("t128_wg", "t128_wg2", "t80_wg"):
     VARIANTS[_name.replace("_wg", "_et")] = {**VARIANTS[_name], "early_turn": True}
-# Session 15: S^T and dP^T awaited together, P^T and dS^T in one block (joint_wait), on
-# each shipped variant: 0.97-1.06x of them, no faster (benchmarks/NOTES.md, item 60).
-VARIANTS["t128_ej"] = {**VARIANTS["t128_et"], "joint_wait": True}
-VARIANTS["t128_jw2"] = {**VARIANTS["t128_wg2"], "joint_wait": True}
-VARIANTS["t80_jw"] = {**VARIANTS["t80_wg"], "joint_wait": True}
+# (Session 15: S^T and dP^T awaited together, P^T and dS^T in one block, joint_wait "t128_ej",
+# "t128_jw2", "t80_jw": 0.97-1.06x, no faster, benchmarks/NOTES.md item 60; git history at
+# 102690c.)
 # Session 16: the last exponentials after the dP^T wait, beside the dS arithmetic (exp_tail).
 # (64 exponentials per thread and step at hd 64, 32 at hd 128 causal, 40 at hd 128 full.)
 for _tail in (16, 24, 32, 40, 48):
@@ -107,12 +104,11 @@ for _name in ("t80_wgr", "t80_wg2r"):
     for _n in (5, 6, 8):
         VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}
     VARIANTS[f"{_name}_p14d3"] = {**VARIANTS[_name], "exp_poly": (1, 4), "exp_poly_degree": 3}
-# Session 22: early_meta (tile indices before the GEMMs) and early_lse (LSE2 rows into registers
-# while S^T runs) on the shipped hd-128 kernels.
+# Session 22: early_meta (tile indices before the GEMMs) on the shipped hd-128 kernels. (With
+# early_lse, the LSE2 rows read into registers while S^T runs, "_el" and "_eml": 0.92-0.97x det;
+# git history at 102690c.)
 for _name in ("t80_wgr", "t80_wg2r", "t128_wg2gr"):
     VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
-    VARIANTS[_name + "_el"] = {**VARIANTS[_name], "early_lse": True}
-    VARIANTS[_name + "_eml"] = {**VARIANTS[_name], "early_meta": True, "early_lse": True}
 # Session 25: dK/dV through shared memory (the K/V tiles) as 16-byte row chunks (dkv_smem).
 # (dV alone stored while the last step's dQ and dK GEMMs run, early_dv, "_ev", measured less:
 # git history, 2fbfb69.)

@@ -192,13 +192,11 @@ VARIANT_CONFIGS = [
     # Two dQ staging buffers with that tile.
     ("t128_dq2", (64, torch.bfloat16, True, True)),
     ("t128_dq2", (128, torch.float16, False, False)),
-    # dQ in fragment order: one buffer at hd 128, two at hd 64 (the other head dim's choice);
-    # the exponentials split from their FMAs.
+    # dQ in fragment order: one buffer at hd 128, two at hd 64 (the other head dim's choice).
     ("t128_fq", (128, torch.bfloat16, True, True)),
     ("t128_fq", (128, torch.float16, False, False)),
     ("t128_fq2", (64, torch.float16, False, False)),
     ("t128_fq2", (64, torch.bfloat16, True, True)),
-    ("t128_fqx", (128, torch.bfloat16, True, True)),
     # The 64 x 128 kernel at hd 128 with a full mask (shipped, as t128_wg2, for causal only),
     # and the 80 x 128 one (dQ transposed, 32-byte swizzled dS) with a causal mask (shipped, as
     # t80_wg, for full only).
@@ -212,9 +210,6 @@ VARIANT_CONFIGS = [
     # early turn with two dQ buffers (slower at hd 128 causal, session 15).
     ("t128_wg", (64, torch.bfloat16, True, True)),
     ("t128_et2", (128, torch.bfloat16, True, True)),
-    # S^T and dP^T awaited together (no faster, session 15).
-    ("t128_ej", (64, torch.bfloat16, True, True)),
-    ("t80_jw", (128, torch.float16, False, False)),
     # Session 15's kernel at hd 64 (shipped before exp_tail and early_meta); the exponential
     # tail alone, and each on the hd-128 kernels (no faster there, session 16).
     ("t128_et", (64, torch.bfloat16, True, True)),
@@ -234,11 +229,9 @@ VARIANT_CONFIGS = [
     # Session 21's shipped hd-128 full kernels (every exponential on the MUFU unit).
     ("t80_wgr", (128, torch.bfloat16, False, True)),
     ("t80_wg2r", (128, torch.float16, False, False)),
-    # Session 22: a share of the exponentials by a polynomial (exp_poly; slower at hd 64), and
-    # the LSE2 rows read into registers before the S^T wait (early_lse; slower in det mode).
+    # Session 22: a share of the exponentials by a polynomial (exp_poly; slower at hd 64).
     ("t128_xm24_p25", (64, torch.bfloat16, True, True)),
     ("t80_wgr_p14d3", (128, torch.float16, False, False)),
-    ("t128_wg2gr_el", (128, torch.bfloat16, True, True)),
     # Session 22's shipped kernels (dK/dV stored from registers as 32-bit pairs); session 25's
     # dkv_smem without the read-back unroll, and on the hd-128 full kernel for long keys (0.94x).
     ("t128_xm24", (64, torch.bfloat16, True, True)),
@@ -392,12 +385,11 @@ def _check_kernel_code(
     on_mufu = [i % poly_period < poly_period - poly_count for i in range(per_thread)]
     assert mma_code.count("MUFU.EX2") == 2 * sum(on_mufu)
     assert ptx.count("add.rm.ftz.f32") == 2 * on_mufu.count(False)
-    if not options.get("joint_wait"):
-        # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
-        # exponentials of both copies but their last exp_tail each, which follow it.
-        before, after = _exponentials_around_dp_wait(mma_code)
-        split = per_thread - min(options.get("exp_tail", 0), per_thread)
-        assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
+    # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
+    # exponentials of both copies but their last exp_tail each, which follow it.
+    before, after = _exponentials_around_dp_wait(mma_code)
+    split = per_thread - min(options.get("exp_tail", 0), per_thread)
+    assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
     # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
     # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
     dq_threads = "0xa0" if options.get("dq_wg") else "0x120"

@@ -48,8 +48,8 @@ def shipped_configs() -> Iterator[tuple[int, bool, bool, str, str]]:
                     yield head_dim, causal, deterministic, label, variant
 
 
-def masked_ptx(head_dim: int, causal: bool, deterministic: bool, variant: str) -> str:
-    """The PTX of one bf16 kernel, its generated names replaced by ``K``."""
+def _kept_file(head_dim: int, causal: bool, deterministic: bool, variant: str, kind: str) -> bytes:
+    """One bf16 kernel compiled with ``--keep-<kind>`` (``ptx`` or ``cubin``): the file's bytes."""
     import torch
 
     from dash_attn.backends.hopper import bwd_launch
@@ -57,10 +57,16 @@ def masked_ptx(head_dim: int, causal: bool, deterministic: bool, variant: str) -
     with tempfile.TemporaryDirectory() as dump:
         bwd_launch.compile_bwd(
             torch.bfloat16, head_dim, causal=causal, deterministic=deterministic,
-            variant=variant, extra_options=f"--keep-ptx --dump-dir {dump}",
+            variant=variant, extra_options=f"--keep-{kind} --dump-dir {dump}",
         )  # fmt: skip
-        (ptx,) = Path(dump).glob("*.ptx")
-        return _NAMES.sub("K", ptx.read_text())
+        (path,) = Path(dump).glob(f"*.{kind}")
+        return path.read_bytes()
+
+
+def masked_ptx(head_dim: int, causal: bool, deterministic: bool, variant: str) -> str:
+    """The PTX of one bf16 kernel, its generated names replaced by ``K``."""
+    ptx = _kept_file(head_dim, causal, deterministic, variant, "ptx").decode()
+    return _NAMES.sub("K", ptx)
 
 
 def sass_opcodes(sass: str) -> list[str]:
@@ -96,18 +102,9 @@ def sass_digests(opcodes: list[str]) -> dict[str, str]:
 
 def kernel_sass(head_dim: int, causal: bool, deterministic: bool, variant: str) -> str | None:
     """``nvdisasm -c`` of one bf16 kernel's cubin; None without nvdisasm."""
-    import torch
-
-    from dash_attn.backends.hopper import bwd_launch
     from tools.hopper.sass import disassemble
 
-    with tempfile.TemporaryDirectory() as dump:
-        bwd_launch.compile_bwd(
-            torch.bfloat16, head_dim, causal=causal, deterministic=deterministic,
-            variant=variant, extra_options=f"--keep-cubin --dump-dir {dump}",
-        )  # fmt: skip
-        (cubin,) = Path(dump).glob("*.cubin")
-        return disassemble(cubin.read_bytes())
+    return disassemble(_kept_file(head_dim, causal, deterministic, variant, "cubin"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ Run on an H100/H200 from the repository root::
 
     PYTHONPATH=$PWD python3 tools/hopper/check_bwd.py --out OUT_DIR
 
-``--variants t128_smq,t128_fq2`` instead compares kernel variants (bwd_launch.VARIANTS) side by
+``--variants t128_fq,t128_fq2`` instead compares kernel variants (bwd_launch.VARIANTS) side by
 side: numerics and 3 bitwise repeats for every schedule on a few shapes (det and non-det), a
 forced timeout, then timing on the 8 benchmark shapes (det and non-det, and FA4 if importable),
 within a global time budget; it ends with a variant x shape table.
@@ -249,9 +249,8 @@ class Problem:
         if not self.timing:
             wait_gpu(60.0, f"{self.shape.label} {sched.name} det={deterministic}")
         dq = bwd_launch.cast_dq(
-            dq_acc, self.scale, self.dtype, seqlen_q=self.shape.seqlen_q, block_m=block_m,
-            variant=variant,
-        )  # fmt: skip
+            dq_acc, self.scale, self.dtype, seqlen_q=self.shape.seqlen_q, block_m=block_m
+        )
         return dq, dk, dv, status
 
 

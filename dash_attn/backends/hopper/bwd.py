@@ -74,21 +74,20 @@ atoms of that swizzle only); at hd 128 64 x 128, or
 layout there): S = Q K^T and dP = dO V^T with the KV rows split over the warpgroups, P and dS
 through shared memory, dK^T and dV^T accumulated with the head dim as M.
 
-Constructor options (``bwd_launch.VARIANTS`` names combinations):
-``dq_frag`` (default) stages and accumulates the dQ partial in the MMA fragments' own order
-(``dq_fragment.py``; 16-byte stores, one flat bulk reduce per step, decoded by the final cast),
-``dq_swizzle`` instead in a 128-byte swizzled row-major tile (one TMA reduce per 32 columns);
-``dq_double`` gives the dQ writer two staging buffers; ``dq_wg`` lets each MMA warpgroup hand
-its half of the partial over on its own (FA4's hand-off); ``early_turn`` has the dQ writer take
-the turn while the step is computed; ``exp_tail`` moves the wait for dP^T before the last of the
-exponentials; ``early_meta`` reads the step's tile indices before its GEMMs; ``do_single`` gives
-dO one buffer of its own (a second dQ buffer then fits at 80-row tiles); ``ds_guard`` orders the
-warpgroups' use of the single dS buffer by a barrier; ``exp_poly`` computes a share of the
-exponentials by a polynomial on the FMA pipe; ``dkv_smem`` takes the chain's dK/dV through
-shared memory (full sectors); ``dq_first_store`` copies each dQ tile's rank-0 partial instead of
-adding it; ``pdl`` launches the kernel as a programmatic dependent; ``drain_ticket`` has the
-producer take a dynamic ticket only after the chain's last dQ turn is released (with
-``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
+The dQ partial is staged and accumulated in the MMA fragments' own order (``dq_fragment.py``;
+16-byte stores, one flat bulk reduce per step, decoded by the final cast). Constructor options
+(``bwd_launch.VARIANTS`` names combinations): ``dq_double`` gives the dQ writer two staging
+buffers; ``dq_wg`` lets each MMA warpgroup hand its half of the partial over on its own (FA4's
+hand-off); ``early_turn`` has the dQ writer take the turn while the step is computed; ``exp_tail``
+moves the wait for dP^T before the last of the exponentials; ``early_meta`` reads the step's tile
+indices before its GEMMs; ``do_single`` gives dO one buffer of its own (a second dQ buffer then
+fits at 80-row tiles); ``ds_guard`` orders the warpgroups' use of the single dS buffer by a
+barrier; ``exp_poly`` computes a share of the exponentials by a polynomial on the FMA pipe;
+``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors); ``dq_first_store``
+copies each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a
+programmatic dependent; ``drain_ticket`` has the producer take a dynamic ticket only after the
+chain's last dQ turn is released (with ``drain_at_turn``, once that turn is taken); ``stages`` is
+the depth of the Q/dO ring.
 
 (The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
@@ -214,8 +213,6 @@ class HopperAttnBwd:
         block_n: int = 128,
         stages: int = 2,
         *,
-        dq_frag: bool = True,
-        dq_swizzle: bool = False,
         dq_double: bool = False,
         dq_wg: bool = False,
         early_turn: bool = False,
@@ -266,20 +263,13 @@ class HopperAttnBwd:
         self.block_m = block_m
         self.block_n = block_n
         self.stages = stages
-        # The dQ partial's staging layout (one of two):
-        # dq_frag: staged and accumulated in fragment order (dq_fragment.py): each thread's
-        #   registers as 16-byte stores (half the store instructions of the swizzled tile's
-        #   8-byte ones, which queue in the MIO pipe with the exponentials), and one flat bulk
-        #   reduce per step instead of a TMA tensor reduce per 32 columns. The accumulator is
-        #   then (batch, heads, q_tiles, block_m * head_dim) and the final cast
-        #   (dq_cast.scale_cast_fragments) decodes it.
-        # dq_swizzle: a 128-byte swizzled row-major fp32 tile (4 TMA boxes of 32 columns; the
-        #   accumulator's 64-bit stores would hit 8 rows with the same bank set in a plain
-        #   row-major tile), reduced into a (batch, seqlen_q, heads, head_dim) accumulator.
-        if dq_frag == dq_swizzle:
-            raise ValueError("pick one dQ staging layout: dq_frag or dq_swizzle")
-        self.dq_frag = dq_frag
-        self.dq_swizzle = dq_swizzle
+        # The dQ partial is staged and accumulated in fragment order (dq_fragment.py): each
+        #   thread's registers as 16-byte stores (half the store instructions of a swizzled
+        #   row-major tile's 8-byte ones, which queue in the MIO pipe with the exponentials),
+        #   and one flat bulk reduce per step instead of a TMA tensor reduce per 32 columns.
+        #   The accumulator is (batch, heads, q_tiles, block_m * head_dim) and the final cast
+        #   (dq_cast.scale_cast_fragments) decodes it. (Sessions 5-8's swizzled row-major
+        #   tile, dq_swizzle, is in git history at aca05d6.)
         # dq_double: two dQ staging buffers, so the MMA warpgroups wait for the dQ writer only
         #   when it is two steps behind (the largest stall left in the session-8 profile was
         #   the wait for the single buffer). The shared memory comes from a single-buffered dS
@@ -292,21 +282,19 @@ class HopperAttnBwd:
         #   reduces each half as soon as it is there (FA4's hand-off). Without it, both
         #   warpgroups and the dQ warp meet at one 288-thread barrier per buffer state, a
         #   second point per step (after the dS barrier) where a warpgroup waits for the other.
-        if dq_wg and not dq_frag:
-            raise ValueError("dq_wg needs dq_frag (one contiguous half per warpgroup)")
         self.dq_wg = dq_wg
         # 80-row Q tiles (FA4's tile at hd 128 without a causal mask: a quarter more work per
         # step for the same per-step costs) are no multiple of the 64-row WGMMA atom, so dQ is
         # computed transposed, dQ^T = K^T dS^T: M = the head dim (64 rows per warpgroup),
-        # N = 80. Only in fragment order (dq_fragment's "swap" split) and with one dQ buffer:
+        # N = 80 (dq_fragment's "swap" split). Only with one dQ buffer:
         # with it (40 KiB) the kernel takes 226 KiB of the 227 KiB a CTA may have.
         self.dq_swap = block_m % 64 != 0
         # The (M, N) of the dQ GEMM's accumulator: (Q rows, head dim), transposed with dq_swap.
         self.dq_mma_shape = (head_dim, block_m) if self.dq_swap else (block_m, head_dim)
-        if self.dq_swap and (not dq_frag or (dq_double and not do_single)):
+        if self.dq_swap and dq_double and not do_single:
             raise NotImplementedError(
-                f"block_m={block_m} computes dQ transposed: it needs dq_frag, and a second dQ "
-                "buffer needs do_single (shared memory)"
+                f"block_m={block_m} computes dQ transposed: a second dQ buffer needs do_single "
+                "(shared memory)"
             )
         # do_single: dO has one shared-memory buffer instead of one per ring stage, with its own
         #   "full"/"empty" mbarriers: step s+1's dO is loaded once step s's dV GEMM (its last
@@ -422,8 +410,6 @@ class HopperAttnBwd:
         #   zero (0 + -0 is +0). The caller must zero the accumulator where some dQ tile has no
         #   rank-0 step (``Schedule.starts_every_dq_tile``); non-deterministic kernels add
         #   every partial (no order says which is first).
-        if dq_first_store and not dq_frag:
-            raise ValueError("dq_first_store needs dq_frag (one flat bulk copy per part)")
         self.dq_first_store = dq_first_store and deterministic
         # pdl: launched as a programmatic dependent of the preprocess (PDL, as FA4's backward):
         #   the grid may start while the preprocess finishes; every thread waits for the
@@ -465,15 +451,15 @@ class HopperAttnBwd:
         #   reads its steps from the ring slots (as early_turn does; it must see its
         #   terminator, which has no partial behind it) and takes the turn where early_turn
         #   says. The order of the adds is the ranks' either way (the same bits). Needs two ring
-        #   stages (a warp's stage stays fixed) and dq_frag's flat reduces, and either the two
+        #   stages (a warp's stage stays fixed), and either the two
         #   buffers (dq_double: one per warp) or early_turn: then both warps share the one
         #   buffer (head dims 192/256, where a second does not fit), taking it in turn (below).
         if dq_writers not in (1, 2):
             raise ValueError(f"dq_writers must be 1 or 2, got {dq_writers}")
-        if dq_writers == 2 and not ((dq_double or early_turn) and stages == 2 and dq_frag):
+        if dq_writers == 2 and not ((dq_double or early_turn) and stages == 2):
             raise ValueError(
-                "dq_writers=2 needs dq_double or early_turn, stages=2 and dq_frag (one warp per "
-                "ring stage; per staging buffer, or sharing one)"
+                "dq_writers=2 needs dq_double or early_turn, and stages=2 (one warp per ring "
+                "stage; per staging buffer, or sharing one)"
             )
         self.dq_writers = dq_writers
         # Two dQ warps and one staging buffer: a warp waits for the buffer's "written" barriers
@@ -505,7 +491,7 @@ class HopperAttnBwd:
                 f"the swapped dK/dV layout (dkv_swap; head dims {sorted(SWAPPED_TILES)})"
             )
         if dkv_swap:
-            swap_needs = {"dq_frag": dq_frag, "dq_wg": dq_wg, "do_single": do_single}
+            swap_needs = {"dq_wg": dq_wg, "do_single": do_single}
             swap_excludes = {
                 "dq_double": dq_double, "exp_tail": exp_tail, "exp_poly": exp_poly != (0, 1),
                 "dkv_smem": dkv_smem, "stages != 2": stages != 2,
@@ -628,7 +614,7 @@ class HopperAttnBwd:
         mdO: cute.Tensor,
         mLSE: cute.Tensor,  # (b * heads, rows_pad) fp32
         mDelta: cute.Tensor,
-        mdQacc: cute.Tensor,  # (b, seqlen_q, heads, hd) fp32; dq_frag: (b, heads, q_tiles, bm * hd)
+        mdQacc: cute.Tensor,  # (b, heads, q_tiles, bm * hd) fp32, in fragment order
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mdKVacc: cute.Tensor,  # dkv_sum: fp32 [2 * b * seqlen_k * kv_heads * hd], dK then dV
@@ -704,19 +690,8 @@ class HopperAttnBwd:
             # accumulator then writes pairs of neighbouring elements as one 32-bit store, and
             # dQ = dS K reads it as an MN-major A operand.
             sdS_layout = self._smem_layout(bn, bm, 1 if const_expr(self.dq_double) else st)
-        if const_expr(self.dq_frag):
-            # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
-            sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
-        elif const_expr(self.dq_double):
-            # (rows, hd, buffer); the TMA atom takes one buffer's (rows, hd) layout.
-            dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
-            sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd, 2), order=(0, 1, 2))
-        else:
-            # The atom's swizzle acts on byte addresses, so the fp32 atom is (8, 32): the XOR
-            # of the row (mod 8) into the 16-byte chunk index spreads the 8 rows a warp's store
-            # covers over all 32 banks.
-            dq_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
-            sdQ_layout = cute.tile_to_shape(dq_atom, (bm, hd), order=(0, 1))
+        # Flat: the MMA threads' fragments in order, one tile per buffer (dq_fragment.py).
+        sdQ_layout = cute.make_layout(bm * hd * self.dq_bufs)
         # One stage of LSE2/delta rows per 128 bytes at least: TMA writes to 128-byte aligned
         # shared memory (80 rows are 320 bytes).
         lse_stride = -(-bm // 32) * 32
@@ -725,9 +700,7 @@ class HopperAttnBwd:
 
         # TMA views: (rows, hd, head, batch) for the 4-D tensors, (rows, batch*head) for rows.
         qkv_modes = [1, 3, 2, 0]
-        mQ_t, mK_t, mV_t, mdO_t, mdQ_t = [
-            select_modes(t, qkv_modes) for t in (mQ, mK, mV, mdO, mdQacc)
-        ]
+        mQ_t, mK_t, mV_t, mdO_t = [select_modes(t, qkv_modes) for t in (mQ, mK, mV, mdO)]
         mLSE_t, mDelta_t = [select_modes(t, [1, 0]) for t in (mLSE, mDelta)]
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tma_tQ = cpasync.make_tiled_tma_atom(
@@ -742,18 +715,6 @@ class HopperAttnBwd:
         tma_delta, tma_tDelta = cpasync.make_tiled_tma_atom(
             g2s, mDelta_t, cute.make_layout(bm), (bm,)
         )
-        if const_expr(self.dq_frag):
-            # Flat bulk reduces from plain addresses: no TMA atom (the Q atom stands in for
-            # the unused parameter) and the accumulator is passed as it is.
-            tma_dq, tma_tdQ = tma_q, mdQacc
-        else:
-            # The TMA atom moves one buffer: (rows, hd).
-            sdQ_tile = sdQ_layout
-            if const_expr(self.dq_double):
-                sdQ_tile = cute.select(sdQ_layout, mode=[0, 1])
-            tma_dq, tma_tdQ = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ_t, sdQ_tile, (bm, hd)
-            )
 
         elem = self.dtype.width // 8
         # The bytes the ring's "full" mbarrier expects per step: Q, LSE2, delta, and dO unless
@@ -799,8 +760,9 @@ class HopperAttnBwd:
         # adding into dK/dV of K/V's heads (dkv_sum); their K/V are those of head // kv_group.
         chain_heads = cute.size((mQ if self.dkv_sum else mdK).shape[2])
         self.kernel(
-            tma_tQ, tma_tK, tma_tV, tma_tdO, tma_tLSE, tma_tDelta, tma_tdQ,
-            tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq,
+            # (dQ leaves by flat bulk reduces from plain addresses: no TMA atom.)
+            tma_tQ, tma_tK, tma_tV, tma_tdO, tma_tLSE, tma_tDelta, mdQacc,
+            tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta,
             mdK, mdV, mdKVacc, mFlags,
             mChainStart, mStepHead, mStepTile, mStepRank, mOrder, mWorkerStart,
             q_tiles, kv_tiles, num_chains, dynamic,
@@ -837,7 +799,6 @@ class HopperAttnBwd:
         tma_do: cute.CopyAtom,
         tma_lse: cute.CopyAtom,
         tma_delta: cute.CopyAtom,
-        tma_dq: cute.CopyAtom,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mdKVacc: cute.Tensor,
@@ -876,7 +837,7 @@ class HopperAttnBwd:
         tidx, _, _ = cute.arch.thread_idx()
 
         if warp_idx == 0:
-            for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta, tma_dq):
+            for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_delta):
                 cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.memory.SmemAllocator()
@@ -908,17 +869,7 @@ class HopperAttnBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        if const_expr(self.dq_frag):
-            sdQ = storage.sdQ.get_tensor(sdQ_layout)
-            sdQ_mma = sdQ
-        else:
-            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-            # The MMA warpgroups store through a flat view with the swizzle computed by hand
-            # (_store_dq_swizzled): through the swizzled tensor ptxas keeps one address
-            # register per store (the XOR hides that they differ by constants) and spills.
-            sdQ_mma = storage.sdQ.get_tensor(
-                cute.make_layout(self.block_m * self.head_dim * self.dq_bufs)
-            )
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((_INFO_WORDS, self.stages)))
@@ -935,13 +886,13 @@ class HopperAttnBwd:
                 )  # fmt: skip
             if warp_idx == 1:
                 self.dq_writer(
-                    mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
+                    mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
                     sInfo, storage, 0,
                 )  # fmt: skip
             if const_expr(self.dq_writers == 2):  # noqa: SIM102 (compile-time, then runtime)
                 if warp_idx == 2:
                     self.dq_writer(
-                        mdQ, tma_dq, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
+                        mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
                         sInfo, storage, 1,
                     )  # fmt: skip
         else:
@@ -953,7 +904,7 @@ class HopperAttnBwd:
             )  # fmt: skip
             mma_args = (
                 mdK, mdV, scale_log2, softmax_scale, seqlen_q, seqlen_k,
-                sQ, sK, sV, sdO, sdS, sdQ_mma, sLSE, sDelta, sInfo, storage,
+                sQ, sK, sV, sdO, sdS, sdQ, sLSE, sDelta, sInfo, storage,
                 mma_sdp, mma_dkv, mma_dq, tidx - 128, dkv_sums,
             )  # fmt: skip
             if const_expr(self.dkv_swap):
@@ -1191,7 +1142,6 @@ class HopperAttnBwd:
     def dq_writer(
         self,
         mdQ: cute.Tensor,
-        tma_dq: cute.CopyAtom,
         mFlags: cute.Tensor,
         q_tiles: Int32,
         heads: Int32,
@@ -1236,15 +1186,10 @@ class HopperAttnBwd:
                 cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             else:
                 self._dq_barrier(_BAR_DQ_FULL, buf, Int32(0), wait=True)
-            if const_expr(self.dq_frag):
-                sdQ_buf = cute.make_tensor(
-                    sdQ.iterator + cute.assume(buf * (bm * hd), divby=bm * hd),
-                    cute.make_layout(bm * hd),
-                )
-            elif const_expr(self.dq_double):
-                sdQ_buf = sdQ[None, None, buf]
-            else:
-                sdQ_buf = sdQ
+            sdQ_buf = cute.make_tensor(
+                sdQ.iterator + cute.assume(buf * (bm * hd), divby=bm * hd),
+                cute.make_layout(bm * hd),
+            )
             # The step's metadata, from its load-ring slot (released here once read: the MMA
             # warpgroups release it only after this barrier, so it is still valid; with
             # early_turn the slot cannot be refilled before this warp's release either).
@@ -1290,41 +1235,26 @@ class HopperAttnBwd:
                             for i in cutlass.range(
                                 p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
                             ):
-                                if const_expr(self.dq_frag):
-                                    sdQ_buf[i] = nan
-                                else:
-                                    sdQ_buf[i // hd, i % hd] = nan
+                                sdQ_buf[i] = nan
                             cute.arch.fence_view_async_shared()
                             if lane == 0:
                                 mFlags[1] = Int32(1)
                         cute.arch.sync_warp()
-                    if const_expr(self.dq_frag):
-                        # One flat bulk reduce per part (the accumulator's tile is in the same
-                        # fragment order), issued and committed by lane 0.
-                        if lane == 0:
-                            tile = mdQ[b, qh, qt, None]
-                            if const_expr(self.dq_first_store):
-                                # The tile's first contribution in the fixed order: a copy.
-                                if rank == 0:
-                                    cute_prims.cp_async_bulk_global_shared_cta(
-                                        tile.iterator + p * part, sdQ_buf.iterator + p * part,
-                                        part * 4,
-                                    )  # fmt: skip
-                                else:
-                                    self._reduce_part(tile, sdQ_buf, p * part, part)
+                    # One flat bulk reduce per part (the accumulator's tile is in the same
+                    # fragment order), issued and committed by lane 0.
+                    if lane == 0:
+                        tile = mdQ[b, qh, qt, None]
+                        if const_expr(self.dq_first_store):
+                            # The tile's first contribution in the fixed order: a copy.
+                            if rank == 0:
+                                cute_prims.cp_async_bulk_global_shared_cta(
+                                    tile.iterator + p * part, sdQ_buf.iterator + p * part,
+                                    part * 4,
+                                )  # fmt: skip
                             else:
                                 self._reduce_part(tile, sdQ_buf, p * part, part)
-                            cute.arch.cp_async_bulk_commit_group()
-                    else:
-                        # The whole warp issues the copy (it elects one lane itself); bulk
-                        # groups are per thread, so every lane commits (empty groups for the
-                        # others).
-                        gdQ = cute.local_tile(mdQ[None, None, qh, b], (bm, hd), (qt, 0))
-                        ts, tg = cpasync.tma_partition(
-                            tma_dq, 0, cute.make_layout(1),
-                            cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2),
-                        )  # fmt: skip
-                        cute.copy(tma_dq, ts[None, buf] if const_expr(self.dq_double) else ts, tg)
+                        else:
+                            self._reduce_part(tile, sdQ_buf, p * part, part)
                         cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.dq_shared_writers):
                     self._writers_handover(writer, handover, wait=False)
@@ -1694,39 +1624,6 @@ class HopperAttnBwd:
         else:
             cute.arch.barrier_arrive(barrier_id=base + 2 * index, number_of_threads=threads)
 
-    @cute.jit
-    def _store_dq_swizzled(
-        self, acc: cute.Tensor, flat: cute.Tensor, tQcdQ: cute.Tensor, mma_dq: cute.TiledMma
-    ):
-        """acc_dQ into the 128-byte swizzled fp32 tile (layout of __call__'s sdQ_layout with
-        dq_swizzle), addressed by hand so that all stores share four address registers.
-
-        Element (r, c) lives at float offset (c // 32) * bm * 32 + r * 32 + ((c % 32) ^ 4 *
-        (r % 8)) (atoms of 8 rows x 32 fp32 stacked down the rows first, then the 16-byte
-        chunk index XORed with the row). A thread's elements are (r0 + dr, c0 + dc) with (r0,
-        c0) its first one and (dr, dc) the same for every thread (those of thread 0): dr is a
-        multiple of 8 and dc of 8 or odd by one, r0 % 8 is fixed and c0 % 32 < 8, so the XOR
-        only mixes the per-thread row bits with dc % 32 (four values per thread).
-        """
-        bm = self.block_m
-        coords0 = mma_dq.get_slice(0).partition_C(cute.make_identity_tensor((bm, self.head_dim)))
-        r0, c0 = tQcdQ[0]
-        x = (r0 % 8) * 4
-        base = (c0 // 32) * (bm * 32) + r0 * 32 + ((c0 % 32) ^ (x & 4))
-        heads = [base + ((8 * m) ^ (x & 24)) for m in range(4)]
-        # The fragment properties the addressing relies on, checked on trace-time ints: every
-        # thread's first column is within 8 of a 32-column box start, rows 8 apart, pairs.
-        ident = cute.make_identity_tensor((bm, self.head_dim))
-        for t in cutlass.range_constexpr(0, self.num_mma_threads, 4):
-            assert mma_dq.get_slice(t).partition_C(ident)[0][1] % 32 < 8
-        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-            dr, dc = coords0[i]
-            assert dr % 8 == 0 and dc % 8 == 0 and coords0[i + 1] == (dr, dc + 1)
-            off = heads[(dc % 32) // 8] + (dc // 32) * (bm * 32) + dr * 32
-            dst = cute.make_tensor(flat.iterator + cute.assume(off, divby=2), cute.make_layout(2))
-            dst[0] = acc[i]
-            dst[1] = acc[i + 1]
-
     def _check_dq_fragment(self, mma_dq: cute.TiledMma, registers: int) -> None:
         """Trace time (plain Python, not staged): the layout the cast kernel decodes must be
         this MMA's. Its fragment coordinates are compared with dq_fragment.fragment_coords for
@@ -1918,8 +1815,6 @@ class HopperAttnBwd:
         ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
         thr_ds = ds_copy.get_slice(tidx)
         tDsdS = thr_ds.partition_D(sdS)
-        if const_expr(self.dq_swizzle):
-            tQcdQ = thr_dq.partition_C(cute.make_identity_tensor((bm, hd)))
 
         stage = Int32(0)
         phase = Int32(0)
@@ -2033,16 +1928,7 @@ class HopperAttnBwd:
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 self._dq_barrier(_BAR_DQ_EMPTY, buf, wg, wait=True)
-                if const_expr(self.dq_frag):
-                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                elif const_expr(self.dq_double):
-                    tile = self.block_m * self.head_dim
-                    # (the assumed divisibility keeps the 64-bit stores: the buffer is aligned)
-                    offset = cute.assume(buf * tile, divby=tile)
-                    sdQ_buf = cute.make_tensor(sdQ.iterator + offset, cute.make_layout(tile))
-                    self._store_dq_swizzled(acc_dQ, sdQ_buf, tQcdQ, mma_dq)
-                else:
-                    self._store_dq_swizzled(acc_dQ, sdQ, tQcdQ, mma_dq)
+                self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                 cute.arch.fence_view_async_shared()
                 self._dq_barrier(_BAR_DQ_FULL, buf, wg, wait=False)
                 if const_expr(self.dq_double):

@@ -21,7 +21,6 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from ..triton.dq_cast import scale_cast
 from . import bwd_variant, kernel_cache
 from ._tensor_args import fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
@@ -34,21 +33,18 @@ from .dq_cast import scale_cast_fragments
 # (sessions 5-8: swizzled dQ alone, the 3-deep ring, the plain-number and DLPack launches, ...)
 # are in git history (commit b09bcda) and benchmarks/NOTES.md.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # Session 8's kernel: 128 x 128 tiles at hd 64 (FA4's tile there), 64 x 128 at hd 128; the
-    # dQ partial staged in a 128-byte swizzled row-major tile. (Its other session-8 changes,
-    # edge-only masks, stmatrix dS, metadata from the ring slot, FA4's dV/dS order, 32-bit
-    # dK/dV stores, the early table reads and the late ticket, are every kernel's now.)
-    "t128_smq": {"tiles": {64: (128, 128)}, "dq_frag": False, "dq_swizzle": True},
+    # Session 9: 128 x 128 tiles at hd 64 (FA4's tile there), 64 x 128 at hd 128; the dQ
+    # partial staged and accumulated in fragment order (16-byte stores, one flat bulk reduce
+    # per step; the final cast decodes the layout). (Session 8's other changes, edge-only
+    # masks, stmatrix dS, metadata from the ring slot, FA4's dV/dS order, 32-bit dK/dV stores,
+    # the early table reads and the late ticket, are every kernel's now; its dQ tile, 128-byte
+    # swizzled row-major, "t128_smq" and "t128_dq2", is in git history at aca05d6.)
+    "t128_fq": {"tiles": {64: (128, 128)}},
 }
 # Two dQ staging buffers (dS single-buffered to make room).
-VARIANTS["t128_dq2"] = {**VARIANTS["t128_smq"], "dq_double": True}
-# Session 9: the dQ partial staged and accumulated in fragment order (16-byte stores, one flat
-# bulk reduce per step; the final cast decodes the layout), with one or two staging buffers.
+VARIANTS["t128_fq2"] = {**VARIANTS["t128_fq"], "dq_double": True}
 # (The exponentials in their own pass after the FMAs that feed them, split_exp "t128_fqx", no
 # faster: ptxas interleaves them already; git history at 102690c.)
-_FRAG = {"dq_frag": True, "dq_swizzle": False}
-VARIANTS["t128_fq"] = {**VARIANTS["t128_smq"], **_FRAG}
-VARIANTS["t128_fq2"] = {**VARIANTS["t128_dq2"], **_FRAG}
 # Session 10: FA4's 80 x 128 tiles at hd 128 (dQ computed transposed, one dQ buffer); the
 # plan gives them to full masks only (causal keeps 64 x 128, as FA4).
 VARIANTS["t80_fq"] = {**VARIANTS["t128_fq"], "tiles": {64: (128, 128), 128: (80, 128)}}
@@ -165,7 +161,7 @@ for _name in (
 # 64 x 96 and 64 x 48), one dQ staging buffer, dO single-buffered, rank-0 partials stored;
 # "_et" takes the dQ turn while the step is computed.
 VARIANTS["sw_fs"] = {
-    "tiles": {192: (64, 96), 256: (64, 48)}, **_FRAG, "dq_wg": True, "do_single": True,
+    "tiles": {192: (64, 96), 256: (64, 48)}, "dq_wg": True, "do_single": True,
     "dkv_swap": True, "dq_first_store": True,
 }  # fmt: skip
 VARIANTS["sw_et_fs"] = {**VARIANTS["sw_fs"], "early_turn": True}
@@ -210,12 +206,6 @@ def variant_tiles(variant: str, head_dim: int) -> tuple[int, int]:
     return VARIANTS[variant].get("tiles", {}).get(head_dim, DEFAULT_TILES)
 
 
-def dq_fragment_order(variant: str) -> bool:
-    """Whether ``variant`` accumulates dQ in fragment order (``dq_fragment``) rather than as
-    (batch, seqlen_q, heads, head_dim) (the same at every head dim)."""
-    return bool(VARIANTS[variant].get("dq_frag"))
-
-
 def dq_first_store(variant: str) -> bool:
     """Whether ``variant``'s deterministic kernel stores each dQ tile's rank-0 partial (so the
     accumulator needs no zero fill where every tile has a rank-0 step)."""
@@ -228,14 +218,11 @@ def programmatic_launches(variant: str) -> bool:
     return bool(VARIANTS[variant].get("pdl"))
 
 
-def dq_acc_shape(
-    q_shape: tuple[int, ...], q_tiles: int, block_m: int, variant: str
-) -> tuple[int, ...]:
-    """The fp32 dQ accumulator's shape for q of ``q_shape`` (b, s, h, d)."""
-    batch, seqlen_q, heads, head_dim = q_shape
-    if dq_fragment_order(variant):
-        return (batch, heads, q_tiles, block_m * head_dim)
-    return (batch, seqlen_q, heads, head_dim)
+def dq_acc_shape(q_shape: tuple[int, ...], q_tiles: int, block_m: int) -> tuple[int, ...]:
+    """The fp32 dQ accumulator's shape for q of ``q_shape`` (b, s, h, d): one tile of
+    ``block_m * head_dim`` values in fragment order (``dq_fragment``) per Q tile and head."""
+    batch, _, heads, head_dim = q_shape
+    return (batch, heads, q_tiles, block_m * head_dim)
 
 
 def cast_dq(
@@ -245,14 +232,10 @@ def cast_dq(
     *,
     seqlen_q: int,
     block_m: int,
-    variant: str,
 ) -> torch.Tensor:
     """dq (batch, seqlen_q, heads, head_dim) in ``dtype`` from ``hopper_bwd_main``'s
-    accumulator: ``dq_acc * softmax_scale``, decoded first if ``variant`` keeps it in fragment
-    order."""
-    if dq_fragment_order(variant):
-        return scale_cast_fragments(dq_acc, softmax_scale, dtype, seqlen_q, block_m)
-    return scale_cast(dq_acc, softmax_scale, dtype)
+    accumulator: ``dq_acc * softmax_scale``, decoded from fragment order."""
+    return scale_cast_fragments(dq_acc, softmax_scale, dtype, seqlen_q, block_m)
 
 
 def _variant_options(variant: str) -> dict[str, Any]:
@@ -266,7 +249,7 @@ _TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Fl
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
     """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
     dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 (4-D, last
-    dim ``dq_last``: the head dim, or block_m * head_dim in fragment order), dk, dv like q
+    dim ``dq_last``: block_m * head_dim, in fragment order), dk, dv like q
     and k, the dK/dV accumulator (1-D fp32), flags and the six int32 tables (1-D). The head dim
     is static (the kernel is compiled per head dim; a tensor with another one is refused by
     TVM-FFI)."""
@@ -403,10 +386,9 @@ def compile_bwd(
             _TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m,
             block_n, **options,
         )  # fmt: skip
-        dq_last = block_m * head_dim if kernel.dq_frag else head_dim
         return cute.compile(
             kernel,
-            *_fake_kernel_args(kernel.dtype, head_dim, dq_last),
+            *_fake_kernel_args(kernel.dtype, head_dim, block_m * head_dim),
             Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
             make_fake_stream(use_tvm_ffi_env_stream=True),
             options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
@@ -458,7 +440,7 @@ def hopper_bwd_main(
     dkv_sum: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the persistent Hopper backward. Returns (dq_acc fp32 unscaled, dk, dv, status);
-    ``cast_dq`` turns dq_acc into dq (its layout depends on the variant: ``dq_acc_shape``).
+    ``cast_dq`` turns dq_acc into dq (its layout: ``dq_acc_shape``).
     ``dkv_heads``: the heads of the chains, k's (default) or q's (a GQA split: each chain reads
     K/V of its group). dk/dv have ``dkv_heads`` heads (a split's per-q-head partials), or
     with ``dkv_sum`` (a split whose kernel adds each group in q-head order) k's.
@@ -615,7 +597,7 @@ def prepare_bwd(
     if timeout_ns < 1:
         raise ValueError(f"timeout_ns must be >= 1, got {timeout_ns}")
     batch, _, heads, head_dim = q_shape
-    dq_shape = dq_acc_shape(tuple(q_shape), q_tiles, block_m, variant)
+    dq_shape = dq_acc_shape(tuple(q_shape), q_tiles, block_m)
     if dkv_sum and not (0 < kv_heads < heads and -(-seqlen_k // block_n) == kv_tiles):
         raise ValueError(
             f"dkv_sum needs k's kv_heads (got {kv_heads}, q has {heads} heads) and seqlen_k "
@@ -701,7 +683,7 @@ def prepare_full(
     *,
     zero_acc: bool = True,
 ) -> FullBackward:
-    """The ``FullBackward`` around ``main`` (a fragment-order variant) for q's shape and dtype.
+    """The ``FullBackward`` around ``main`` for q's shape and dtype.
 
     ``zero_acc=False`` leaves the dQ accumulator unzeroed (the flags are zeroed either way):
     only for a deterministic ``dq_first_store`` kernel whose tables give every dQ tile a
@@ -709,8 +691,6 @@ def prepare_full(
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
     batch, _, heads, head_dim = q_shape
-    if not dq_fragment_order(variant):
-        raise ValueError(f"variant {variant!r} does not keep dQ in fragment order")
     # The accumulator is (batch, heads, q_tiles, block_m * head_dim): its tiles are main's.
     q_tiles, tile_size = main.dq_shape[2:]
     block_m = tile_size // head_dim

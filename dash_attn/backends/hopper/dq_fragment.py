@@ -1,4 +1,4 @@
-"""The fragment-order layout of the Hopper backward's fp32 dQ accumulator (``dq_frag``).
+"""The fragment-order layout of the Hopper backward's fp32 dQ accumulator.
 
 Each step's dQ partial (block_m x head_dim fp32, held by the 256 MMA threads as WGMMA
 accumulator fragments) goes to shared memory and then to global memory *as the threads hold

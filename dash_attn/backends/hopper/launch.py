@@ -30,7 +30,6 @@ from .bwd_launch import (
     FullBackward,
     cast_dq,
     dq_first_store,
-    dq_fragment_order,
     prepare_bwd,
     prepare_full,
 )
@@ -79,15 +78,15 @@ def cute_pre_post_from_env(value: str | None) -> bool:
     return (value or "").strip().lower() not in ("0", "off", "false", "no")
 
 
-# Whether the shipped (fragment-order) variants run the whole backward as three CuTe-DSL launches
-# (``bwd_launch.FullBackward``: CuTe preprocess that also zeroes the accumulator, the main
-# kernel, CuTe dQ cast that reports a timed-out wait through a host-mapped word) instead of the
-# Triton preprocess and cast with a zero fill and a flag copy per launch. On by default since
-# session 13: on the H200 both paths' kernels take the same GPU time and the CuTe path's host
-# time is about half, so it is 0.95-2.0x as fast on the 24 sweep configs (benchmarks/NOTES.md,
-# items 49-50). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the Triton path. Delta is summed in another
-# order than by the Triton preprocess, so gradients differ between the paths in the last bits
-# (each path is bitwise repeatable). Read when a plan's launch is made.
+# Whether the backward runs as three CuTe-DSL launches (``bwd_launch.FullBackward``: CuTe
+# preprocess that also zeroes the accumulator, the main kernel, CuTe dQ cast that reports a
+# timed-out wait through a host-mapped word) instead of the Triton preprocess and cast with a zero
+# fill and a flag copy per launch. On by default since session 13: on the H200 both paths' kernels
+# take the same GPU time and the CuTe path's host time is about half, so it is 0.95-2.0x as fast on
+# the 24 sweep configs (benchmarks/NOTES.md, items 49-50). ``DASH_ATTN_CUTE_PRE_POST=0`` takes the
+# Triton path. Delta is summed in another order than by the Triton preprocess, so gradients differ
+# between the paths in the last bits (each path is bitwise repeatable). Read when a plan's launch
+# is made.
 CUTE_PRE_POST = cute_pre_post_from_env(os.environ.get("DASH_ATTN_CUTE_PRE_POST"))
 
 
@@ -106,16 +105,15 @@ def run_backward(
     """dq, dk, dv by the plan's schedule on the warp-specialised kernel (same contract as the
     Triton backend's ``run_backward``).
 
-    With ``CUTE_PRE_POST`` the shipped variants (dQ in fragment order) run as three TVM-FFI
-    launches (``bwd_launch.FullBackward``) and report a timed-out dQ wait through a host-mapped
-    word (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
+    With ``CUTE_PRE_POST`` the backward runs as three TVM-FFI launches
+    (``bwd_launch.FullBackward``) and reports a timed-out dQ wait through a host-mapped word
+    (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
     preprocess and cast, the flag copied per launch)."""
     launch = _launch(plan, q)  # (its first call per plan checks the mask: full or causal)
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
-            cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m,
-            variant=_variant(plan),
-        )  # fmt: skip
+            cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m
+        )
         return backward.run_backward(
             plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
             cast_dq=cast,
@@ -195,7 +193,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         variant=variant, dkv_heads=spec.kv_heads, dkv_sum=plan.dkv_sum,
         kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
     )  # fmt: skip
-    if not (CUTE_PRE_POST and dq_fragment_order(variant)):
+    if not CUTE_PRE_POST:
         return main
     # A deterministic first-store kernel writes every dQ tile before adding to it, where the
     # tables give each tile a rank-0 step; then only the flags need zeroing.

@@ -184,14 +184,6 @@ def test_fragment_rows_reads_each_row_once() -> None:
 # (hd 64: tiles; causal and det: the most code); the shipped ones are compiled for every config
 # by test_compiles_for_sm90a.
 VARIANT_CONFIGS = [
-    # Session 8's kernel (swizzled row-major dQ tile): both head dims, det and non-det.
-    ("t128_smq", (64, torch.bfloat16, True, True)),
-    ("t128_smq", (64, torch.float16, False, False)),
-    ("t128_smq", (128, torch.bfloat16, True, True)),
-    ("t128_smq", (128, torch.float16, False, False)),
-    # Two dQ staging buffers with that tile.
-    ("t128_dq2", (64, torch.bfloat16, True, True)),
-    ("t128_dq2", (128, torch.float16, False, False)),
     # dQ in fragment order: one buffer at hd 128, two at hd 64 (the other head dim's choice).
     ("t128_fq", (128, torch.bfloat16, True, True)),
     ("t128_fq", (128, torch.float16, False, False)),
@@ -324,16 +316,11 @@ def _check_kernel_code(
     if det:
         # One acquire loop and one release per dQ warp.
         assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
-    if bwd_launch.dq_fragment_order(variant):
-        # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with
-        # dq_wg), no tensor (TMA) reduce.
-        assert "cp.reduce.async.bulk.tensor" not in ptx
-        reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
-        assert reduces == (2 if options.get("dq_wg") else 1) * writers
-    else:
-        # One bulk reduce-add per 32-column box of the swizzled dQ tile.
-        assert ptx.count("cp.reduce.async.bulk.tensor") == head_dim // 32
-        assert ".add" in re.search(r"cp\.reduce\.async\.bulk\.tensor\S*", ptx).group(0)
+    # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with dq_wg),
+    # no tensor (TMA) reduce.
+    assert "cp.reduce.async.bulk.tensor" not in ptx
+    reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+    assert reduces == (2 if options.get("dq_wg") else 1) * writers
     sass = disassemble(compiled.__cubin__)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
@@ -349,13 +336,9 @@ def _check_kernel_code(
     # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
     dq_regs = block_m * head_dim // 256
-    if bwd_launch.dq_fragment_order(variant):
-        # Fragment order: each thread's dQ registers leave as 16-byte stores.
-        assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
-        assert "UBLKRED.G.S.ADD.F32" in sass
-    else:
-        # 64-bit stores (the hand-computed swizzle kept them vectorised).
-        assert len(re.findall(r"\bSTS\.64\b", mma_code)) >= dq_regs // 2
+    # Fragment order: each thread's dQ registers leave as 16-byte stores.
+    assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
+    assert "UBLKRED.G.S.ADD.F32" in sass
     assert "STG.E.U16" not in mma_code
     stores = re.findall(r"\bSTG\.E\b[^;]*", mma_code)
     dkv_stmatrix = 0
@@ -705,13 +688,12 @@ def test_bad_kernel_options_raise() -> None:
         ({"dq_writers": 3}, "dq_writers must be 1 or 2"),
         ({**two}, "dq_writers=2 needs dq_double or early_turn"),
         ({**two, "dq_double": True, "stages": 3}, "dq_writers=2 needs"),
-        ({**two, "dq_double": True, "dq_frag": False, "dq_swizzle": True}, "dq_writers=2 needs"),
     ):
         with pytest.raises(ValueError, match=match):
             HopperAttnBwd(**{**base, **bad})
 
 
-@pytest.mark.parametrize("variant", [None, "t128_smq", "t128_fq2"])
+@pytest.mark.parametrize("variant", [None, "t128_fq", "t128_fq2"])
 def test_launcher_rejects_bad_arguments(variant: str | None) -> None:
     """The launcher's checks come before any compile or launch, whatever the variant."""
     q, k, v, dout, lse2, delta, _, _, _, _, tables = _fake_inputs(64, torch.bfloat16)
@@ -787,7 +769,7 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
         tables=tuple(tables[name] for name in TABLE_FIELDS),
         counts=(2, 1, 4, 4, 0),
         timeout_ns=10**9,
-        dq_shape=bwd_launch.dq_acc_shape(tuple(q.shape), 2, 64, "t128_wg2"),
+        dq_shape=bwd_launch.dq_acc_shape(tuple(q.shape), 2, 64),
         dq_size=2 * 4 * 2 * 64 * 128,
         flag_count=2 + 2 * 4 * 2,
         dkv_heads=k.shape[2],

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from dash_attn.backends.hopper import bwd_launch, fwd, kernel_cache  # noqa: E402
 
-VARIANT = "t128_smq"  # a TVM-FFI launch (the disk cache serves only those)
+VARIANT = "t128_fq"  # a TVM-FFI launch (the disk cache serves only those)
 
 
 def _compile_bwd():

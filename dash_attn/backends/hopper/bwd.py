@@ -286,8 +286,8 @@ class HopperAttnBwd:
         # 80-row Q tiles (FA4's tile at hd 128 without a causal mask: a quarter more work per
         # step for the same per-step costs) are no multiple of the 64-row WGMMA atom, so dQ is
         # computed transposed, dQ^T = K^T dS^T: M = the head dim (64 rows per warpgroup),
-        # N = 80 (dq_fragment's "swap" split). Only with one dQ buffer:
-        # with it (40 KiB) the kernel takes 226 KiB of the 227 KiB a CTA may have.
+        # N = 80 (dq_fragment's "swap" split). One dQ buffer only, unless dO has one buffer
+        # (do_single): with it (40 KiB) the kernel takes 226 KiB of the 227 KiB a CTA may have.
         self.dq_swap = block_m % 64 != 0
         # The (M, N) of the dQ GEMM's accumulator: (Q rows, head dim), transposed with dq_swap.
         self.dq_mma_shape = (head_dim, block_m) if self.dq_swap else (block_m, head_dim)
@@ -451,9 +451,9 @@ class HopperAttnBwd:
         #   reads its steps from the ring slots (as early_turn does; it must see its
         #   terminator, which has no partial behind it) and takes the turn where early_turn
         #   says. The order of the adds is the ranks' either way (the same bits). Needs two ring
-        #   stages (a warp's stage stays fixed), and either the two
-        #   buffers (dq_double: one per warp) or early_turn: then both warps share the one
-        #   buffer (head dims 192/256, where a second does not fit), taking it in turn (below).
+        #   stages (a warp's stage stays fixed), and either the two buffers (dq_double: one per
+        #   warp) or early_turn: then both warps share the one buffer (head dims 192/256, where
+        #   a second does not fit), taking it in turn (below).
         if dq_writers not in (1, 2):
             raise ValueError(f"dq_writers must be 1 or 2, got {dq_writers}")
         if dq_writers == 2 and not ((dq_double or early_turn) and stages == 2):
@@ -985,10 +985,7 @@ class HopperAttnBwd:
         drain_phase = Int32(0)  # of the chains' "drained" mbarrier (drain_ticket)
         while ticket < end:
             chain = mOrder[ticket]
-            kvt = chain % kv_tiles
-            rest = chain // kv_tiles
-            kvh = rest % kv_heads
-            b = rest // kv_heads
+            b, kvh, kvt = self._chain_coords(chain, kv_tiles, kv_heads)
             lo = mChainStart[chain]
             hi = mChainStart[chain + 1]
             prefetch_step = hi - 1 - self.kv_prefetch_ahead
@@ -1091,15 +1088,22 @@ class HopperAttnBwd:
             cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
+    def _chain_coords(self, chain: Int32, kv_tiles: Int32, kv_heads: Int32):
+        """(batch, head, KV tile) of ``chain``: chains are numbered KV tile fastest, then the
+        chain's head (k's, or q's in a GQA split), then the batch."""
+        kvt = chain % kv_tiles
+        rest = chain // kv_tiles
+        kvh = rest % kv_heads
+        return rest // kv_heads, kvh, kvt
+
+    @cute.jit
     def _prefetch_kv(
         self, mK, mV, tma_k, tma_v, sK, sV, chain: Int32, kv_tiles: Int32, kv_heads: Int32,
         kv_group: Int32,
     ):  # fmt: skip
         """kv_prefetch: TMA prefetches of ``chain``'s K and V tiles into L2."""
-        kvt = chain % kv_tiles
-        rest = chain // kv_tiles
-        kv_in = (rest % kv_heads) // kv_group
-        b = rest // kv_heads
+        b, kvh, kvt = self._chain_coords(chain, kv_tiles, kv_heads)
+        kv_in = kvh // kv_group
         shape = (self.block_n, self.head_dim)
         for atom, m, s in ((tma_k, mK, sK), (tma_v, mV, sV)):
             g = cute.local_tile(m[None, None, kv_in, b], shape, (kvt, 0))

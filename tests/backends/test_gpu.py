@@ -527,7 +527,7 @@ def test_hopper_forward_192_row_tiles_match_reference(causal, headdim):
     128-row kernel's outputs (the same per-row arithmetic), so the length that picks the tile
     does not change the bits."""
     from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
     from dash_attn.backends.hopper.launch import forward_consumer_wgs, forward_persistent
 
     seqlen = max(FWD_3WG_MIN_SEQLEN["causal" if causal else "full"][headdim], 1000) + 1
@@ -560,7 +560,7 @@ def test_hopper_persistent_forward_matches_per_tile_kernel(shape, causal):
     computes each tile as the per-tile kernel does: bitwise equal out and lse on tails, GQA,
     Sq != Sk (causal: rows that see no key) and fewer tiles than SMs, at both warpgroup counts
     at hd 64, the same bits again on a second call; and within the flash-attn rule."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
 
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
     q, k, v = make_qkv(
@@ -596,7 +596,7 @@ def test_hopper_forward_lpt_order_keeps_the_bits(shape):
     (``lpt_order``, on up to ``FWD_LPT_ORDER_MAX_SEQLEN_K``): out and lse bitwise those of each
     head's tiles in turn (only which CTA runs a tile changes) on tails, GQA, MHA and
     Sq != Sk, repeatable, and within the flash-attn rule."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
     from dash_attn.backends.hopper.launch import forward_lpt_order
 
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim = shape
@@ -623,7 +623,7 @@ def test_hopper_forward_p_smem_matches_reference(causal):
     """``p_smem`` (P through shared memory; the backend's choice at hd 96 with three consumer
     warpgroups, also run here with two): persistent and per tile, out and lse within the
     flash-attn rule on GQA with Sq != Sk, and bitwise repeatable."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
 
     q, k, v = make_qkv(2, 1000, 1500, 6, 2, 96, torch.bfloat16, "cuda", seed=13)
     _skip_if_uncovered_fwd(q, k)
@@ -643,11 +643,11 @@ def test_hopper_forward_p_smem_matches_reference(causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_tile_n_matches_reference(causal):
-    """``tile_n`` (keys per block; the backend keeps ``_TILE_N``): at hd 96 144- and 160-key
+    """``tile_n`` (keys per block; the backend keeps ``TILE_N``): at hd 96 144- and 160-key
     blocks with 192-row tiles and P through shared memory (per tile) and 144 with 128-row
     tiles (persistent), out and lse within the flash-attn rule on GQA with Sq != Sk, and
     bitwise repeatable."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
 
     q, k, v = make_qkv(2, 1000, 1500, 6, 2, 96, torch.bfloat16, "cuda", seed=17)
     _skip_if_uncovered_fwd(q, k)

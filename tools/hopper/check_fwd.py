@@ -1,4 +1,4 @@
-"""GPU check of the CuTe-DSL Hopper forward (`dash_attn.backends.hopper.fwd.hopper_fwd`).
+"""GPU check of the CuTe-DSL Hopper forward (`dash_attn.backends.hopper.fwd_launch.hopper_fwd`).
 
 Run on an H100/H200 from the repository root:
 
@@ -199,7 +199,7 @@ def timing_cases(providers: list[str]) -> list[TimeCase]:
 # ----------------------------------------------------------------------------- providers
 def load_providers() -> tuple[dict[str, Callable], dict[str, str]]:
     """name -> fn(q, k, v, causal, scale); and name -> why it is missing."""
-    from dash_attn.backends.hopper.fwd import hopper_fwd
+    from dash_attn.backends.hopper.fwd_launch import hopper_fwd
 
     found: dict[str, Callable] = {
         "dash-cute": lambda q, k, v, causal, scale: hopper_fwd(
@@ -336,7 +336,7 @@ def self_check() -> None:
 
 
 def compile_all(report: Report) -> None:
-    from dash_attn.backends.hopper.fwd import SUPPORTED_HEAD_DIMS, compile_fwd
+    from dash_attn.backends.hopper.fwd_launch import SUPPORTED_HEAD_DIMS, compile_fwd
 
     dtypes = (torch.bfloat16, torch.float16)
     configs = (

@@ -39,7 +39,7 @@ def child(out_path: Path) -> None:
     import torch
 
     import dash_attn
-    from dash_attn.backends.hopper import bwd_launch, fwd
+    from dash_attn.backends.hopper import bwd_launch, fwd_launch
 
     compiles = []
     real_compile = cute.compile
@@ -49,7 +49,7 @@ def child(out_path: Path) -> None:
         return real_compile(*args, **kwargs)
 
     bwd_launch.cute.compile = counting_compile
-    fwd.cute.compile = counting_compile
+    fwd_launch.cute.compile = counting_compile
     results, timings = {}, {}
     for head_dim, causal in CASES:
         # Every input from the seeded generator (randn_like would draw from the unseeded

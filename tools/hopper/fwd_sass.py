@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dash_attn.backends.hopper.fwd import compile_fwd
+from dash_attn.backends.hopper.fwd_launch import compile_fwd
 from tools.hopper.sass import disassemble
 
 _OPCODE = re.compile(

@@ -11,6 +11,9 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
+# The 16-bit dtypes the kernels take, torch's and cutlass's.
+TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+
 
 def outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
     """The (b, s, h) strides of ``t`` in elements; a size-1 dim gets a 16-byte stride instead

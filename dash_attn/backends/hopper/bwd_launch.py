@@ -22,7 +22,7 @@ from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
 from . import bwd_variant, kernel_cache
-from ._tensor_args import fake_tensor, tma_view
+from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
 
@@ -243,9 +243,6 @@ def _variant_options(variant: str) -> dict[str, Any]:
     return {k: v for k, v in VARIANTS[variant].items() if k not in _LAUNCH_KEYS}
 
 
-_TORCH_TO_CUTLASS = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
-
-
 def _fake_kernel_args(dtype: type[cutlass.Numeric], head_dim: int, dq_last: int) -> list:
     """Fake tensors in the order of ``HopperAttnBwd.__call__``'s tensor parameters: q, k, v,
     dout (b, s, h, head_dim), lse2 and delta (b * h, rows_pad) fp32, dq_acc fp32 (4-D, last
@@ -282,7 +279,7 @@ def _check_args(
             raise ValueError(
                 f"{name} must be 4-D (batch, seqlen, heads, head_dim), got {t.dim()}-D"
             )
-        if t.dtype not in _TORCH_TO_CUTLASS:
+        if t.dtype not in TORCH_TO_CUTLASS:
             raise ValueError(f"{name} must be bfloat16 or float16, got {t.dtype}")
         if t.dtype != q.dtype:
             raise ValueError(f"{name} has dtype {t.dtype}, q has {q.dtype}")
@@ -357,7 +354,7 @@ def compile_bwd(
     shipped one, the tiles to the variant's. ``extra_options`` are further CuTe-DSL compile
     options (e.g. ``--keep-ptx --keep-cubin --dump-dir DIR`` for tests that inspect the code).
     """
-    if dtype not in _TORCH_TO_CUTLASS:
+    if dtype not in TORCH_TO_CUTLASS:
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     if variant is None:
         variant = bwd_variant(head_dim, causal, deterministic=deterministic)
@@ -383,7 +380,7 @@ def compile_bwd(
                 "(pip install 'apache-tvm-ffi>=0.1.15,<0.2')"
             )
         kernel = HopperAttnBwd(
-            _TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m,
+            TORCH_TO_CUTLASS[dtype], head_dim, bool(causal), bool(deterministic), block_m,
             block_n, **options,
         )  # fmt: skip
         return cute.compile(
@@ -695,7 +692,7 @@ def prepare_full(
     q_tiles, tile_size = main.dq_shape[2:]
     block_m = tile_size // head_dim
     rows_pad = q_tiles * block_m
-    cutlass_dtype = _TORCH_TO_CUTLASS[dtype]
+    cutlass_dtype = TORCH_TO_CUTLASS[dtype]
     pdl = programmatic_launches(variant)
     rows = batch * heads * rows_pad
     # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and

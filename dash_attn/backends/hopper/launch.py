@@ -33,7 +33,7 @@ from .bwd_launch import (
     prepare_bwd,
     prepare_full,
 )
-from .fwd import hopper_fwd
+from .fwd_launch import hopper_fwd
 
 
 def run_forward(

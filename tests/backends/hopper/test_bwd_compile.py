@@ -26,7 +26,8 @@ from dash_attn.backends.hopper import (  # noqa: E402
     bwd_variant,
 )
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
-from dash_attn.backends.hopper.bwd import SWAPPED_TILES, HopperAttnBwd, _fragment_rows  # noqa: E402
+from dash_attn.backends.hopper.bwd import SWAPPED_TILES, HopperAttnBwd  # noqa: E402
+from dash_attn.backends.hopper.bwd_step_swapped import fragment_rows  # noqa: E402
 from dash_attn.schedule import TABLE_FIELDS  # noqa: E402
 from tools.hopper.sass import disassemble  # noqa: E402
 
@@ -175,7 +176,7 @@ def test_shared_dq_writers_compile_for_sm90a(tmp_path: Path) -> None:
 def test_fragment_rows_reads_each_row_once() -> None:
     """Thread 0's rows of an m64nN accumulator fragment: rows 0 and 8, alternating in pairs."""
     coords0 = [(8 * ((i // 2) % 2), 8 * (i // 4) + i % 2) for i in range(12)]
-    rows, slot = _fragment_rows(coords0, 12)
+    rows, slot = fragment_rows(coords0, 12)
     assert rows == [0, 8]
     assert slot == [0, 0, 1, 1] * 3
 
@@ -916,14 +917,14 @@ def test_hopper_launch_refuses_a_plan_it_has_no_kernel_for(monkeypatch) -> None:
 def test_pair_rows_groups_a_fragments_pairs_by_row() -> None:
     """The row-addressed dK/dV store's plan: thread 0's pairs by row, in order of first
     appearance, with their first columns; a pair that is not two neighbours is refused."""
-    from dash_attn.backends.hopper.bwd import _pair_rows
+    from dash_attn.backends.hopper.bwd_epilogue import pair_rows
 
     coords = [(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)]
-    assert _pair_rows(coords, 4) == [(0, [(0, 0), (2, 8)]), (8, [(1, 0), (3, 8)])]
+    assert pair_rows(coords, 4) == [(0, [(0, 0), (2, 8)]), (8, [(1, 0), (3, 8)])]
     with pytest.raises(ValueError, match="pair 1"):
-        _pair_rows([(0, 0), (0, 1), (8, 1), (8, 2)], 2)
+        pair_rows([(0, 0), (0, 1), (8, 1), (8, 2)], 2)
     with pytest.raises(ValueError, match="pair 0"):
-        _pair_rows([(0, 0), (1, 1)], 1)
+        pair_rows([(0, 0), (1, 1)], 1)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import fwd as hfwd  # noqa: E402
+from dash_attn.backends.hopper import fwd_launch as hfwd  # noqa: E402
 from dash_attn.backends.hopper._tensor_args import tma_view  # noqa: E402
 from dash_attn.backends.hopper.launch import forward_lpt_order  # noqa: E402
 
@@ -158,14 +158,14 @@ def test_tvm_ffi_launch_compiles_the_same_kernel(
 def _check_ptx(ptx: str, hd: int, dtype: torch.dtype, wgs: int, votes: int = 2) -> None:
     ab = "bf16" if dtype == torch.bfloat16 else "f16"
     # QK^T: 64 x tile_n per warpgroup, k = head_dim; PV: 64 x head_dim, k = tile_n.
-    qk = f"wgmma.mma_async.sync.aligned.m64n{hfwd._TILE_N[hd]}k16.f32.{ab}.{ab}"
+    qk = f"wgmma.mma_async.sync.aligned.m64n{hfwd.TILE_N[hd]}k16.f32.{ab}.{ab}"
     pv = f"wgmma.mma_async.sync.aligned.m64n{hd}k16.f32.{ab}.{ab}"
     assert qk in ptx
     assert pv in ptx
     # PV reads P from registers (RS): its A operand is a register list, not a descriptor.
     assert re.search(re.escape(pv) + r"\s*\{[^}]*\},\s*\{", ptx), "PV is not RS"
     # Warp specialisation: producer gives registers away, consumers take them.
-    consumer_regs, producer_regs = hfwd._CONSUMER_REGS[wgs]
+    consumer_regs, producer_regs = hfwd.CONSUMER_REGS[wgs]
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer_regs};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs};", ptx)
     assert re.search(r"\.minnctapersm\s+1\b", ptx)
@@ -340,7 +340,7 @@ def test_p_smem_kernel_compiles_at_hd96_with_three_warpgroups(dtype: str, causal
 
 
 def test_tile_n_option_compiles_and_checks_shared_memory() -> None:
-    """``tile_n`` (keys per block; the backend keeps ``_TILE_N``): FA4's 144-key block at hd 96
+    """``tile_n`` (keys per block; the backend keeps ``TILE_N``): FA4's 144-key block at hd 96
     with 192-row tiles and P through shared memory compiles for sm_90a per tile (QK^T an N=144
     WGMMA, no local memory); the persistent kernel's own O tile would take it past 227 KiB, and
     that, like a width that is no multiple of 16, raises before any compile."""
@@ -358,7 +358,7 @@ def test_tile_n_option_compiles_and_checks_shared_memory() -> None:
     from dash_attn.backends.hopper import FWD_3WG_MIN_SEQLEN, FWD_P_SMEM_HEADDIMS
 
     three = set(FWD_3WG_MIN_SEQLEN["full"]) | set(FWD_3WG_MIN_SEQLEN["causal"])
-    for hd, n in hfwd._TILE_N.items():
+    for hd, n in hfwd.TILE_N.items():
         for wgs in (2, 3) if hd in three else (2,):
             p_smem = wgs == 3 and hd in FWD_P_SMEM_HEADDIMS
             assert hfwd.fwd_smem_bytes(hd, wgs, n, hd <= 128, p_smem) <= hfwd.SMEM_LIMIT

@@ -11,7 +11,7 @@ pytest.importorskip("cutlass")
 pytest.importorskip("tvm_ffi")
 torch = pytest.importorskip("torch")
 
-from dash_attn.backends.hopper import bwd_launch, fwd, kernel_cache  # noqa: E402
+from dash_attn.backends.hopper import bwd_launch, fwd_launch, kernel_cache  # noqa: E402
 
 VARIANT = "t128_fq"  # a TVM-FFI launch (the disk cache serves only those)
 
@@ -26,7 +26,7 @@ def _compile_bwd():
 def _forget_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh process's view: nothing compiled in memory."""
     monkeypatch.setattr(kernel_cache, "_memo", {})
-    monkeypatch.setattr(fwd, "_CACHE", {})
+    monkeypatch.setattr(fwd_launch, "_CACHE", {})
 
 
 def _no_compile(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -38,7 +38,7 @@ def _no_compile(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise AssertionError("compiled although the disk cache had the kernel")
 
     monkeypatch.setattr(bwd_launch.cute, "compile", refuse)
-    monkeypatch.setattr(fwd.cute, "compile", refuse)
+    monkeypatch.setattr(fwd_launch.cute, "compile", refuse)
     return calls
 
 
@@ -102,11 +102,11 @@ def test_second_process_loads_instead_of_compiling(
     monkeypatch.undo()
     monkeypatch.setenv(kernel_cache.ENV_VAR, str(tmp_path))
     _forget_compiled(monkeypatch)
-    fwd.compile_fwd(128, torch.bfloat16, True, tvm_ffi=True)
+    fwd_launch.compile_fwd(128, torch.bfloat16, True, tvm_ffi=True)
     assert len(list(tmp_path.glob("*/*.o"))) == 2
     _forget_compiled(monkeypatch)
     calls = _no_compile(monkeypatch)
-    assert callable(fwd.compile_fwd(128, torch.bfloat16, True, tvm_ffi=True)) and calls == []
+    assert callable(fwd_launch.compile_fwd(128, torch.bfloat16, True, tvm_ffi=True)) and calls == []
 
 
 def test_a_broken_object_file_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,399 @@
+"""The MMA warpgroups' step loop of the backward (``bwd.HopperAttnBwd`` at head dims 64-128):
+S^T and dP^T, the exponentials and masks, dS^T, the dV/dK/dQ GEMMs and the dQ partial's hand-off
+to the dQ warp, then the chain epilogue at a chain's last step."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from . import dq_fragment
+from ._cute_utils import acc_to_operand_a, transpose_view, wgmma
+from .bwd_epilogue import DkvSums
+from .bwd_sync import (
+    BAR_DQ_EMPTY,
+    BAR_DQ_FULL,
+    BAR_DQ_READ,
+    BAR_DS,
+    F_DONE,
+    F_FIRST,
+    F_LAST,
+    I_BATCH,
+    I_FLAGS,
+    I_KVH,
+    I_KVT,
+    I_QT,
+)
+from .exp2_poly import exp2_poly
+
+
+class StepMixin:
+    """``HopperAttnBwd``'s MMA warpgroups at head dims 64-128."""
+
+    @cute.jit
+    def mma(
+        self,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDelta: cute.Tensor,
+        sInfo: cute.Tensor,
+        storage,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        tidx: Int32,
+        dkv_sums: DkvSums,
+        sK_out: cute.Tensor,
+        sV_out: cute.Tensor,
+    ):
+        bm, bn, hd = self.block_m, self.block_n, self.head_dim
+        wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(
+            mma_sdp, mma_dkv, mma_dq, tidx
+        )
+
+        # Operand fragments (descriptors into shared memory; the stage is the last mode).
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
+        tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
+        if const_expr(self.dq_swap):
+            # dQ^T = K^T dS^T: K^T is the A operand, dS^T (the stage's tile) the B operand.
+            tQrK = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sK)))
+            tQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sdS)))
+        else:
+            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_view(sdS)))
+            tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+
+        shape_st = (bn, bm)
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
+        # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
+        tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
+        # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
+        # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
+        # (one 32-bit store and one address computation per register pair otherwise, queued
+        # in the same MIO pipe as the exponentials).
+        ds_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        ds_copy = cute.make_tiled_copy_C(ds_atom, mma_sdp)
+        thr_ds = ds_copy.get_slice(tidx)
+        tDsdS = thr_ds.partition_D(sdS)
+
+        stage = Int32(0)
+        phase = Int32(0)
+        kv_phase = Int32(0)
+        do_phase = Int32(0)  # of dO's own mbarriers (do_single)
+        done = Int32(0)
+        buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
+        if const_expr(self.ds_guard):
+            # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
+            cute.arch.barrier_arrive(
+                barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+            )
+        while done == 0:
+            cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            flags = sInfo[I_FLAGS, stage]
+            done = flags & F_DONE
+            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
+            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+            # dO's buffer: its one buffer with do_single, the step's ring stage else.
+            do_stage = Int32(0) if const_expr(self.do_single) else stage
+            if done != 0:
+                self._stop_dq_writer(buf, wg, self.ds_guard)
+            else:
+                # Step metadata is read from the stage's slot where it is used (it stays valid
+                # until this stage is released), so it does not occupy registers across the MMAs.
+                if flags & F_FIRST != 0:
+                    cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                    kv_phase = kv_phase ^ 1
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
+
+                if const_expr(self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                # S^T = K Q^T, dP^T = V dO^T (two commit groups).
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                if const_expr(self.do_single):
+                    cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
+                wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+                warpgroup.wait_group(1)
+
+                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
+                # shared memory here.
+                if const_expr(not self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                if const_expr(self.exp_tail > 0):
+                    # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
+                    # The wait sits in the block between the two branches: ptxas hoists a
+                    # wgmma wait above every exponential of its own block.
+                    split = max(cute.size(acc_S) - self.exp_tail, 0)
+                    if edge != 0:
+                        self._probs(*probs_args, True, 0, split)
+                    else:
+                        self._probs(*probs_args, False, 0, split)
+                    warpgroup.wait_group(0)
+                    if edge != 0:
+                        self._probs(*probs_args, True, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    else:
+                        self._probs(*probs_args, False, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                else:
+                    if edge != 0:
+                        self._probs(*probs_args, True)
+                    else:
+                        self._probs(*probs_args, False)
+                    warpgroup.wait_group(0)
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
+                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                # back. P's registers stay live until dV is done.
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                    cute.arch.barrier(
+                        barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    )
+                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                wgmma(
+                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
+                    zero_init=False,
+                )  # fmt: skip
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
+                if const_expr(self.dq_swap):
+                    wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
+                else:
+                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
+                warpgroup.wait_group(1)  # dV done: P's registers are free
+                if const_expr(self.do_single):
+                    # dV was dO's last reader: the producer may load the next step's dO.
+                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+                    do_phase = do_phase ^ 1
+                wgmma(
+                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                    zero_init=False,
+                )  # fmt: skip
+                warpgroup.wait_group(1)  # dQ done, dK may still run
+                if const_expr(self.ds_guard):
+                    cute.arch.barrier_arrive(
+                        barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+                    )
+
+                # Hand the dQ partial to the dQ writer once its buffer is free.
+                self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                cute.arch.fence_view_async_shared()
+                self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.dq_double):
+                    buf = buf ^ 1
+
+                warpgroup.wait_group(0)
+                if const_expr(self.dkv_sum):
+                    if flags & F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
+                        self._sum_chain_epilogue(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k, dkv_sums, tidx, wg,
+                        )  # fmt: skip
+                elif const_expr(self.dkv_row_ptr):
+                    # The chain's (batch, kv head, kv tile) are read at its last step only:
+                    # read at every step, ptxas moves them into uniform registers before the
+                    # branch, and every step waits there for the shared load (queued behind
+                    # the dQ partial's stores).
+                    if flags & F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
+                        self._chain_epilogue(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
+                        )  # fmt: skip
+                else:
+                    b = sInfo[I_BATCH, stage]
+                    kvh = sInfo[I_KVH, stage]
+                    kvt = sInfo[I_KVT, stage]
+                    # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    if flags & F_LAST != 0:
+                        # K/V are free for the next chain; dK/dV leave from registers.
+                        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                        rdV.store(acc_dV.load().to(self.dtype))
+                        gdK = mdK[b, None, kvh, None]
+                        gdV = mdV[b, None, kvh, None]
+                        # 32-bit stores of two neighbouring 16-bit values (the accumulator
+                        # holds column pairs), rows past seqlen_k dropped.
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+
+                stage, phase = self._next_stage(stage, phase)
+
+    def _mma_slices(
+        self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, tidx: Int32
+    ):
+        """(warpgroup, this thread's slices of the three tiled MMAs, then its warpgroup's: the
+        operand fragments are made from the warpgroup's first thread's)."""
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_base = wg * 128
+        return (
+            wg, mma_sdp.get_slice(tidx), mma_dkv.get_slice(tidx), mma_dq.get_slice(tidx),
+            mma_sdp.get_slice(wg_base), mma_dkv.get_slice(wg_base), mma_dq.get_slice(wg_base),
+        )  # fmt: skip
+
+    @cute.jit
+    def _step_tiles(self, sInfo: cute.Tensor, stage: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(n0, m0, shift, edge) of the step in ring slot ``stage``: its first key and query
+        rows, the causal diagonal's offset and whether any (key, query) pair of the tile needs
+        a mask. Warp-uniform: the largest key must be < seqlen_k and, causal, <= the smallest
+        query's limit. Interior tiles (all but the diagonal and the last KV tile) then skip
+        the per-element compares and selects, which otherwise outnumber the exponentials."""
+        bm, bn = self.block_m, self.block_n
+        n0 = sInfo[I_KVT, stage] * bn
+        m0 = sInfo[I_QT, stage] * bm
+        shift = seqlen_k - seqlen_q
+        edge = Int32(0)
+        if n0 + bn > seqlen_k:
+            edge = Int32(1)
+        if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+            if n0 + bn - 1 > m0 + shift:
+                edge = Int32(1)
+        return n0, m0, shift, edge
+
+    @cute.jit
+    def _probs(
+        self,
+        acc_S: cute.Tensor,
+        tScS: cute.Tensor,
+        sLSE: cute.Tensor,
+        stage: Int32,
+        scale_log2: Float32,
+        n0: Int32,
+        m0: Int32,
+        shift: Int32,
+        seqlen_k: Int32,
+        masked: cutlass.Constexpr,
+        first: cutlass.Constexpr[int] = 0,
+        end: cutlass.Constexpr[int | None] = None,
+    ):
+        """P^T = exp2(S^T * scale_log2 - lse2) in place, for the fragment's elements
+        first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
+        -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
+        lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from the stage's
+        ``sLSE`` rows."""
+        end = cute.size(acc_S) if const_expr(end is None) else end
+        poly_count, poly_period = self.exp_poly
+        for i in cutlass.range_constexpr(first, end):
+            n, m = tScS[i]
+            x = acc_S[i] * scale_log2 - sLSE[m, stage]
+            if const_expr(i % poly_period >= poly_period - poly_count):
+                p = exp2_poly(x, self.exp_poly_degree)
+            else:
+                p = cute.math.exp2(x, fastmath=True)
+            if const_expr(masked):
+                p = self._mask_prob(p, n, m, n0, m0, shift, seqlen_k)
+            acc_S[i] = p
+
+    @cute.jit
+    def _mask_prob(
+        self, p: Float32, n, m, n0: Int32, m0: Int32, shift: Int32, seqlen_k: Int32
+    ) -> Float32:
+        """``p`` of key row n0 + n and query row m0 + m, or zero for a key past seqlen_k (TMA
+        gave zeros there, not -inf) and, causal, a key after the bottom-right diagonal."""
+        if n0 + n >= seqlen_k:
+            p = Float32(0.0)
+        if const_expr(self.causal):  # noqa: SIM102 (compile-time, then runtime test)
+            if n0 + n > m0 + m + shift:
+                p = Float32(0.0)
+        return p
+
+    @cute.jit
+    def _grad_scores(
+        self,
+        acc_S: cute.Tensor,
+        acc_dP: cute.Tensor,
+        tScS: cute.Tensor,
+        sDelta: cute.Tensor,
+        stage: Int32,
+    ):
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
+        for i in cutlass.range_constexpr(cute.size(acc_dP)):
+            _, m = tScS[i]
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+
+    @cute.jit
+    def _store_dq_fragment(
+        self, acc: cute.Tensor, flat: cute.Tensor, buf: Int32, tidx: Int32, mma_dq: cute.TiledMma
+    ):
+        """acc_dQ of MMA thread ``tidx`` into staging buffer ``buf`` in fragment order
+        (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 512 j + 4 (tidx %
+        128) in its warpgroup's half."""
+        bm, hd = self.block_m, self.head_dim
+        self._check_dq_fragment(mma_dq, cute.size(acc))
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        base = buf * (bm * hd) + wg * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
+        for j in cutlass.range_constexpr(cute.size(acc) // 4):
+            off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
+            dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
+            for e in cutlass.range_constexpr(4):
+                dst[e] = acc[4 * j + e]
+
+    def _check_dq_fragment(self, mma_dq: cute.TiledMma, registers: int) -> None:
+        """Trace time (plain Python, not staged): the layout the cast kernel decodes must be
+        this MMA's. Its fragment coordinates are compared with dq_fragment.fragment_coords for
+        every register of every lane of warp 0 and of the first and last thread of the other
+        seven warps (the map is affine per warp; all 256 threads cost seconds of compile)."""
+        bm, hd = self.block_m, self.head_dim
+        ident = cute.make_identity_tensor(self.dq_mma_shape)
+        threads = [*range(32), *(t for w in range(1, 8) for t in (32 * w, 32 * w + 31))]
+        for t in threads:
+            coords = mma_dq.get_slice(t).partition_C(ident)
+            for i in range(registers):
+                expected = dq_fragment.fragment_coords(bm, hd, t, i)
+                # (dq_swap: the MMA's coordinates are (head dim, Q row))
+                got = tuple(coords[i])[:: -1 if self.dq_swap else 1]
+                if got != expected:
+                    raise AssertionError(
+                        f"dQ fragment of thread {t}, register {i}: the MMA has {got}, "
+                        f"dq_fragment says {expected}"
+                    )
+
+    @cute.jit
+    def _stop_dq_writer(self, buf: Int32, wg: Int32, guarded: cutlass.Constexpr[bool]):
+        """At the "done" slot: one more handshake on the dQ buffer tells the dQ writer to stop;
+        with a guarded P/dS buffer (``guarded``) the other warpgroup's last arrival is taken
+        (after its last GEMMs)."""
+        self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+        self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
+        if const_expr(guarded):
+            cute.arch.barrier(
+                barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+            )

@@ -9,6 +9,12 @@ an MD5 of its PTX, the kernel and function names masked (they carry the class an
 object names, not code). ``--keep DIR`` leaves each masked PTX there for a textual diff.
 Compiles bypass the kernel cache; about 3 s per kernel.
 
+``--all`` adds the kernels no shipped key selects but a call or a variant can: the shipped
+det kernels with ``dkv_sum`` (the GQA split's in-kernel dK/dV sums, chosen at launch) and every
+variant of ``bwd_launch.VARIANTS`` (det causal and non-det full, at the head dims of its step
+layout; a combination the constructor refuses prints its error), about 600 compiles, 15-20
+minutes. ``--fwd`` adds the forward kernels the backend runs (``fwd_launch.compile_report``).
+
 A change of the kernel's parameters (one more or one fewer) changes every PTX digest without
 changing what the kernel computes. ``--sass`` adds three digests of the SASS (``nvdisasm`` from
 PATH or the Triton wheel), opcodes only: ``ops``, the whole sequence; ``math``, the sequence of
@@ -48,7 +54,53 @@ def shipped_configs() -> Iterator[tuple[int, bool, bool, str, str]]:
                     yield head_dim, causal, deterministic, label, variant
 
 
-def _kept_file(head_dim: int, causal: bool, deterministic: bool, variant: str, kind: str) -> bytes:
+def variant_configs() -> Iterator[tuple[int, bool, bool, str, bool]]:
+    """(head dim, causal, deterministic, variant, dkv_sum) of ``--all``'s compiles."""
+    from dash_attn.backends.hopper import BWD_HEADDIMS, bwd_variant
+    from dash_attn.backends.hopper.bwd import SWAPPED_TILES
+    from dash_attn.backends.hopper.bwd_launch import VARIANTS
+
+    for head_dim in BWD_HEADDIMS:
+        for causal in (False, True):
+            yield head_dim, causal, True, bwd_variant(head_dim, causal, deterministic=True), True
+    plain_dims = [d for d in BWD_HEADDIMS if d not in SWAPPED_TILES]
+    for variant in sorted(VARIANTS):
+        swapped = VARIANTS[variant].get("dkv_swap", False)
+        for head_dim in sorted(SWAPPED_TILES) if swapped else plain_dims:
+            yield head_dim, True, True, variant, False
+            yield head_dim, False, False, variant, False
+
+
+def forward_configs() -> list[tuple[int, bool, int, bool, bool, bool]]:
+    """(head dim, causal, consumer warpgroups, persistent, p_smem, lpt_order) of every forward
+    kernel the backend runs (``launch.run_forward``'s choices at each sequence length where
+    one of its tables changes them), once each."""
+    from dash_attn.backends import hopper
+    from dash_attn.backends.hopper import launch
+
+    bounds = {1, 1 << 20}
+    for table in hopper.FWD_3WG_MIN_SEQLEN.values():
+        bounds |= set(table.values())
+    for table in [*hopper.FWD_PERSISTENT_MAX_SEQLEN_K.values(), hopper.FWD_LPT_ORDER_MAX_SEQLEN_K]:
+        bounds |= {n + 1 for n in table.values()}
+    configs: list[tuple[int, bool, int, bool, bool, bool]] = []
+    for head_dim in hopper.FWD_HEADDIMS:
+        for causal in (False, True):
+            for seqlen in sorted(bounds):
+                wgs = launch.forward_consumer_wgs(head_dim, seqlen, causal)
+                config = (
+                    head_dim, causal, wgs, launch.forward_persistent(head_dim, seqlen, causal),
+                    wgs == 3 and head_dim in hopper.FWD_P_SMEM_HEADDIMS,
+                    launch.forward_lpt_order(head_dim, seqlen, causal),
+                )  # fmt: skip
+                if config not in configs:
+                    configs.append(config)
+    return configs
+
+
+def _kept_file(
+    head_dim: int, causal: bool, deterministic: bool, variant: str, kind: str, dkv_sum: bool = False
+) -> bytes:
     """One bf16 kernel compiled with ``--keep-<kind>`` (``ptx`` or ``cubin``): the file's bytes."""
     import torch
 
@@ -57,16 +109,35 @@ def _kept_file(head_dim: int, causal: bool, deterministic: bool, variant: str, k
     with tempfile.TemporaryDirectory() as dump:
         bwd_launch.compile_bwd(
             torch.bfloat16, head_dim, causal=causal, deterministic=deterministic,
-            variant=variant, extra_options=f"--keep-{kind} --dump-dir {dump}",
+            variant=variant, dkv_sum=dkv_sum, extra_options=f"--keep-{kind} --dump-dir {dump}",
         )  # fmt: skip
         (path,) = Path(dump).glob(f"*.{kind}")
         return path.read_bytes()
 
 
-def masked_ptx(head_dim: int, causal: bool, deterministic: bool, variant: str) -> str:
+def masked_ptx(
+    head_dim: int, causal: bool, deterministic: bool, variant: str, dkv_sum: bool = False
+) -> str:
     """The PTX of one bf16 kernel, its generated names replaced by ``K``."""
-    ptx = _kept_file(head_dim, causal, deterministic, variant, "ptx").decode()
+    ptx = _kept_file(head_dim, causal, deterministic, variant, "ptx", dkv_sum).decode()
     return _NAMES.sub("K", ptx)
+
+
+def forward_masked_ptx(config: tuple[int, bool, int, bool, bool, bool]) -> str:
+    """The PTX of one bf16 forward kernel (a ``forward_configs`` entry; the TVM-FFI entry the
+    backend launches), its generated names replaced by ``K``."""
+    from dash_attn.backends.hopper.fwd_launch import compile_report
+
+    head_dim, causal, wgs, persistent, p_smem, lpt_order = config
+    ptx, _ = compile_report(
+        head_dim, "bfloat16", causal, wgs, tvm_ffi=True, persistent=persistent, p_smem=p_smem,
+        lpt_order=lpt_order,
+    )  # fmt: skip
+    return _NAMES.sub("K", ptx)
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()
 
 
 def sass_opcodes(sass: str) -> list[str]:
@@ -111,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="write each masked PTX into this folder")
     parser.add_argument("--sass", action="store_true", help="add the SASS digests")
+    parser.add_argument(
+        "--all", action="store_true", help="add dkv_sum kernels and every variant (PTX only)"
+    )
+    parser.add_argument("--fwd", action="store_true", help="add the forward kernels (PTX only)")
     args = parser.parse_args(argv)
     seen: dict[tuple, str] = {}
     for head_dim, causal, det, label, variant in shipped_configs():
@@ -129,6 +204,28 @@ def main(argv: list[str] | None = None) -> int:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 (args.keep / f"hd{head_dim}-{mask}-{mode}-{variant}.ptx").write_text(ptx)
         print(f"hd{head_dim} {mask:6s} {mode:6s} {label:5s} {variant:30s} {seen[key]}", flush=True)
+    if args.all:
+        for head_dim, causal, det, variant, dkv_sum in variant_configs():
+            try:
+                digest = _md5(masked_ptx(head_dim, causal, det, variant, dkv_sum))
+            except (ValueError, NotImplementedError) as error:
+                digest = f"refused: {str(error).splitlines()[0]}"
+            kind = "sum" if dkv_sum else "variant"
+            mask, mode = "causal" if causal else "full", "det" if det else "nondet"
+            print(f"{kind} hd{head_dim} {mask:6s} {mode:6s} {variant:30s} {digest}", flush=True)
+    if args.fwd:
+        for config in forward_configs():
+            head_dim, causal, wgs, persistent, p_smem, lpt_order = config
+            options = [f"wg{wgs}"] + [
+                name for name, on in
+                (("persistent", persistent), ("p_smem", p_smem), ("lpt", lpt_order)) if on
+            ]  # fmt: skip
+            mask = "causal" if causal else "full"
+            print(
+                f"fwd hd{head_dim} {mask:6s} {' '.join(options):22s} "
+                f"{_md5(forward_masked_ptx(config))}",
+                flush=True,
+            )
     return 0
 
 

@@ -58,3 +58,47 @@ def test_sass_digests_of_a_kernel_are_reproducible() -> None:
     assert ptx_digest.sass_digests(opcodes) == ptx_digest.sass_digests(
         ptx_digest.sass_opcodes(second)
     )
+
+
+def test_all_configs_cover_every_variant_and_the_dkv_sum_kernels() -> None:
+    """``--all``: each shipped det kernel once more with ``dkv_sum``, and every variant at the
+    head dims of its step layout (the swapped one's at 192 and 256 only), det causal and
+    non-det full."""
+    from dash_attn.backends.hopper.bwd import SWAPPED_TILES
+    from dash_attn.backends.hopper.bwd_launch import VARIANTS
+
+    configs = list(ptx_digest.variant_configs())
+    sums = [c for c in configs if c[4]]
+    assert sorted((c[0], c[1]) for c in sums) == sorted(
+        (d, causal) for d in BWD_HEADDIMS for causal in (False, True)
+    )
+    assert all(c[2] and c[3] == bwd_variant(c[0], c[1], deterministic=True) for c in sums)
+    plain = [c for c in configs if not c[4]]
+    assert {c[3] for c in plain} == set(VARIANTS)
+    for head_dim, causal, det, variant, _ in plain:
+        assert (head_dim in SWAPPED_TILES) == bool(VARIANTS[variant].get("dkv_swap"))
+        assert (causal, det) in ((True, True), (False, False))
+    assert len(set(configs)) == len(configs)
+
+
+def test_forward_configs_are_the_launch_choices() -> None:
+    """``--fwd``: the forward kernel of every (head dim, mask, sequence length) the backend
+    runs is listed, each once."""
+    from dash_attn.backends.hopper import FWD_HEADDIMS, FWD_P_SMEM_HEADDIMS, launch
+
+    configs = ptx_digest.forward_configs()
+    assert len(set(configs)) == len(configs)
+    for head_dim in FWD_HEADDIMS:
+        for causal in (False, True):
+            for seqlen in (1, 100, 1024, 2047, 2048, 4096, 8192, 8193, 16384, 32768, 1 << 17):
+                wgs = launch.forward_consumer_wgs(head_dim, seqlen, causal)
+                assert (
+                    head_dim, causal, wgs, launch.forward_persistent(head_dim, seqlen, causal),
+                    wgs == 3 and head_dim in FWD_P_SMEM_HEADDIMS,
+                    launch.forward_lpt_order(head_dim, seqlen, causal),
+                ) in configs  # fmt: skip
+
+
+def test_forward_masked_ptx_masks_the_generated_names() -> None:
+    ptx = ptx_digest.forward_masked_ptx(ptx_digest.forward_configs()[0])
+    assert "cutlass_" not in ptx and "wgmma" in ptx and ".entry kernel_K(" in ptx

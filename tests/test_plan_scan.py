@@ -22,3 +22,19 @@ def test_unmerged_rounds_is_a_study_switch_only() -> None:
         assert invariant.merged_rounds is not shipped
         assert invariant.merged_rounds([], 3, (), ()) == [(0, 0), (1, 1), (2, 2)]
     assert invariant.merged_rounds is shipped
+
+
+def test_scan_of_every_schedule_plans_each_that_fits_the_mask() -> None:
+    """``--schedules all``: a draw is planned once per schedule that fits its mask (five for
+    a full mask with ``auto``, four for a causal one), with the invariant tables and the
+    worker-dependent ones; none is invalid."""
+    from dash_attn.schedule import schedule_names
+    from dash_attn.schedule.generators import SCHEDULE_MASKS
+
+    names = ("auto", *schedule_names())
+    draws = [plan_scan.draw_problem(np.random.default_rng(7)) for _ in range(1)]
+    fitting = sum(1 + sum(p.mask.kind in SCHEDULE_MASKS[n] for n in names[1:]) for p in draws)
+    checked, invalid = plan_scan.scan("hopper", count=1, seed=7, schedules=names)
+    assert invalid == [] and checked == fitting
+    checked, invalid = plan_scan.scan("triton", count=6, seed=8, schedules=names, invariant=False)
+    assert invalid == [] and checked > 6

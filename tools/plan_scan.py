@@ -4,9 +4,12 @@ that wait on a later round: ``--unmerged``).
 
 The tests' shapes and the benchmark grid are few; this draws many: head dims 64-256, full and
 causal, Sq = Sk or not, GQA/MQA, up to 20k tokens, both backends' tiles, 132 workers (H200).
-Deterministic plans, the default schedule (``auto``). Pure CPU, seeded, a fixed count:
+Deterministic plans, the default schedule (``auto``), or with ``--schedules`` each named one
+that fits the drawn mask (``all``: every registered one), and with ``--worker-tables`` the
+worker-dependent placement (``invariant=False``). Pure CPU, seeded, a fixed count:
 
     python -m tools.plan_scan --backend hopper --count 1000 [--seed 1] [--unmerged]
+    python -m tools.plan_scan --schedules all --count 300 --seed 49
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from dash_attn.plan import CAUSAL, FULL, H200, Problem, make_backward_plan
-from dash_attn.schedule import invariant, validate
+from dash_attn.schedule import invariant, schedule_names, validate
+from dash_attn.schedule.generators import SCHEDULE_MASKS
 
 # Above this many tile tasks a spec is skipped (the validator's time grows with it).
 MAX_TASKS = 3_000_000
@@ -59,23 +63,35 @@ def unmerged_rounds() -> Iterator[None]:
         invariant.canonical_layout.cache_clear()
 
 
-def scan(backend: str, count: int, seed: int) -> tuple[int, list[str]]:
-    """(shapes checked, a line per invalid plan) over ``count`` draws."""
+def scan(
+    backend: str,
+    count: int,
+    seed: int,
+    schedules: tuple[str, ...] = ("auto",),
+    invariant: bool = True,
+) -> tuple[int, list[str]]:
+    """(plans checked, a line per invalid plan) over ``count`` draws, each planned with every
+    name of ``schedules`` that fits its mask (``auto`` fits every mask)."""
     rng = np.random.default_rng(seed)
     checked, invalid = 0, []
     for _ in range(count):
         problem = draw_problem(rng)
-        try:
-            plan = make_backward_plan(problem, device=H200, backend=backend)
-        except (NotImplementedError, ValueError):
-            continue  # a shape the backend does not cover
-        if plan.spec.num_tasks() > MAX_TASKS:
-            continue
-        checked += 1
-        try:
-            validate(plan.schedule)
-        except ValueError as exc:
-            invalid.append(f"{problem} {plan.schedule.name}: {str(exc)[:120]}")
+        for name in schedules:
+            if name != "auto" and problem.mask.kind not in SCHEDULE_MASKS[name]:
+                continue
+            try:
+                plan = make_backward_plan(
+                    problem, device=H200, backend=backend, schedule=name, invariant=invariant
+                )
+            except (NotImplementedError, ValueError):
+                continue  # a shape the backend does not cover
+            if plan.spec.num_tasks() > MAX_TASKS:
+                continue
+            checked += 1
+            try:
+                validate(plan.schedule)
+            except ValueError as exc:
+                invalid.append(f"{problem} {plan.schedule.name}: {str(exc)[:120]}")
     return checked, invalid
 
 
@@ -85,14 +101,28 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1000, help="shapes drawn")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--unmerged", action="store_true", help="the placement before session 44")
+    parser.add_argument(
+        "--schedules", default="auto",
+        help="comma-separated schedule names, 'auto' among them, or 'all' (default auto)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--worker-tables", action="store_true", help="invariant=False (worker-dependent tables)"
+    )
     args = parser.parse_args()
+    names = ["auto", *schedule_names()] if args.schedules == "all" else args.schedules.split(",")
+    unknown = [n for n in names if n != "auto" and n not in SCHEDULE_MASKS]
+    if unknown:
+        parser.error(f"unknown schedules {unknown} (known: auto, {', '.join(schedule_names())})")
     with unmerged_rounds() if args.unmerged else contextlib.nullcontext():
-        checked, invalid = scan(args.backend, args.count, args.seed)
+        checked, invalid = scan(
+            args.backend, args.count, args.seed, tuple(names), not args.worker_tables
+        )
     for line in invalid:
         print("invalid:", line)
     placement = "unmerged rounds" if args.unmerged else "merged rounds"
-    print(f"{args.backend}, {placement}, seed {args.seed}: {checked} plans checked, "
-          f"{len(invalid)} invalid")  # fmt: skip
+    tables = "worker tables" if args.worker_tables else "invariant tables"
+    print(f"{args.backend}, {placement}, {tables}, schedules {','.join(names)}, seed {args.seed}: "
+          f"{checked} plans checked, {len(invalid)} invalid")  # fmt: skip
 
 
 if __name__ == "__main__":

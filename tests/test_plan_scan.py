@@ -38,3 +38,14 @@ def test_scan_of_every_schedule_plans_each_that_fits_the_mask() -> None:
     assert invalid == [] and checked == fitting
     checked, invalid = plan_scan.scan("triton", count=6, seed=8, schedules=names, invariant=False)
     assert invalid == [] and checked > 6
+
+
+def test_local_draws_add_windows_and_keep_the_other_draws() -> None:
+    """``--local``: a third of the draws become sliding windows (never full); the others are
+    the draws without it, so earlier seeds' scans stay reproducible."""
+    plain = [plan_scan.draw_problem(np.random.default_rng(s)) for s in range(60)]
+    local = [plan_scan.draw_problem(np.random.default_rng(s), local=True) for s in range(60)]
+    assert 5 < sum(p.mask.kind == "local" for p in local) < 40
+    assert all(a.mask.kind == "local" or a == b for a, b in zip(local, plain, strict=True))
+    checked, invalid = plan_scan.scan("triton", count=10, seed=11, schedules=("auto",), local=True)
+    assert invalid == [] and checked > 0

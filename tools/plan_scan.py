@@ -16,28 +16,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
 
 from dash_attn.plan import CAUSAL, FULL, H200, Problem, make_backward_plan
-from dash_attn.schedule import invariant, schedule_names, validate
+from dash_attn.schedule import Mask, invariant, schedule_names, validate
 from dash_attn.schedule.generators import SCHEDULE_MASKS
 
 # Above this many tile tasks a spec is skipped (the validator's time grows with it).
 MAX_TASKS = 3_000_000
 
 
-def draw_problem(rng: np.random.Generator) -> Problem:
+def draw_problem(rng: np.random.Generator, local: bool = False) -> Problem:
     """One padded shape: lengths from 64 to 20000 (powers of two one time in two), Sq = Sk
-    in 60% of draws, 1-16 kv heads with groups of 1, 2 or 4, a batch of up to 40k tokens."""
+    in 60% of draws, 1-16 kv heads with groups of 1, 2 or 4, a batch of up to 40k tokens. With
+    ``local``, one draw in three then takes a sliding window instead (a left bound of 0-4096
+    tokens or none, a right bound of 0, 1-512 or none; 1-512 without a left one), drawn after
+    the rest so that the other draws stay those of the same seed without it."""
     if rng.random() < 0.5:
         seqlen_q = int(rng.integers(64, 20001))
     else:
         seqlen_q = int(rng.choice([512, 1024, 2048, 4096, 8192, 16384]))
     seqlen_k = seqlen_q if rng.random() < 0.6 else int(rng.integers(64, 20001))
     kv_heads = int(rng.choice([1, 2, 4, 8, 16]))
-    return Problem(
+    problem = Problem(
         batch=int(rng.integers(1, max(1, 40000 // max(seqlen_q, seqlen_k)) + 1)),
         seqlen_q=seqlen_q,
         seqlen_k=seqlen_k,
@@ -46,6 +50,13 @@ def draw_problem(rng: np.random.Generator) -> Problem:
         headdim=int(rng.choice([64, 96, 128, 192, 256])),
         mask=CAUSAL if rng.random() < 0.5 else FULL,
     )
+    if local and rng.random() < 1 / 3:
+        left = int(rng.integers(0, 4097)) if rng.random() < 0.8 else -1
+        right = int(rng.choice([0, int(rng.integers(1, 513)), -1]))
+        if left < 0 and right <= 0:  # (that would be the full or the causal mask)
+            right = int(rng.integers(1, 513))
+        problem = dataclasses.replace(problem, mask=Mask(window_left=left, window_right=right))
+    return problem
 
 
 @contextlib.contextmanager
@@ -69,13 +80,14 @@ def scan(
     seed: int,
     schedules: tuple[str, ...] = ("auto",),
     invariant: bool = True,
+    local: bool = False,
 ) -> tuple[int, list[str]]:
     """(plans checked, a line per invalid plan) over ``count`` draws, each planned with every
     name of ``schedules`` that fits its mask (``auto`` fits every mask)."""
     rng = np.random.default_rng(seed)
     checked, invalid = 0, []
     for _ in range(count):
-        problem = draw_problem(rng)
+        problem = draw_problem(rng, local)
         for name in schedules:
             if name != "auto" and problem.mask.kind not in SCHEDULE_MASKS[name]:
                 continue
@@ -108,6 +120,7 @@ def main() -> None:
     parser.add_argument(
         "--worker-tables", action="store_true", help="invariant=False (worker-dependent tables)"
     )
+    parser.add_argument("--local", action="store_true", help="a third of the draws windowed")
     args = parser.parse_args()
     names = ["auto", *schedule_names()] if args.schedules == "all" else args.schedules.split(",")
     unknown = [n for n in names if n != "auto" and n not in SCHEDULE_MASKS]
@@ -115,12 +128,13 @@ def main() -> None:
         parser.error(f"unknown schedules {unknown} (known: auto, {', '.join(schedule_names())})")
     with unmerged_rounds() if args.unmerged else contextlib.nullcontext():
         checked, invalid = scan(
-            args.backend, args.count, args.seed, tuple(names), not args.worker_tables
+            args.backend, args.count, args.seed, tuple(names), not args.worker_tables, args.local
         )
     for line in invalid:
         print("invalid:", line)
     placement = "unmerged rounds" if args.unmerged else "merged rounds"
     tables = "worker tables" if args.worker_tables else "invariant tables"
+    tables += ", windows drawn" if args.local else ""
     print(f"{args.backend}, {placement}, {tables}, schedules {','.join(names)}, seed {args.seed}: "
           f"{checked} plans checked, {len(invalid)} invalid")  # fmt: skip
 

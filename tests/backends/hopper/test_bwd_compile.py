@@ -966,3 +966,19 @@ def test_kernel_over_the_shared_memory_limit_raises(monkeypatch, tmp_path: Path)
     monkeypatch.setattr(bwd, "SMEM_LIMIT", 232_447)
     with pytest.raises(ValueError, match="need 232448 bytes of shared memory, more than the 2324"):
         _compile((64, torch.bfloat16, False, True), tmp_path)
+
+
+def test_kernel_mixins_define_each_method_once() -> None:
+    """The kernels' warp roles are mixins of one class (``bwd_producer``, ``bwd_step``, ...;
+    ``fwd_producer``, ``fwd_consumer``): a method defined in two of them, or in one and in the
+    class, would be silently shadowed by the method resolution order."""
+    from dash_attn.backends.hopper.fwd import HopperFwd
+
+    for kernel in (HopperAttnBwd, HopperFwd):
+        owners: dict[str, list[str]] = {}
+        for klass in kernel.__mro__[:-1]:  # (not object)
+            for name, value in vars(klass).items():
+                if callable(value) or isinstance(value, (staticmethod, classmethod)):
+                    owners.setdefault(name, []).append(klass.__name__)
+        twice = {name: where for name, where in owners.items() if len(where) > 1}
+        assert len(kernel.__mro__) > 3 and twice == {}, (kernel.__name__, twice)

@@ -202,7 +202,7 @@ class EpilogueMixin:
     ):  # fmt: skip
         """The last step of a chain of a GQA split with ``dkv_sum``: release the stage and K/V,
         then add this warpgroup's rows of dK/dV into the kv head's sum at this q head's turn
-        (module docstring, "Chain epilogue")."""
+        (``bwd``'s module docstring, "Chain epilogue")."""
         b, kvh, kvt, kv_heads, rank, last, sem_ptr, bar = self._dkv_sum_turn(
             storage, sInfo, stage, acc_dK, acc_dV, mdK, sums, tidx, wg
         )

@@ -111,7 +111,8 @@ class StepMixin:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             flags = sInfo[I_FLAGS, stage]
             done = flags & F_DONE
-            # dS has one buffer with dq_double (see its comment in __init__), one per stage else.
+            # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
+            # stage else.
             ds_stage = Int32(0) if const_expr(self.dq_double) else stage
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage

@@ -43,7 +43,7 @@ class SwappedStepMixin:
     """``HopperAttnBwd``'s MMA warpgroups at head dims 192 and 256 (``dkv_swap``)."""
 
     def _swapped_tiled_mmas(self):
-        """The tiled MMAs of the dkv_swap step (see its comment in __init__)."""
+        """The tiled MMAs of the dkv_swap step (its comment in ``HopperAttnBwd.__init__``)."""
         bn, hd = self.block_n, self.head_dim
         K_major = cute.nvgpu.OperandMajorMode.K
         MN_major = cute.nvgpu.OperandMajorMode.MN
@@ -95,8 +95,8 @@ class SwappedStepMixin:
         tidx: Int32,
         dkv_sums: DkvSums,
     ):
-        """The MMA warpgroups' step loop of ``dkv_swap`` (head dims 192 and 256; see its
-        comment in __init__). Same ring, K/V, dQ hand-off and chain protocol as ``mma``; sPdS
+        """The MMA warpgroups' step loop of ``dkv_swap`` (head dims 192 and 256; its comment in
+        ``HopperAttnBwd.__init__``). Same ring, K/V, dQ hand-off and chain protocol as ``mma``; sPdS
         holds dS ([.., 0]) and P ([.., 1])."""
         bm, bn, hd = self.block_m, self.block_n, self.head_dim
         wg, thr_sdp, thr_dkv, thr_dq, wg_sdp, wg_dkv, wg_dq = self._mma_slices(

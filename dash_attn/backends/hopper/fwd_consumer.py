@@ -14,7 +14,7 @@ import cutlass.pipeline as cpipe
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ._cute_utils import pack_16bit_pair
+from ._cute_utils import acc_to_operand_a, pack_16bit_pair
 
 LN_2 = math.log(2.0)
 
@@ -57,28 +57,6 @@ def _row_reduce4(s_mn: cute.Tensor, r: int, op: Any) -> Any:
         for j in range(4):
             part[j] = op(part[j], s_mn[r, c + j])
     return op(op(part[0], part[1]), op(part[2], part[3]))
-
-
-def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
-    """Re-view an fp32 S accumulator ((2, 2, N/8), M, N) as an RS A-fragment
-    ((2, 2, 2), M, (N/16, N)).
-
-
-    For 16-bit WGMMA the C fragment of QK^T and the A fragment of PV put the same (row, col) in
-    the same thread, so converting P needs no shuffles, only this regrouping of the N/8 mode.
-    """
-    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
-    shape = (
-        (lay.shape[0][0], lay.shape[0][1], lay.shape[0][2][0]),
-        lay.shape[1],
-        (lay.shape[0][2][1], lay.shape[2]),
-    )
-    stride = (
-        (lay.stride[0][0], lay.stride[0][1], lay.stride[0][2][0]),
-        lay.stride[1],
-        (lay.stride[0][2][1], lay.stride[2]),
-    )
-    return cute.make_tensor(acc.iterator, cute.make_layout(shape, stride=stride))
 
 
 @cute.jit
@@ -465,7 +443,7 @@ class FwdConsumerMixin:
         warpgroup's slab of sP, made visible to the WGMMA (async proxy) and awaited by the
         warpgroup's four warps, each of which issues its part of the PV."""
         if const_expr(p_stage is None):
-            _convert_16bit(_acc_as_operand_a(acc_s), tOrP)
+            _convert_16bit(acc_to_operand_a(acc_s), tOrP)
         else:
             p_atom, p_copy, p_dst = p_stage
             r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)

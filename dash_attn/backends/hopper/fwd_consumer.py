@@ -14,7 +14,7 @@ import cutlass.pipeline as cpipe
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ._cute_utils import acc_to_operand_a, pack_16bit_pair
+from ._cute_utils import acc_to_operand_a, pack_16bit_pair, wgmma
 
 LN_2 = math.log(2.0)
 
@@ -166,7 +166,7 @@ class FwdConsumerMixin:
                 n_block = n_block_max - 1
                 pipe_k.consumer_wait(kv_state)
                 acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
-                self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                wgmma(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
                 self._mask(acc_s, t_coord, t0_coord, m_block, n_block, seqlen_k, shift)
@@ -199,7 +199,7 @@ class FwdConsumerMixin:
                 # Last PV (block 0) on its own.
                 pipe_v.consumer_wait(kv_state)
                 v_stage = tOrVt[None, None, None, kv_state.index]
-                self._gemm(tiled_mma_pv, acc_o, tOrP, v_stage, False)
+                wgmma(tiled_mma_pv, acc_o, tOrP, v_stage, False)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
@@ -316,9 +316,9 @@ class FwdConsumerMixin:
         pipe_k.consumer_wait(kv_state)
         self._sched_sync(wg)
         acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
-        self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+        wgmma(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
         pipe_v.consumer_wait(v_state)
-        self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+        wgmma(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
         self._sched_arrive(wg)
         warpgroup.wait_group(1)  # S_j is ready; PV may still run
         pipe_k.consumer_release(kv_state)
@@ -339,24 +339,6 @@ class FwdConsumerMixin:
         return kv_state
 
     # --------------------------------------------------------------- consumer helpers
-    @cute.jit
-    def _gemm(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        frag_a: cute.Tensor,
-        frag_b: cute.Tensor,
-        zero_init: cutlass.Constexpr[bool],
-    ) -> None:
-        """Issue one warpgroup's WGMMAs over the k-blocks and commit them as one group (no wait)."""
-        warpgroup.fence()
-        # A fresh atom per call: flipping ACCUMULATE on a shared atom breaks SSA dominance.
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
-            cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     @cute.jit
     def _mask(

@@ -158,16 +158,12 @@ def sass_digests(opcodes: list[str]) -> dict[str, str]:
     >>> (a["ops"] == b["ops"], a["math"] == b["math"], a["mem"] == b["mem"])
     (False, True, True)
     """
-
-    def md5(text: str) -> str:
-        return hashlib.md5(text.encode()).hexdigest()[:8]
-
     math = [op for op in opcodes if op.startswith(_MATH) and not op.startswith("FENCE")]
     memory = sorted(op for op in opcodes if op.startswith(_MEMORY))
     return {
-        "ops": md5(" ".join(opcodes)),
-        "math": md5(" ".join(math)),
-        "mem": md5(" ".join(memory)),
+        "ops": _md5(" ".join(opcodes))[:8],
+        "math": _md5(" ".join(math))[:8],
+        "mem": _md5(" ".join(memory))[:8],
     }
 
 
@@ -193,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         mask, mode = "causal" if causal else "full", "det" if det else "nondet"
         if key not in seen:
             ptx = masked_ptx(head_dim, causal, det, variant)
-            seen[key] = hashlib.md5(ptx.encode()).hexdigest()
+            seen[key] = _md5(ptx)
             if args.sass:
                 sass = kernel_sass(head_dim, causal, det, variant)
                 if sass is None:

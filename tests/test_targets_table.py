@@ -1,0 +1,97 @@
+"""tools/targets_table.py: each config from the newest run that timed both providers, off-grid
+rows ignored, the counts, and the README's table generated from the committed runs."""
+
+from __future__ import annotations
+
+import doctest
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dash_attn.bench.report import CSV_FIELDS, write_csv
+from tools import targets_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _row(provider: str, tflops: float, date: str, **over: object) -> dict:
+    row = {
+        "gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "triton": "3.6",
+        "commit": date[-4:], "date": date, "mode": "bwd", "dtype": "bf16", "headdim": 64,
+        "seqlen": 1024, "batch": 16, "heads": 32, "causal": False, "provider": provider,
+        "deterministic": provider.endswith(("auto", "_det")), "schedule": "",
+        "ms": 1000 / tflops, "tflops": tflops, "bitwise_repeatable": "", "kernel": "",
+        "ms_rounds": f"{1000 / tflops:.4f} {1000 / tflops:.4f}",
+    }  # fmt: skip
+    row.update(over)
+    return row
+
+
+def test_doctests_run() -> None:
+    result = doctest.testmod(targets_table)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_each_config_takes_the_newest_run_that_timed_both(tmp_path: Path) -> None:
+    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
+    for run in ("old", "new"):
+        (tmp_path / run).mkdir()
+    write_csv(tmp_path / "old" / "bench.csv", [
+        _row("dash_hopper_auto", 110.0, old), _row("fa4_det", 100.0, old),
+        _row("dash_hopper_nondet", 100.0, old),
+        _row("dash_hopper_auto", 90.0, old, seqlen=2048, batch=8),
+        _row("fa4_det", 100.0, old, seqlen=2048, batch=8),
+    ], CSV_FIELDS)  # fmt: skip
+    # The newer run: 1k without FA4 (so 1k stays with the old run), 2k with both, and a row off
+    # the grid (batch 1 at 1k is not 16384 tokens) that must not count.
+    write_csv(tmp_path / "new" / "bench.csv", [
+        _row("dash_hopper_auto", 130.0, new),
+        _row("dash_hopper_auto", 95.0, new, seqlen=2048, batch=8),
+        _row("fa4_det", 100.0, new, seqlen=2048, batch=8),
+        _row("dash_hopper_auto", 50.0, new, seqlen=2048, batch=1),
+        _row("fa4_det", 100.0, new, seqlen=2048, batch=1),
+    ], CSV_FIELDS)  # fmt: skip
+    runs = targets_table.newest_runs(tmp_path)
+    assert [name for name, _ in runs] == ["new", "old"]
+    found = targets_table.latest(runs, "bwd", "dash_hopper_auto", "fa4_det")
+    assert {key: (round(c.ratio, 3), run) for key, (c, run) in found.items()} == {
+        ("bwd", 64, False, 1024): (1.1, "old"),
+        ("bwd", 64, False, 2048): (0.95, "new"),
+    }
+    table, counts = targets_table.backward_table(runs)
+    row_1k = "| 64 | full | 1k | 1.10x (1.10-1.10) | >= 1.10x | yes | 1.10x (1.10-1.10) yes |"
+    assert row_1k in table
+    assert "| 64 | full | 2k | 0.95x (0.95-0.95) | >= 1.10x | **no** | - |" in table
+    assert counts[0].startswith("- det / FA4-det >= 0.9x (the floor): 2 of 2 configs; >= 1.0x")
+    assert "1 of 2." in counts[1] and counts[2].endswith("1 of 1.")
+
+
+def test_compressed_runs_are_read(tmp_path: Path) -> None:
+    date = "2026-12-01T00:00:00+00:00"
+    rows = [_row("dash_hopper_auto", 100.0, date, mode="fwd"), _row("fa4_nondet", 100.0, date,
+            mode="fwd")]  # fmt: skip
+    (tmp_path / "run").mkdir()
+    write_csv(tmp_path / "run" / "bench.csv", rows, CSV_FIELDS)
+    plain, packed = tmp_path / "run" / "bench.csv", tmp_path / "run" / "bench.csv.gz"
+    with open(plain, "rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    plain.unlink()
+    table, counts = targets_table.forward_table(targets_table.newest_runs(tmp_path))
+    assert "| 64 | full | 1k | 1.00x (1.00-1.00) | yes | run (" in table
+    assert counts == ["- forward / FA4's >= 0.9x: 1 of 1 configs; >= 1.0x: 1 of 1."]
+
+
+def test_readme_table_is_generated_from_the_committed_runs() -> None:
+    results, readme = REPO / "benchmarks" / "results" / "h200", REPO / "README.md"
+    if not (results.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    generated = targets_table.report(results)
+    assert generated.count("\n| ") > 100  # every head dim's 12 configs, backward and forward
+    assert generated in readme.read_text()
+
+
+def test_missing_results_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        targets_table.main(["--results", str(tmp_path / "absent")])

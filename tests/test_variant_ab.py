@@ -33,6 +33,11 @@ def test_arguments() -> None:
         variant_ab.parse_args(["1024:full"])  # a suffix or a replacement is required
     with pytest.raises(SystemExit):
         variant_ab.parse_args(["--replace", "_st", "1024:full"])  # OLD=NEW
+    assert args.variant_sm_margin == 0
+    args = variant_ab.parse_args(["--suffix", "_ct", "--variant-sm-margin", "4", "1024:full"])
+    assert args.variant_sm_margin == 4
+    with pytest.raises(SystemExit):
+        variant_ab.parse_args(["--suffix", "_ct", "--variant-sm-margin", "-1", "1024:full"])
 
 
 def test_variant_names() -> None:

@@ -48,3 +48,14 @@ def device_tables(schedule: Schedule, device: torch.device) -> dict[str, torch.T
         lambda: {name: getattr(schedule, name) for name in TABLE_FIELDS},
         owner=schedule,
     )
+
+
+def dq_counts(schedule: Schedule, device: torch.device) -> torch.Tensor:
+    """The schedule's ``dq_tile_counts`` (int32, one per dQ tile) on ``device``, uploaded once
+    per schedule object as ``device_tables``."""
+    return upload_once(
+        ("dq_counts", id(schedule)),
+        device,
+        lambda: {"dq_counts": schedule.dq_tile_counts()},
+        owner=schedule,
+    )["dq_counts"]

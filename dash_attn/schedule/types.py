@@ -531,6 +531,21 @@ class Schedule:
         spec = self.spec
         return (batch * spec.q_heads + self.step_q_head) * spec.q_tiles + self.step_q_tile
 
+    def dq_tile_counts(self) -> np.ndarray:
+        """``[batch * q_heads * q_tiles]`` int32: how many steps add into each dQ tile, i.e.
+        the value its semaphore reaches once every turn is released (a consumer of the
+        finished sum waits for it).
+
+        >>> from dash_attn.schedule import CAUSAL, ScheduleSpec, make_schedule
+        >>> spec = ScheduleSpec(batch=1, q_heads=1, kv_heads=1, q_tiles=3, kv_tiles=3,
+        ...                     mask=CAUSAL, workers=2)
+        >>> make_schedule("descending", spec).dq_tile_counts().tolist()
+        [1, 2, 3]
+        """
+        spec = self.spec
+        tiles = spec.batch * spec.q_heads * spec.q_tiles
+        return np.bincount(self.step_dq_tile(), minlength=tiles).astype(np.int32)
+
     def starts_every_dq_tile(self) -> bool:
         """Whether every dQ tile has exactly one step of rank 0, so that a deterministic kernel
         may store that first partial instead of adding it to a zeroed accumulator.

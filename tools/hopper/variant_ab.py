@@ -15,6 +15,9 @@ On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.variant_ab --suffix _tma --rounds 40 1024:full 2048:causal 1000:full:8
 
+``--variant-sm-margin 4`` runs the variant's calls on 4 SMs fewer (session 50's ``--suffix _ct``:
+the polled dQ cast runs beside the main kernel on the SMs left free).
+
 ``--replace OLD=NEW`` names the variant ``<shipped>.replace(OLD, NEW)`` first (``--replace
 _st=`` times the shipped kernels against themselves without ``dkv_stage``); an empty suffix and
 no replacement is an A/A.
@@ -78,12 +81,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="variant = shipped variant with OLD replaced by NEW (then the suffix)",
     )  # fmt: skip
     parser.add_argument("--headdim", type=int, default=64)
+    parser.add_argument(
+        "--variant-sm-margin", type=int, default=0, metavar="N",
+        help="run the variant's calls with sm_margin=N (its plan on N workers fewer; the "
+        "order-invariant tables keep the bits), e.g. 4 for the polled dQ cast (_ct)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--bits", choices=("same", "rule"), default="same")
     parser.add_argument("--rule-max", type=int, default=4096, help="longest seqlen checked")
     args = parser.parse_args(argv)
     if args.suffix is None and args.replace is None:
         parser.error("name the variant: --suffix and/or --replace")
+    if args.variant_sm_margin < 0:
+        parser.error(f"--variant-sm-margin must be >= 0, got {args.variant_sm_margin}")
     if args.replace is not None and "=" not in args.replace:
         parser.error(f"--replace takes OLD=NEW, got {args.replace!r}")
     args.configs = [parse_config(text, args.headdim) for text in args.configs]
@@ -145,8 +155,14 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     for base, det in (("S", True), ("ND", False)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         runs[base] = capture(leaves, dout, causal=cfg.causal, deterministic=det)
-        prepared = variant_launch(runs[base].plan, leaves[0], lambda n: variant_name(n, args))
-        runs[base + "_v"] = runs[base].with_launch(prepared)
+        # The variant on the shipped call's plan, or on its own call with SMs left free.
+        own = runs[base]
+        if args.variant_sm_margin:
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            own = capture(leaves, dout, causal=cfg.causal, deterministic=det,
+                          sm_margin=args.variant_sm_margin)  # fmt: skip
+        prepared = variant_launch(own.plan, leaves[0], lambda n: variant_name(n, args))
+        runs[base + "_v"] = own.with_launch(prepared)
     det_plan, nondet_plan = runs["S"].plan, runs["ND"].plan
     print(
         f"== d{hd} {cfg.label}: det {det_plan.schedule.name} {det_plan.dispatch.name}, "

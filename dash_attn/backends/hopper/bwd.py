@@ -90,11 +90,11 @@ moves the wait for dP^T before the last of the exponentials; ``early_meta`` read
 indices before its GEMMs; ``do_single`` gives dO one buffer of its own (a second dQ buffer then
 fits at 80-row tiles); ``ds_guard`` orders the warpgroups' use of the single dS buffer by a
 barrier; ``exp_poly`` computes a share of the exponentials by a polynomial on the FMA pipe;
-``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors); ``dq_first_store``
-copies each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a
-programmatic dependent; ``drain_ticket`` has the producer take a dynamic ticket only after the
-chain's last dQ turn is released (with ``drain_at_turn``, once that turn is taken); ``stages`` is
-the depth of the Q/dO ring.
+``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors); ``dq_first_store`` copies
+each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a programmatic
+dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
+producer take a dynamic ticket only after the chain's last dQ turn is released (with
+``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
 (The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
@@ -175,6 +175,7 @@ class HopperAttnBwd(
         dkv_swap: bool = False,
         kv_prefetch: int | None = None,
         dkv_stage: bool = False,
+        cast_trigger: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -358,6 +359,12 @@ class HopperAttnBwd(
         #   LSE2, delta, the flags or the accumulator; the producer lets the dQ cast launch
         #   (launch_dependents) once it has issued its last loads. Saves the launch gaps.
         self.pdl = pdl
+        # cast_trigger (deterministic only): every CTA lets the programmatic dependents start
+        #   (launch_dependents) as soon as its prologue is done, so that the polled dQ cast
+        #   (bwd_pre_post.DqFragmentCastPolled) runs beside this kernel on the SMs a plan on
+        #   fewer workers than SMs leaves free, each of its CTAs waiting for its tile's last
+        #   turn. Nothing of this kernel's work changes.
+        self.cast_trigger = cast_trigger and deterministic
         # drain_ticket (deterministic only): under dynamic dispatch the producer takes the next
         #   ticket only once the dQ writer has released the chain's last dQ turn, not as soon as
         #   the MMA warpgroups are done with it. Otherwise a chain whose last partial waits long
@@ -772,6 +779,8 @@ class HopperAttnBwd(
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
+        if const_expr(self.cast_trigger):
+            cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.pdl):
             # Everything above touches only shared memory and the kernel's parameters; from
             # here on the preprocess's outputs are read (and the accumulator written).

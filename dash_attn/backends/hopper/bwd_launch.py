@@ -21,7 +21,14 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from . import bwd_variant, kernel_cache
+from . import (
+    BWD_DET_TWIN,
+    BWD_NONDET_TWIN,
+    BWD_VARIANT,
+    BWD_VARIANT_LONG,
+    bwd_variant,
+    kernel_cache,
+)
 from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -194,6 +201,16 @@ for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
     # With the next chain's K/V prefetched too (neutral at hd 96 alone, session 47).
     VARIANTS[_name + "_st_kp"] = {**VARIANTS[_name + "_st"], "kv_prefetch": 0}
+# Session 50 (compiled, not yet run on a GPU): the shipped kernels with cast_trigger ("_ct"),
+# whose CTAs let the polled dQ cast start at once (bwd_pre_post.DqFragmentCastPolled): it runs
+# beside the main kernel on the SMs a plan on fewer workers leaves free, instead of after it.
+# Deterministic kernels only (the cast waits for each tile's last turn); the non-deterministic
+# "_ct" kernels are the shipped ones.
+for _name in sorted(
+    {*BWD_VARIANT.values(), *(v for _, v in BWD_VARIANT_LONG.values()), *BWD_DET_TWIN.values(),
+     *BWD_NONDET_TWIN.values()}
+):  # fmt: skip
+    VARIANTS[_name + "_ct"] = {**VARIANTS[_name], "cast_trigger": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -216,6 +233,12 @@ def programmatic_launches(variant: str) -> bool:
     """Whether ``variant``'s main kernel is launched as a programmatic dependent (PDL) of the
     preprocess, and the dQ cast of the main kernel (``HopperAttnBwd``'s ``pdl``)."""
     return bool(VARIANTS[variant].get("pdl"))
+
+
+def polled_cast(variant: str) -> bool:
+    """Whether ``variant``'s deterministic kernel lets the polled dQ cast run beside it
+    (``HopperAttnBwd``'s ``cast_trigger``)."""
+    return bool(VARIANTS[variant].get("cast_trigger"))
 
 
 def dq_acc_shape(q_shape: tuple[int, ...], q_tiles: int, block_m: int) -> tuple[int, ...]:
@@ -636,6 +659,10 @@ class FullBackward:
     # Where the preprocess's zero fill starts: at the accumulator, or at the flags where the
     # kernel stores every tile's first partial (dq_first_store); it runs to the end.
     zero_start: int
+    # The polled cast's per-tile contribution counts (``Schedule.dq_tile_counts``, on the
+    # device), or None for the cast after the main kernel; with them the flags have one more
+    # word, the polled cast's CTA counter.
+    dq_counts: torch.Tensor | None = None
 
     @property
     def buf_size(self) -> int:
@@ -668,7 +695,13 @@ class FullBackward:
         flags = flags.view(torch.int32)
         dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
         dq = torch.empty_like(q)
-        self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
+        if self.dq_counts is None:
+            self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
+        else:
+            self.cast(
+                dq_acc, dq, flags, self.dq_counts, float(softmax_scale), self.main.timeout_ns,
+                error_addr, launch_id,
+            )  # fmt: skip
         return dq, dk, dv, flags
 
 
@@ -679,12 +712,21 @@ def prepare_full(
     variant: str,
     *,
     zero_acc: bool = True,
+    dq_counts: torch.Tensor | None = None,
 ) -> FullBackward:
     """The ``FullBackward`` around ``main`` for q's shape and dtype.
 
     ``zero_acc=False`` leaves the dQ accumulator unzeroed (the flags are zeroed either way):
     only for a deterministic ``dq_first_store`` kernel whose tables give every dQ tile a
-    rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first."""
+    rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first.
+    ``dq_counts`` (int32 on the device, each dQ tile's contributions: the schedule's
+    ``dq_tile_counts``) runs the polled cast beside the main kernel: only for a deterministic
+    kernel of a ``polled_cast`` variant, whose CTAs let it start."""
+    if dq_counts is not None and not polled_cast(variant):
+        raise ValueError(f"dq_counts: variant {variant!r} does not let the polled cast start")
+    if dq_counts is not None and main.dkv_sum:
+        # Its CTA counter would sit where the dK/dV semaphores start.
+        raise ValueError("dq_counts: the polled cast does not run beside a dkv_sum kernel")
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
     batch, _, heads, head_dim = q_shape
@@ -697,12 +739,15 @@ def prepare_full(
     rows = batch * heads * rows_pad
     # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and
     # the flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
-    padding = -main.flag_count % 4
+    polled = dq_counts is not None
+    flag_words = main.flag_count + polled
+    padding = -flag_words % 4
     return FullBackward(
         main=main,
         preprocess=compile_preprocess(cutlass_dtype, head_dim, pdl=pdl),
-        cast=compile_dq_cast(cutlass_dtype, head_dim, block_m, pdl=pdl),
+        cast=compile_dq_cast(cutlass_dtype, head_dim, block_m, pdl=pdl, poll=polled),
         rows_pad=rows_pad,
-        parts=(rows, rows, main.dq_size, main.flag_count, padding),
+        parts=(rows, rows, main.dq_size, flag_words, padding),
         zero_start=2 * rows + (0 if zero_acc else main.dq_size),
+        dq_counts=dq_counts,
     )

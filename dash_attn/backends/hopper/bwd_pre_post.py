@@ -38,6 +38,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import kernel_cache
+from .bwd_sync import SyncMixin
 from .dq_fragment import WG_THREADS, half_size, wg_split
 
 LOG2_E = 1.4426950408889634
@@ -219,6 +220,25 @@ class DqFragmentCast:
             cute.arch.griddepcontrol_wait()
         tid, _, _ = cute.arch.thread_idx()
         tile, bh, _ = cute.arch.block_idx()
+        self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
+        # One thread of the grid reads the flag (nested: the DSL evaluates every operand of an
+        # `and` of runtime values).
+        if tile == 0 and bh == 0 and tid == 0 and error_addr != 0:  # noqa: SIM102
+            if mFlags[1] != 0:
+                _report_error(error_addr, launch_id)
+
+    @cute.jit
+    def _cast_tile(
+        self,
+        mAcc: cute.Tensor,
+        mdQ: cute.Tensor,
+        softmax_scale: Float32,
+        tile: Int32,
+        bh: Int32,
+        tid: Int32,
+    ):
+        """Q tile ``tile`` of (batch x head) ``bh``: read, scale, cast and store (the CTA's
+        ``CAST_THREADS`` threads, one barrier)."""
         heads = mAcc.shape[1]
         seqlen_q = mdQ.shape[1]
         b = bh // heads
@@ -287,15 +307,88 @@ class DqFragmentCast:
                 cute.autovec_copy(
                     vecs[i], cute.local_tile(mdQ[b, row, h, None], (VEC,), (v % row_vecs,))
                 )
-        # One thread of the grid reads the flag (nested: the DSL evaluates every operand of an
-        # `and` of runtime values).
-        if tile == 0 and bh == 0 and tid == 0 and error_addr != 0:  # noqa: SIM102
-            if mFlags[1] != 0:
-                word = cute.make_tensor(
-                    cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4),
-                    cute.make_layout(1),
-                )
-                word[0] = launch_id
+
+
+@cute.jit
+def _report_error(error_addr: Int64, launch_id: Int32):
+    """Write ``launch_id`` into the host-mapped error word at ``error_addr``."""
+    word = cute.make_tensor(
+        cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4),
+        cute.make_layout(1),
+    )
+    word[0] = launch_id
+
+
+class DqFragmentCastPolled(SyncMixin, DqFragmentCast):
+    """``DqFragmentCast`` that runs beside the main kernel instead of after it.
+
+    Launched as a programmatic dependent of a main kernel that lets its dependents start as
+    soon as all its CTAs are resident (``HopperAttnBwd``'s ``cast_trigger``), so its CTAs take
+    the SMs the main kernel leaves free (a plan on fewer workers than SMs) and, once the main
+    kernel's CTAs end, the rest. Each CTA waits (thread 0, acquire loads, bounded by
+    ``timeout_ns``) until its tile's dQ semaphore has counted all of the tile's contributions
+    (``counts``, from the schedule): the dQ warp releases a turn only after its adds have
+    landed, so the sum is then complete in the accumulator. Deterministic kernels only: the
+    non-deterministic ones take no turns. A timed-out wait raises the launch's error flag; the
+    CTA that ends last (a counter after the semaphores, ``flags[2 + tiles]``) copies the flag
+    to the host-mapped word, by then every tile's wait is over.
+    """
+
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
+        super().__init__(dtype, head_dim, block_m, pdl=True)
+
+    @cute.jit
+    def __call__(
+        self,
+        mAcc: cute.Tensor,  # (b, heads, q_tiles, block_m * hd) fp32
+        mdQ: cute.Tensor,  # (b, seqlen_q, heads, hd)
+        mFlags: cute.Tensor,  # int32: ticket, error flag, semaphores, then the CTA counter
+        mCounts: cute.Tensor,  # int32: each dQ tile's number of contributions
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        error_addr: Int64,
+        launch_id: Int32,
+        stream: cuda.CUstream,
+    ):
+        batch, heads, q_tiles = mAcc.shape[0], mAcc.shape[1], mAcc.shape[2]
+        self.kernel(
+            mAcc, mdQ, mFlags, mCounts, softmax_scale, timeout_ns, error_addr, launch_id
+        ).launch(
+            grid=[q_tiles, batch * heads, 1], block=[CAST_THREADS, 1, 1], stream=stream,
+            use_pdl=True,
+        )  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self,
+        mAcc: cute.Tensor,
+        mdQ: cute.Tensor,
+        mFlags: cute.Tensor,
+        mCounts: cute.Tensor,
+        softmax_scale: Float32,
+        timeout_ns: Int64,
+        error_addr: Int64,
+        launch_id: Int32,
+    ):
+        # No griddepcontrol.wait: that would wait for the main kernel's end.
+        tid, _, _ = cute.arch.thread_idx()
+        tile, bh, _ = cute.arch.block_idx()
+        q_tiles, bhs, _ = cute.arch.grid_dim()
+        index = bh * q_tiles + tile
+        if tid == 0:  # noqa: SIM102 (one thread waits: the DSL would evaluate both operands)
+            # Acquire loads of the tile's semaphore; the other threads' loads of the tile come
+            # after the barrier below, which orders them after this thread's acquire.
+            if self._wait_turn(mFlags.iterator + (2 + index), mCounts[index], timeout_ns) != 0:
+                mFlags[1] = Int32(1)
+        cute.arch.sync_threads()
+        self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
+        if tid == 0:
+            done = cute.arch.atomic_add(
+                mFlags.iterator + (2 + bhs * q_tiles), Int32(1), sem="acq_rel", scope="gpu"
+            )
+            if done == bhs * q_tiles - 1 and error_addr != 0:  # noqa: SIM102
+                if mFlags[1] != 0:
+                    _report_error(error_addr, launch_id)
 
 
 def compile_preprocess(
@@ -339,28 +432,37 @@ def compile_dq_cast(
     arch: str = "sm_90a",
     *,
     pdl: bool = False,
+    poll: bool = False,
     extra_options: str = "",
 ) -> Any:
     """The compiled ``DqFragmentCast`` for q's dtype, the head dim and the Q tile rows;
-    ``pdl``: launched as a programmatic dependent of the main kernel; ``extra_options`` as
-    ``compile_preprocess``'s."""
+    ``pdl``: launched as a programmatic dependent of the main kernel; ``poll``: the
+    ``DqFragmentCastPolled`` that runs beside it (its own signature, always a programmatic
+    dependent); ``extra_options`` as ``compile_preprocess``'s."""
     from cutlass.cute.runtime import make_fake_stream
 
     from ._tensor_args import fake_tensor
 
-    kernel = DqFragmentCast(dtype, head_dim, block_m, pdl)
+    if poll:
+        kernel: DqFragmentCast = DqFragmentCastPolled(dtype, head_dim, block_m)
+    else:
+        kernel = DqFragmentCast(dtype, head_dim, block_m, pdl)
+    # The polled cast's counts and timeout come after the flags.
+    polled_args = (fake_tensor(Int32, 1, cute.sym_int(), 4), Float32(1.0), Int64(0))
 
     def build() -> Any:
-        return cute.compile(
-            kernel,
+        tensors = (
             fake_tensor(Float32, 4, block_m * head_dim, 16),
             fake_tensor(dtype, 4, head_dim, 16),
             fake_tensor(Int32, 1, cute.sym_int(), 4),
-            Float32(1.0), Int64(0), Int32(0),
+        )
+        scalars = polled_args if poll else (Float32(1.0),)
+        return cute.compile(
+            kernel, *tensors, *scalars, Int64(0), Int32(0),
             make_fake_stream(use_tvm_ffi_env_stream=True),
             options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
         )  # fmt: skip
 
     key = ("dq_cast", dtype.__name__, head_dim, block_m, arch, extra_options)
-    key += ("pdl",) if pdl else ()
+    key += ("poll",) if poll else ("pdl",) if pdl else ()
     return kernel_cache.compile_once(key, build, disk=not extra_options)

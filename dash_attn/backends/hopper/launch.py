@@ -16,7 +16,7 @@ from ...errors import check_errors, mapped_launch, record_status
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
-from ..tables import device_tables
+from ..tables import device_tables, dq_counts
 from ..triton.group_sum import sum_kv_groups
 from . import (
     FWD_3WG_MIN_SEQLEN,
@@ -30,6 +30,7 @@ from .bwd_launch import (
     FullBackward,
     cast_dq,
     dq_first_store,
+    polled_cast,
     prepare_bwd,
     prepare_full,
 )
@@ -200,4 +201,11 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     first_stores = (
         plan.deterministic and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
     )
-    return prepare_full(main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores)
+    # The polled cast (variants with cast_trigger, not shipped yet) runs beside a deterministic
+    # main kernel, waiting for each tile's last turn.
+    counts = None
+    if plan.deterministic and polled_cast(variant) and not plan.dkv_sum:
+        counts = dq_counts(plan.schedule, q.device)
+    return prepare_full(
+        main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts
+    )

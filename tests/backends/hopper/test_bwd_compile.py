@@ -260,6 +260,11 @@ VARIANT_CONFIGS = [
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
     ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, False)),
+    # Session 50: the shipped kernels that let the polled dQ cast start (cast_trigger): the
+    # hd-64 full det twin, the hd-128 full kernel, and a non-det one (no trigger there).
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_ct", (64, torch.bfloat16, False, True)),
+    ("t80_wgr_p14_sm2_fs_ct", (128, torch.float16, False, True)),
+    ("t128_xm24r_sm2_fs_kp_st_ct", (64, torch.bfloat16, False, False)),
 ]
 
 
@@ -299,8 +304,10 @@ def _check_kernel_code(
     assert ("fence.proxy.async.global" in ptx) == det
     options = bwd_launch._variant_options(variant)
     # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
+    # cast_trigger (det only): every thread lets it launch after the prologue.
     assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
-    assert ("griddepcontrol.launch_dependents" in ptx) == bool(options.get("pdl"))
+    triggers = bool(options.get("pdl")) or (bool(options.get("cast_trigger")) and det)
+    assert ("griddepcontrol.launch_dependents" in ptx) == triggers
     # kv_prefetch: the producer's two TMA prefetches of the next chain's K and V into L2.
     prefetches = ptx.count("cp.async.bulk.prefetch.tensor.4d.L2.global")
     # (At hd 96 K and V rows are 32-byte swizzled: each tile moves as six boxes of 16 columns.)
@@ -529,7 +536,7 @@ def test_variants_resolve() -> None:
     from dash_attn.backends import hopper
 
     swapped = {n for n, o in bwd_launch.VARIANTS.items() if o.get("dkv_swap")}
-    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs"}
+    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs", "sw_fs_ct", "sw_w2_fs_ct"}
     for name in bwd_launch.VARIANTS:
         if name in swapped:
             for head_dim, tiles in SWAPPED_TILES.items():
@@ -582,6 +589,14 @@ def test_variants_resolve() -> None:
     assert bwd_variant(256, True, deterministic=False) == "sw_fs"
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st"
     assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st"
+    # Every kernel a run can take has a twin that lets the polled dQ cast start, with nothing
+    # else changed (session 50, not shipped).
+    runnable = {*shipped, *hopper.BWD_DET_TWIN.values(), *hopper.BWD_NONDET_TWIN.values()}
+    variants = bwd_launch.VARIANTS
+    for name in runnable:
+        assert variants[name + "_ct"] == {**variants[name], "cast_trigger": True}
+        assert bwd_launch.polled_cast(name + "_ct") and not bwd_launch.polled_cast(name)
+    assert {n for n in variants if n.endswith("_ct")} == {n + "_ct" for n in runnable}
     # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
     for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:
         options = bwd_launch.VARIANTS[name]

@@ -8,6 +8,7 @@ multiples, and a set error flag reaching ``check_errors`` through the host-mappe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -74,6 +75,34 @@ def test_pre_post_programmatic_launch_instructions(pdl: bool, tmp_path, monkeypa
     assert "griddepcontrol.wait" not in pre
     assert ("griddepcontrol.wait" in cast) == pdl
     assert "griddepcontrol.launch_dependents" not in cast
+
+
+@pytest.mark.parametrize("head_dim,block_m", [(64, 128), (128, 80), (256, 64)])
+def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
+    head_dim: int, block_m: int, tmp_path, monkeypatch
+) -> None:
+    """The polled cast (session 50, beside the main kernel): no wait for the main kernel's end;
+    one thread's bounded acquire loop on the tile's semaphore, the CTA's barrier before the
+    loads, the tile's casts as the plain cast's, and the CTA counter after them (one atomic)."""
+    from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
+
+    monkeypatch.setattr(kernel_cache, "_memo", {})
+    options = f"--keep-ptx --dump-dir {tmp_path}"
+    dtype = _cutlass_dtype(torch.bfloat16)
+    polled = bwd_pre_post.compile_dq_cast(
+        dtype, head_dim, block_m, poll=True, extra_options=options
+    ).__ptx__
+    plain = bwd_pre_post.compile_dq_cast(dtype, head_dim, block_m, extra_options=options).__ptx__
+    assert "griddepcontrol" not in polled and "griddepcontrol" not in plain
+    assert "ld.acquire.gpu.global.b32" in polled and "%globaltimer" in polled
+    assert "ld.acquire" not in plain and "atom." not in plain
+    assert polled.count("atom.global.acq_rel.add") == 1
+    assert polled.count("bar.sync") == plain.count("bar.sync") + 1
+    # The same loads and conversions of the tile, and its stores; one more store (the flag of
+    # a timed-out wait).
+    for op in ("cvt.rn", "ld.global.v4"):
+        assert polled.count(op) == plain.count(op) > 0, op
+    assert polled.count("st.global") == plain.count("st.global") + 1
 
 
 def test_preprocess_refuses_odd_head_dim() -> None:
@@ -165,6 +194,92 @@ def test_dq_cast_reports_a_set_flag_through_the_mapped_word() -> None:
     with pytest.raises(RuntimeError, match="launch B timed out"):
         errors.check_errors()
     errors.check_errors()  # reported once
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,block_m", [(64, 128), (128, 80), (128, 64)])
+def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m: int) -> None:
+    """The polled cast (session 50) on finished semaphores writes the plain cast's bits and
+    counts its CTAs; on a semaphore that never reaches its count it waits out its bound, raises
+    the flag and the host-mapped word, and does not hang."""
+    from dash_attn import errors
+    from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast
+
+    torch.manual_seed(2)
+    batch, heads, seqlen = 2, 3, 257
+    q_tiles = -(-seqlen // block_m)
+    tiles = batch * heads * q_tiles
+    acc = torch.randn(batch, heads, q_tiles, block_m * head_dim, device="cuda") * 10
+    dtype = _cutlass_dtype(torch.bfloat16)
+    plain_dq = torch.full((batch, seqlen, heads, head_dim), float("nan"), device="cuda",
+                          dtype=torch.bfloat16)  # fmt: skip
+    flags = torch.zeros(2 + tiles + 1, device="cuda", dtype=torch.int32)
+    compile_dq_cast(dtype, head_dim, block_m)(acc, plain_dq, flags, 0.125, 0, 0)
+    counts = torch.randint(1, 9, (tiles,), device="cuda", dtype=torch.int32)
+    flags[2 : 2 + tiles] = counts
+    polled_dq = torch.full_like(plain_dq, float("nan"))
+    polled = compile_dq_cast(dtype, head_dim, block_m, poll=True)
+    polled(acc, polled_dq, flags, counts, 0.125, 10**9, 0, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(polled_dq, plain_dq)
+    assert flags[1].item() == 0 and flags[-1].item() == tiles
+    # One tile short of its count: a bounded wait (1 ms), the flag and the mapped word.
+    errors.check_errors()
+    flags.zero_()
+    flags[2 : 2 + tiles] = counts
+    flags[2 + tiles // 2] -= 1
+    address, launch = errors.mapped_launch("polled cast timed out", torch.cuda.current_device())
+    polled(acc, polled_dq, flags, counts, 0.125, 10**6, address, launch)
+    with pytest.raises(RuntimeError, match="polled cast timed out"):
+        errors.check_errors()
+    assert flags[1].item() == 1 and flags[-1].item() == tiles
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "head_dim,causal,seqlen", [(64, False, 1024), (64, True, 777), (128, False, 1000)]
+)
+def test_backward_with_the_polled_cast_keeps_the_bits(
+    head_dim: int, causal: bool, seqlen: int, monkeypatch
+) -> None:
+    """A deterministic backward whose dQ cast runs beside the main kernel (the ``_ct``
+    variants, on 4 SMs fewer: ``sm_margin=4``) gives the shipped kernels' gradients bit for bit
+    (the order-invariant tables do not depend on the worker count), repeatably, also while
+    another stream runs matmuls."""
+    from dash_attn import dash_attn_func
+    from dash_attn.backends.hopper import launch
+
+    torch.manual_seed(3)
+    batch, heads = 3, 2048 // head_dim // 4
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))  # fmt: skip
+    dout = torch.randn_like(q)
+
+    def grads(**options) -> list[torch.Tensor]:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper",
+                             **options)  # fmt: skip
+        return list(torch.autograd.grad(out, leaves, dout))
+
+    shipped = grads()
+    launch._launches.clear()
+    base = launch.bwd_variant
+    monkeypatch.setattr(launch, "bwd_variant", lambda *a, **kw: base(*a, **kw) + "_ct")
+    first = grads(sm_margin=4)
+    assert all(torch.equal(a, b) for a, b in zip(first, shipped, strict=True))
+    side = torch.cuda.Stream()
+    x = torch.randn(4096, 4096, device="cuda")
+    for busy in (False, True):
+        for _ in range(5):
+            if busy:
+                with torch.cuda.stream(side):
+                    x = x @ x / 64
+            again = grads(sm_margin=4)
+            assert all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
+    torch.cuda.synchronize()
+    launch._launches.clear()
 
 
 def _stubbed_full_backward(plan, q, variant: str, monkeypatch, **options):
@@ -269,6 +384,49 @@ def test_full_backward_after_a_first_store_kernel_zeroes_only_the_flags(monkeypa
     assert acc.shape == (batch, heads, spec.q_tiles, tiles.block_m * head_dim)
     assert zero.data_ptr() == flags.data_ptr() == acc.data_ptr() + acc.numel() * 4
     assert zero.shape[1] == 4 and zero.numel() >= flags.numel() > zero.numel() - 4
+
+
+def test_full_backward_with_the_polled_cast(monkeypatch) -> None:
+    """``prepare_full(dq_counts=...)`` (a ``_ct`` variant): the cast gets the counts and the
+    main kernel's timeout after the flags, and the flags one more zeroed word (the polled
+    cast's CTA counter) after the dQ semaphores. A variant without ``cast_trigger`` and a
+    ``dkv_sum`` kernel refuse the counts."""
+    import inspect
+
+    from dash_attn.backends.hopper import bwd_launch
+    from dash_attn.backends.hopper.bwd_pre_post import DqFragmentCastPolled
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
+
+    batch, seqlen, heads, head_dim = 2, 300, 4, 128
+    plan = make_backward_plan(
+        Problem(batch, seqlen, seqlen, heads, heads, head_dim, FULL, "bfloat16"), device=H200
+    )
+    q = torch.zeros(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
+    lse = torch.zeros(batch, heads, seqlen)
+    counts = torch.from_numpy(plan.schedule.dq_tile_counts())
+    full, calls = _stubbed_full_backward(
+        plan, q, "t80_wgr_p14_sm2_fs_ct", monkeypatch, zero_acc=False, dq_counts=counts
+    )
+    dq, _, _, flags = full(q, q, q, q, q, lse, 0.125, 4096, 7)
+    args = dict(calls)
+    params = list(inspect.signature(DqFragmentCastPolled.__call__).parameters)[1:-1]
+    cast = dict(zip(params, args["cast"], strict=True))
+    tiles = batch * heads * plan.spec.q_tiles
+    assert cast["mdQ"] is dq and cast["mFlags"] is flags and cast["mCounts"] is counts
+    assert (cast["softmax_scale"], cast["timeout_ns"]) == (0.125, full.main.timeout_ns)
+    assert (cast["error_addr"], cast["launch_id"]) == (4096, 7)
+    assert flags.numel() == full.main.flag_count + 1 == 2 + tiles + 1
+    zero = args["pre"][-1]
+    assert zero.data_ptr() == flags.data_ptr() and zero.numel() >= flags.numel()
+    # Every tile of a full mask is added to by every KV tile.
+    assert counts.tolist() == [plan.spec.kv_tiles] * tiles
+    with pytest.raises(ValueError, match="does not let the polled cast start"):
+        bwd_launch.prepare_full(full.main, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs",
+                                dq_counts=counts)  # fmt: skip
+    summed = dataclasses.replace(full.main, dkv_sum=True)
+    with pytest.raises(ValueError, match="dkv_sum"):
+        bwd_launch.prepare_full(summed, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs_ct",
+                                dq_counts=counts)  # fmt: skip
 
 
 def test_mapped_error_words_raise_the_launchs_text_once(monkeypatch) -> None:

@@ -38,7 +38,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import kernel_cache
-from .bwd_sync import SyncMixin
 from .dq_fragment import WG_THREADS, half_size, wg_split
 
 LOG2_E = 1.4426950408889634
@@ -319,7 +318,7 @@ def _report_error(error_addr: Int64, launch_id: Int32):
     word[0] = launch_id
 
 
-class DqFragmentCastPolled(SyncMixin, DqFragmentCast):
+class DqFragmentCastPolled(DqFragmentCast):
     """``DqFragmentCast`` that runs beside the main kernel instead of after it.
 
     Launched as a programmatic dependent of a main kernel that lets its dependents start as
@@ -329,9 +328,11 @@ class DqFragmentCastPolled(SyncMixin, DqFragmentCast):
     ``timeout_ns``) until its tile's dQ semaphore has counted all of the tile's contributions
     (``counts``, from the schedule): the dQ warp releases a turn only after its adds have
     landed, so the sum is then complete in the accumulator. Deterministic kernels only: the
-    non-deterministic ones take no turns. A timed-out wait raises the launch's error flag; the
-    CTA that ends last (a counter after the semaphores, ``flags[2 + tiles]``) copies the flag
-    to the host-mapped word, by then every tile's wait is over.
+    non-deterministic ones take no turns. A timed-out wait raises the launch's error flag, and
+    a raised flag (a wait of the main kernel's timed out too) ends every other CTA's wait: the
+    result is an error then, and thousands of tiles must not wait out a bound each. The CTA
+    that ends last (a counter after the semaphores, ``flags[2 + tiles]``) copies the flag to
+    the host-mapped word, by then every tile's wait is over.
     """
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
@@ -378,17 +379,40 @@ class DqFragmentCastPolled(SyncMixin, DqFragmentCast):
         if tid == 0:  # noqa: SIM102 (one thread waits: the DSL would evaluate both operands)
             # Acquire loads of the tile's semaphore; the other threads' loads of the tile come
             # after the barrier below, which orders them after this thread's acquire.
-            if self._wait_turn(mFlags.iterator + (2 + index), mCounts[index], timeout_ns) != 0:
+            if self._wait_count(mFlags, 2 + index, mCounts[index], timeout_ns) != 0:
                 mFlags[1] = Int32(1)
         cute.arch.sync_threads()
         self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
         if tid == 0:
+            # Counted after this CTA's stores (the barrier in _cast_tile is before them, but
+            # only the flag's copy depends on the count).
             done = cute.arch.atomic_add(
                 mFlags.iterator + (2 + bhs * q_tiles), Int32(1), sem="acq_rel", scope="gpu"
             )
             if done == bhs * q_tiles - 1 and error_addr != 0:  # noqa: SIM102
                 if mFlags[1] != 0:
                     _report_error(error_addr, launch_id)
+
+    @cute.jit
+    def _wait_count(self, mFlags: cute.Tensor, word: Int32, count: Int32, timeout_ns: Int64):
+        """Spin (acquire loads) until ``mFlags[word] == count``; 1 if ``timeout_ns`` passed
+        first or the launch's error flag (``mFlags[1]``) was raised meanwhile, else 0."""
+        sem_ptr = mFlags.iterator + word
+        seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+        failed = Int32(0)
+        if seen != count:
+            start = cute.arch.globaltimer()
+            waiting = Int32(1)
+            while waiting != 0:
+                seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                if seen == count:
+                    waiting = Int32(0)
+                else:
+                    raised = cute.arch.load(mFlags.iterator + 1, Int32, sem="relaxed", scope="gpu")
+                    if raised != 0 or cute.arch.globaltimer() - start > timeout_ns:
+                        failed = Int32(1)
+                        waiting = Int32(0)
+        return failed
 
 
 def compile_preprocess(

@@ -331,8 +331,10 @@ class DqFragmentCastPolled(DqFragmentCast):
     non-deterministic ones take no turns. A timed-out wait raises the launch's error flag, and
     a raised flag (a wait of the main kernel's timed out too) ends every other CTA's wait: the
     result is an error then, and thousands of tiles must not wait out a bound each. The CTA
-    that ends last (a counter after the semaphores, ``flags[2 + tiles]``) copies the flag to
-    the host-mapped word, by then every tile's wait is over.
+    that ends last (a counter after the semaphores, ``flags[2 + tiles]``) waits for the main
+    kernel's end (``griddepcontrol.wait``, one thread): a programmatic dependent that never
+    waits could end before its primary, and the stream's next work would then run beside the
+    main kernel's last dK/dV stores. Then it copies the flag to the host-mapped word.
     """
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
@@ -384,14 +386,18 @@ class DqFragmentCastPolled(DqFragmentCast):
         cute.arch.sync_threads()
         self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
         if tid == 0:
-            # Counted after this CTA's stores (the barrier in _cast_tile is before them, but
-            # only the flag's copy depends on the count).
             done = cute.arch.atomic_add(
                 mFlags.iterator + (2 + bhs * q_tiles), Int32(1), sem="acq_rel", scope="gpu"
             )
-            if done == bhs * q_tiles - 1 and error_addr != 0:  # noqa: SIM102
-                if mFlags[1] != 0:
-                    _report_error(error_addr, launch_id)
+            if done == bhs * q_tiles - 1:
+                # The last CTA waits for the main kernel's end (its last dK/dV stores may come
+                # after its last dQ release): this grid then ends after it, so whatever the
+                # stream runs next sees dq, dk and dv complete, as with the plain cast. No other
+                # CTA waits: each would hold its SM until the main kernel ends.
+                cute.arch.griddepcontrol_wait()
+                if error_addr != 0:  # noqa: SIM102
+                    if mFlags[1] != 0:
+                        _report_error(error_addr, launch_id)
 
     @cute.jit
     def _wait_count(self, mFlags: cute.Tensor, word: Int32, count: Int32, timeout_ns: Int64):

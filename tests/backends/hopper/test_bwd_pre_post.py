@@ -81,9 +81,10 @@ def test_pre_post_programmatic_launch_instructions(pdl: bool, tmp_path, monkeypa
 def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
     head_dim: int, block_m: int, tmp_path, monkeypatch
 ) -> None:
-    """The polled cast (session 50, beside the main kernel): no wait for the main kernel's end;
-    one thread's bounded acquire loop on the tile's semaphore, the CTA's barrier before the
-    loads, the tile's casts as the plain cast's, and the CTA counter after them (one atomic)."""
+    """The polled cast (session 50, beside the main kernel): one thread's bounded acquire loop
+    on the tile's semaphore, the CTA's barrier before the loads, the tile's casts as the plain
+    cast's, the CTA counter after them (one atomic), and only behind it (the last CTA) the
+    wait for the main kernel's end."""
     from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
@@ -93,7 +94,9 @@ def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
         dtype, head_dim, block_m, poll=True, extra_options=options
     ).__ptx__
     plain = bwd_pre_post.compile_dq_cast(dtype, head_dim, block_m, extra_options=options).__ptx__
-    assert "griddepcontrol" not in polled and "griddepcontrol" not in plain
+    # The last CTA alone waits for the main kernel's end; no CTA lets a dependent start.
+    assert polled.count("griddepcontrol.wait") == 1 and "launch_dependents" not in polled
+    assert "griddepcontrol" not in plain
     assert "ld.acquire.gpu.global.b32" in polled and "%globaltimer" in polled
     assert "ld.acquire" not in plain and "atom." not in plain
     assert polled.count("atom.global.acq_rel.add") == 1

@@ -911,6 +911,35 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
     assert prepared.zero_start == 2 * rows + (0 if zeroes_acc else prepared.main.dq_size)
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_plan_launch_of_a_cast_trigger_variant_polls_in_det_mode(
+    deterministic: bool, monkeypatch
+) -> None:
+    """A ``_ct`` variant (session 50, not shipped) gets the polled cast with the schedule's
+    per-tile counts in deterministic mode, the plain cast otherwise (no turns to count).
+    Kernels are replaced by stand-ins (no compile)."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+
+    monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
+    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
+    casts: list[dict] = []
+    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: None)
+    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: casts.append(kw))
+    shipped = launch.bwd_variant
+    monkeypatch.setattr(launch, "bwd_variant", lambda *a, **kw: shipped(*a, **kw) + "_ct")
+    problem = Problem(2, 300, 300, 4, 4, 64, CAUSAL, "bfloat16")
+    plan = make_backward_plan(problem, device=H200, deterministic=deterministic)
+    prepared = launch._prepare(plan, torch.zeros(2, 300, 4, 64, dtype=torch.bfloat16))
+    assert casts[-1]["poll"] == deterministic
+    if deterministic:
+        assert prepared.dq_counts.tolist() == plan.schedule.dq_tile_counts().tolist()
+        assert prepared.parts[3] == prepared.main.flag_count + 1
+    else:
+        assert prepared.dq_counts is None and prepared.parts[3] == prepared.main.flag_count
+
+
 def test_hopper_launch_refuses_a_plan_it_has_no_kernel_for(monkeypatch) -> None:
     """A plan for a sliding window handed to the hopper launcher (the planner gives it to
     triton) raises NotImplementedError on every call, not only the first."""

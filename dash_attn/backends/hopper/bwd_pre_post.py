@@ -38,6 +38,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import kernel_cache
+from .bwd_sync import wait_value
 from .dq_fragment import WG_THREADS, half_size, wg_split
 
 LOG2_E = 1.4426950408889634
@@ -381,7 +382,8 @@ class DqFragmentCastPolled(DqFragmentCast):
         if tid == 0:  # noqa: SIM102 (one thread waits: the DSL would evaluate both operands)
             # Acquire loads of the tile's semaphore; the other threads' loads of the tile come
             # after the barrier below, which orders them after this thread's acquire.
-            if self._wait_count(mFlags, 2 + index, mCounts[index], timeout_ns) != 0:
+            sem_ptr, flag_ptr = mFlags.iterator + (2 + index), mFlags.iterator + 1
+            if wait_value(sem_ptr, mCounts[index], timeout_ns, abort_ptr=flag_ptr) != 0:
                 mFlags[1] = Int32(1)
         cute.arch.sync_threads()
         self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
@@ -398,27 +400,6 @@ class DqFragmentCastPolled(DqFragmentCast):
                 if error_addr != 0:  # noqa: SIM102
                     if mFlags[1] != 0:
                         _report_error(error_addr, launch_id)
-
-    @cute.jit
-    def _wait_count(self, mFlags: cute.Tensor, word: Int32, count: Int32, timeout_ns: Int64):
-        """Spin (acquire loads) until ``mFlags[word] == count``; 1 if ``timeout_ns`` passed
-        first or the launch's error flag (``mFlags[1]``) was raised meanwhile, else 0."""
-        sem_ptr = mFlags.iterator + word
-        seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-        failed = Int32(0)
-        if seen != count:
-            start = cute.arch.globaltimer()
-            waiting = Int32(1)
-            while waiting != 0:
-                seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-                if seen == count:
-                    waiting = Int32(0)
-                else:
-                    raised = cute.arch.load(mFlags.iterator + 1, Int32, sem="relaxed", scope="gpu")
-                    if raised != 0 or cute.arch.globaltimer() - start > timeout_ns:
-                        failed = Int32(1)
-                        waiting = Int32(0)
-        return failed
 
 
 def compile_preprocess(

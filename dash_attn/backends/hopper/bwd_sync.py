@@ -66,17 +66,28 @@ class SyncMixin:
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
         """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first."""
-        seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-        failed = Int32(0)
-        if seen != rank:
-            start = cute.arch.globaltimer()
-            waiting = Int32(1)
-            while waiting != 0:
-                seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-                if seen == rank:
+        return wait_value(sem_ptr, rank, timeout_ns)
+
+
+@cute.jit
+def wait_value(sem_ptr, value: Int32, timeout_ns: Int64, abort_ptr=None) -> Int32:
+    """Spin (acquire loads at gpu scope) until ``*sem_ptr == value``; 1 if ``timeout_ns``
+    passed first or, with ``abort_ptr``, ``*abort_ptr`` became non-zero meanwhile, else 0."""
+    seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+    failed = Int32(0)
+    if seen != value:
+        start = cute.arch.globaltimer()
+        waiting = Int32(1)
+        while waiting != 0:
+            seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+            if seen == value:
+                waiting = Int32(0)
+            else:
+                late = cute.arch.globaltimer() - start > timeout_ns
+                if const_expr(abort_ptr is not None):
+                    raised = cute.arch.load(abort_ptr, Int32, sem="relaxed", scope="gpu")
+                    late = late or raised != 0
+                if late:
+                    failed = Int32(1)
                     waiting = Int32(0)
-                else:
-                    if cute.arch.globaltimer() - start > timeout_ns:
-                        failed = Int32(1)
-                        waiting = Int32(0)
-        return failed
+    return failed

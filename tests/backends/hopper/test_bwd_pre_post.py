@@ -250,9 +250,11 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
     """A deterministic backward whose dQ cast runs beside the main kernel (the ``_ct``
     variants, on 4 SMs fewer: ``sm_margin=4``) gives the shipped kernels' gradients bit for bit
     (the order-invariant tables do not depend on the worker count), repeatably, also while
-    another stream runs matmuls."""
+    another stream runs matmuls, and replayed from a CUDA graph (the programmatic launch
+    captured)."""
     from dash_attn import dash_attn_func
     from dash_attn.backends.hopper import launch
+    from dash_attn.testing import capture_grad_step
 
     torch.manual_seed(3)
     batch, heads = 3, 2048 // head_dim // 4
@@ -282,6 +284,17 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
             again = grads(sm_margin=4)
             assert all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
     torch.cuda.synchronize()
+
+    def attention(*leaves: torch.Tensor) -> torch.Tensor:
+        return dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper",
+                              sm_margin=4)  # fmt: skip
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    replay, outputs = capture_grad_step(attention, leaves, dout)
+    for _ in range(3):
+        replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(outputs[1:], first, strict=True))
     launch._launches.clear()
 
 

@@ -223,6 +223,9 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
     flags[2 : 2 + tiles] = counts
     polled_dq = torch.full_like(plain_dq, float("nan"))
     polled = compile_dq_cast(dtype, head_dim, block_m, poll=True)
+    # A programmatic dependent may start before the kernel ahead of it has flushed its writes
+    # (it waits for nothing here): the inputs are made visible first.
+    torch.cuda.synchronize()
     polled(acc, polled_dq, flags, counts, 0.125, 10**9, 0, 0)
     torch.cuda.synchronize()
     assert torch.equal(polled_dq, plain_dq)
@@ -233,6 +236,7 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
     flags[2 : 2 + tiles] = counts
     flags[2 + tiles // 2] -= 1
     address, launch = errors.mapped_launch("polled cast timed out", torch.cuda.current_device())
+    torch.cuda.synchronize()
     polled(acc, polled_dq, flags, counts, 0.125, 10**6, address, launch)
     with pytest.raises(RuntimeError, match="polled cast timed out"):
         errors.check_errors()

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .backends import BACKEND_NAMES, choose_backend
+from .backends.hopper import POLLED_CAST_HEADDIMS, POLLED_CAST_SMS
 from .backends.hopper import nondet_auto_schedule as hopper_nondet_auto_schedule
 from .backends.triton.tiles import BackwardTiles
 from .schedule import CAUSAL, FULL, Dispatch, Mask, Schedule, ScheduleSpec, make_schedule
@@ -261,6 +262,13 @@ class BackwardPlan:
             (``spec.dkv_sum_group``, FA4-det's memory: dK/dV of the kv heads in fp32); else
             each chain writes a 16-bit partial and a pass after the kernel sums each kv head's
             ``group`` partials in fp32 (``group`` times dK/dV's memory).
+        cast_sms: SMs the main kernel leaves free to the dQ cast, which then runs beside it
+            instead of after it (0: after it). A deterministic hopper plan with static dispatch
+            and order-invariant tables at a head dim of ``hopper.POLLED_CAST_HEADDIMS``, made
+            with ``sm_margin=0``, runs on ``hopper.POLLED_CAST_SMS`` workers fewer where its
+            busiest worker gets no more steps there (or its grid already leaves that many
+            idle): the same bits (the tables do not depend on the worker count), the same
+            length of the main kernel, and SMs free for the cast.
     """
 
     problem: Problem
@@ -274,6 +282,7 @@ class BackwardPlan:
     grid: int
     timeout_s: float
     gqa_split: bool = False
+    cast_sms: int = 0
 
     @property
     def spec(self) -> ScheduleSpec:
@@ -311,6 +320,8 @@ class BackwardPlan:
         split = ""
         if self.gqa_split:
             split = ", dk/dv summed in the kernel" if self.dkv_sum else ", dk/dv per q head"
+        if self.cast_sms:
+            split += f", dq cast beside it on {self.cast_sms} SMs"
         return (
             f"{self.backend} backward, schedule {self.schedule.name!r} ({self.dispatch.value}, "
             f"{self.grid} programs of {self.workers} workers, {order} order), tiles "
@@ -544,6 +555,11 @@ def make_backward_plan(
                 "before it ends. Use a dynamic schedule ('fa3', 'descending'), 'auto', or "
                 "deterministic=False."
             )
+    cast_sms = 0
+    # (Not where the caller keeps SMs for other kernels: the cast's CTAs would take them.)
+    polled = chosen == "hopper" and deterministic and sm_margin == 0
+    if polled and problem.headdim in POLLED_CAST_HEADDIMS:
+        sched, cast_sms = _leave_sms_to_the_cast(sched)
     return BackwardPlan(
         problem=problem,
         device=device,
@@ -556,4 +572,29 @@ def make_backward_plan(
         grid=_grid(sched),
         timeout_s=float(timeout_s),
         gqa_split=split,
+        cast_sms=cast_sms,
     )
+
+
+def _leave_sms_to_the_cast(sched: Schedule) -> tuple[Schedule, int]:
+    """``(schedule, free SMs)`` for a dQ cast beside the main kernel: ``sched`` where its grid
+    already leaves ``POLLED_CAST_SMS`` of its workers idle, else ``sched`` made again on that
+    many workers fewer where no worker then gets more steps (the same length, the same bits).
+    Only for order-invariant tables (others change bits with the worker count) with static
+    dispatch (dynamic tickets measured slower on fewer workers) and no in-kernel dK/dV sums
+    (whose semaphores the cast's counter would overlap). ``(sched, 0)`` where none applies."""
+    spec = sched.spec
+    fewer = spec.workers - POLLED_CAST_SMS
+    if not (
+        spec.invariant
+        and sched.dispatch is Dispatch.STATIC
+        and spec.dkv_sum_group == 1
+        and fewer >= 1
+    ):
+        return sched, 0
+    if _grid(sched) > fewer:
+        lean = make_schedule(sched.name, dataclasses.replace(spec, workers=fewer))
+        if lean.busiest_worker_steps() > sched.busiest_worker_steps():
+            return sched, 0
+        sched = lean
+    return sched, spec.workers - _grid(sched)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import subprocess
 import sys
@@ -289,3 +290,56 @@ def test_full_mask_auto_walks_down_from_tasks_and_an_area() -> None:
     assert name(64, 12288) == "shift" and name(64, 14208) == "descending"
     assert name(128, 11040) == "shift" and name(128, 11200) == "descending"
     assert name(128, 12288, backend="triton") == "descending"
+
+
+def _sweep_problem(headdim: int, causal: bool, seqlen: int) -> Problem:
+    heads = 2048 // headdim
+    return Problem(
+        16384 // seqlen, seqlen, seqlen, heads, heads, headdim, CAUSAL if causal else FULL
+    )
+
+
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen", [1024, 8192])
+def test_deterministic_hopper_plans_leave_sms_to_the_dq_cast(
+    headdim: int, causal: bool, seqlen: int
+) -> None:
+    """At the sweep's shapes the static order-invariant tables have the same busiest worker on
+    4 workers fewer, so deterministic hopper plans take them and leave those SMs to the dQ cast
+    (``cast_sms``); the tables are the schedule's on 128 workers, and no worker has more steps
+    than on 132."""
+    problem = _sweep_problem(headdim, causal, seqlen)
+    plan = make_backward_plan(problem, device=H200, backend="hopper")
+    assert plan.dispatch is Dispatch.STATIC
+    assert (plan.cast_sms, plan.workers, plan.grid) == (4, 128, 128)
+    assert "dq cast beside it on 4 SMs" in plan.describe()
+    full = make_schedule(plan.schedule_name, dataclasses.replace(plan.spec, workers=132))
+    assert plan.schedule.busiest_worker_steps() == full.busiest_worker_steps()
+
+
+def test_the_dq_cast_keeps_its_place_elsewhere() -> None:
+    """No SMs are left to the cast where that would change bits or cost time, where the
+    caller keeps SMs for other kernels, where the cast has nothing to wait for, or where it
+    was not measured: non-deterministic runs, worker-dependent tables, dynamic dispatch (d64
+    full 16k: descending), ``sm_margin``, in-kernel dK/dV sums (GQA), the Triton backend, and
+    head dim 96. A small shape whose grid leaves SMs idle anyway keeps its tables."""
+    short = _sweep_problem(64, False, 1024)
+
+    def cast_sms(problem: Problem, **options) -> int:
+        return make_backward_plan(problem, device=H200, **{"backend": "hopper", **options}).cast_sms
+
+    assert cast_sms(short) == 4
+    assert cast_sms(short, deterministic=False) == 0
+    assert cast_sms(short, invariant=False) == 0
+    assert cast_sms(short, sm_margin=4) == 0
+    assert cast_sms(short, backend="triton") == 0
+    long_full = make_backward_plan(_sweep_problem(64, False, 16384), device=H200, backend="hopper")
+    assert long_full.dispatch is Dispatch.DYNAMIC and long_full.cast_sms == 0
+    gqa = make_backward_plan(Problem(4, 1024, 1024, 32, 8, 64, FULL), device=H200, backend="hopper")
+    assert gqa.dkv_sum and gqa.cast_sms == 0
+    assert cast_sms(Problem(16, 1024, 1024, 32, 32, 96, FULL)) == 0
+    small = make_backward_plan(
+        Problem(3, 777, 777, 8, 8, 64, CAUSAL), device=H200, backend="hopper"
+    )
+    assert small.workers == 132 and small.cast_sms == 132 - small.grid > 4

@@ -546,6 +546,23 @@ class Schedule:
         tiles = spec.batch * spec.q_heads * spec.q_tiles
         return np.bincount(self.step_dq_tile(), minlength=tiles).astype(np.int32)
 
+    def busiest_worker_steps(self) -> int:
+        """Static dispatch: the most steps any worker's chains have (a lower bound of the
+        launch's length in steps).
+
+        >>> from dash_attn.schedule import FULL, ScheduleSpec, make_schedule
+        >>> spec = ScheduleSpec(batch=1, q_heads=3, kv_heads=3, q_tiles=2, kv_tiles=2, mask=FULL,
+        ...                     workers=4)
+        >>> make_schedule("shift", spec).busiest_worker_steps()  # 6 chains of 2 steps on 4
+        4
+        """
+        if self.dispatch is not Dispatch.STATIC:
+            raise ValueError(f"busiest_worker_steps: {self.name!r} dispatches dynamically")
+        # Steps of the chains in worker-list order, summed per worker's slice of ``order``.
+        steps = np.concatenate(([0], np.cumsum(np.diff(self.chain_start)[self.order])))
+        per_worker = steps[self.worker_start[1:]] - steps[self.worker_start[:-1]]
+        return int(per_worker.max(initial=0))
+
     def starts_every_dq_tile(self) -> bool:
         """Whether every dQ tile has exactly one step of rank 0, so that a deterministic kernel
         may store that first partial instead of adding it to a zeroed accumulator.

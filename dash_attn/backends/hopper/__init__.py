@@ -204,6 +204,18 @@ FWD_LPT_ORDER_MAX_SEQLEN_K = {192: 8192, 256: 8192}
 # 1.399x / 1.142x at 1k / 2k / 4k / 8k / 16k; hd 192 causal 1.004x / 1.015x / 1.023x / 1.049x
 # at 2k / 4k / 8k / 16k, full 0.983x / 1.002x at 2k / 4k; hd 64 and 128 0.96-1.05x (not listed).
 NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256: 2048}}
+# Deterministic backwards with static dispatch at these head dims run on POLLED_CAST_SMS SMs
+# fewer where the schedule's busiest worker then gets no more steps (the order-invariant
+# tables give the same bits on any worker count), and their dQ cast runs beside the main kernel
+# on the SMs left free (the "_ct" variants, bwd_pre_post.DqFragmentCastPolled), waiting for
+# each tile's last turn, instead of after it (~47 us per backward of 16k tokens x hidden 2048).
+# Whole backwards in interleaved rounds beside FA4, bits equal (session50-5723982 call2
+# ct64_ab.txt, ct128_ab.txt): det 1.042x / 1.031x / 1.013x at hd 64 full 1k / 2k / 4k,
+# 1.069x causal 1k, 1.055x / 1.028x / 1.015x / 1.011x at hd 128 full 1k-8k; the shipped kernels
+# on 4 SMs fewer alone 1.003x / 0.996x (aa_margin4.txt). Not under dynamic dispatch: hd 64 full
+# 16k (descending) read 0.973x. Head dims 96, 192, 256 not measured.
+POLLED_CAST_HEADDIMS = (64, 128)
+POLLED_CAST_SMS = 4
 
 
 def _mask_kind(causal: bool) -> str:

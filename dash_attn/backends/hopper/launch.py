@@ -157,9 +157,11 @@ def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
 
 
 def _variant(plan: BackwardPlan) -> str:
-    """The kernel variant that runs the plan (by head dim, mask, key length and mode)."""
+    """The kernel variant that runs the plan (by head dim, mask, key length and mode; the one
+    that lets the dQ cast start beside it where the plan left it SMs)."""
     problem = plan.problem
-    return bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k, plan.deterministic)
+    name = bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k, plan.deterministic)
+    return name + "_ct" if plan.cast_sms else name
 
 
 def _main(

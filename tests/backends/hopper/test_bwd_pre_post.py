@@ -251,12 +251,14 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
 def test_backward_with_the_polled_cast_keeps_the_bits(
     head_dim: int, causal: bool, seqlen: int, monkeypatch
 ) -> None:
-    """A deterministic backward whose dQ cast runs beside the main kernel (the ``_ct``
-    variants, on 4 SMs fewer: ``sm_margin=4``) gives the shipped kernels' gradients bit for bit
-    (the order-invariant tables do not depend on the worker count), repeatably, also while
+    """A deterministic backward whose plan leaves SMs to the dQ cast (``cast_sms``: the ``_ct``
+    kernels on 4 workers fewer, the cast beside them) gives the bits of the plan without
+    (``POLLED_CAST_HEADDIMS`` emptied: all workers, the cast after the main kernel), because
+    the order-invariant tables do not depend on the worker count; repeatably, also while
     another stream runs matmuls, and replayed from a CUDA graph (the programmatic launch
     captured)."""
-    from dash_attn import dash_attn_func
+    from dash_attn import dash_attn_func, last_launch_info
+    from dash_attn import plan as plan_module
     from dash_attn.backends.hopper import launch
     from dash_attn.testing import capture_grad_step
 
@@ -266,18 +268,24 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
                for _ in range(3))  # fmt: skip
     dout = torch.randn_like(q)
 
-    def grads(**options) -> list[torch.Tensor]:
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        out = dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper",
-                             **options)  # fmt: skip
-        return list(torch.autograd.grad(out, leaves, dout))
+    def attention(*leaves: torch.Tensor) -> torch.Tensor:
+        return dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper")
 
-    shipped = grads()
+    def grads() -> list[torch.Tensor]:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        return list(torch.autograd.grad(attention(*leaves), leaves, dout))
+
+    plan_module.make_backward_plan.cache_clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(plan_module, "POLLED_CAST_HEADDIMS", ())
+        after = grads()
+        assert last_launch_info().cast_sms == 0
+    plan_module.make_backward_plan.cache_clear()
     launch._launches.clear()
-    base = launch.bwd_variant
-    monkeypatch.setattr(launch, "bwd_variant", lambda *a, **kw: base(*a, **kw) + "_ct")
-    first = grads(sm_margin=4)
-    assert all(torch.equal(a, b) for a, b in zip(first, shipped, strict=True))
+    first = grads()
+    plan = last_launch_info()
+    assert plan.cast_sms >= 4 and plan.grid <= plan.device.sm_count - plan.cast_sms
+    assert all(torch.equal(a, b) for a, b in zip(first, after, strict=True))
     side = torch.cuda.Stream()
     x = torch.randn(4096, 4096, device="cuda")
     for busy in (False, True):
@@ -285,14 +293,9 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
             if busy:
                 with torch.cuda.stream(side):
                     x = x @ x / 64
-            again = grads(sm_margin=4)
+            again = grads()
             assert all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
     torch.cuda.synchronize()
-
-    def attention(*leaves: torch.Tensor) -> torch.Tensor:
-        return dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper",
-                              sm_margin=4)  # fmt: skip
-
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     replay, outputs = capture_grad_step(attention, leaves, dout)
     for _ in range(3):

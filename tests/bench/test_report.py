@@ -211,10 +211,13 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session43-2d2ab7d" / "call6" / "fwd-large" / "bench.csv", readme_text),
         # Session 45: the backward at 192 and 256 after the merged rounds and the area floor.
         (results / "session45-c166108" / "call6" / "bwd-large" / "bench.csv", readme_text),
-        # Session 47: the hd-64 backward with the next chain's K/V prefetched (in the history
-        # since session 48's run with dK/dV staged too).
+        # Session 47: the hd-64 backward with the next chain's K/V prefetched, and session 48's
+        # with dK/dV staged too (both in the history since session 50's run).
         (results / "session47-54b87c1" / "call3" / "bwd64" / "bench.csv", text),
-        (results / "session48-06c1ec2" / "call1" / "r" / "bwd64" / "bench.csv", readme_text),
+        (results / "session48-06c1ec2" / "call1" / "r" / "bwd64" / "bench.csv", text),
+        # Session 50: head dims 64 and 128 with the dQ cast beside the main kernel.
+        (results / "session50-5723982" / "call3" / "bwd64" / "bench.csv", readme_text),
+        (results / "session50-5723982" / "call3" / "bwd128" / "bench.csv", readme_text),
     ):
         rows = _read_committed(path)
         assert report.readme_table(rows).strip() in doc

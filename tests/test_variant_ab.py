@@ -34,10 +34,10 @@ def test_arguments() -> None:
     with pytest.raises(SystemExit):
         variant_ab.parse_args(["--replace", "_st", "1024:full"])  # OLD=NEW
     assert args.variant_sm_margin == 0
-    args = variant_ab.parse_args(["--suffix", "_ct", "--variant-sm-margin", "4", "1024:full"])
+    args = variant_ab.parse_args(["--suffix", "_x", "--variant-sm-margin", "4", "1024:full"])
     assert args.variant_sm_margin == 4
     with pytest.raises(SystemExit):
-        variant_ab.parse_args(["--suffix", "_ct", "--variant-sm-margin", "-1", "1024:full"])
+        variant_ab.parse_args(["--suffix", "_x", "--variant-sm-margin", "-1", "1024:full"])
 
 
 def test_variant_names() -> None:

@@ -15,8 +15,9 @@ On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.variant_ab --suffix _tma --rounds 40 1024:full 2048:causal 1000:full:8
 
-``--variant-sm-margin 4`` runs the variant's calls on 4 SMs fewer (session 50's ``--suffix _ct``:
-the polled dQ cast runs beside the main kernel on the SMs left free).
+``--variant-sm-margin 4`` runs the variant's calls on 4 SMs fewer (session 50 timed the polled dQ
+cast this way, then named ``<shipped>_ct``; since it shipped, a deterministic plan whose
+``cast_sms`` is set runs any variant with it, and a plan made with ``sm_margin`` never does).
 
 ``--replace OLD=NEW`` names the variant ``<shipped>.replace(OLD, NEW)`` first (``--replace
 _st=`` times the shipped kernels against themselves without ``dkv_stage``); an empty suffix and
@@ -84,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variant-sm-margin", type=int, default=0, metavar="N",
         help="run the variant's calls with sm_margin=N (its plan on N workers fewer; the "
-        "order-invariant tables keep the bits), e.g. 4 for the polled dQ cast (_ct)",
+        "order-invariant tables keep the bits)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--bits", choices=("same", "rule"), default="same")

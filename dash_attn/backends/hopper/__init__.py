@@ -207,7 +207,8 @@ NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256
 # Deterministic backwards with static dispatch at these head dims run on POLLED_CAST_SMS SMs
 # fewer where the schedule's busiest worker then gets no more steps (the order-invariant
 # tables give the same bits on any worker count), and their dQ cast runs beside the main kernel
-# on the SMs left free (the "_ct" variants, bwd_pre_post.DqFragmentCastPolled), waiting for
+# on the SMs left free (main kernels compiled with cast_trigger, bwd_pre_post's
+# DqFragmentCastPolled; in the session-50 A/B the "_ct" variant names), waiting for
 # each tile's last turn, instead of after it (~47 us per backward of 16k tokens x hidden 2048).
 # Whole backwards in interleaved rounds beside FA4, bits equal (session50-5723982 call2
 # ct64_ab.txt, ct128_ab.txt): det 1.042x / 1.031x / 1.013x at hd 64 full 1k / 2k / 4k,

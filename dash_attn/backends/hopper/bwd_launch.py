@@ -21,14 +21,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from . import (
-    BWD_DET_TWIN,
-    BWD_NONDET_TWIN,
-    BWD_VARIANT,
-    BWD_VARIANT_LONG,
-    bwd_variant,
-    kernel_cache,
-)
+from . import bwd_variant, kernel_cache
 from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -201,16 +194,6 @@ for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
     # With the next chain's K/V prefetched too (neutral at hd 96 alone, session 47).
     VARIANTS[_name + "_st_kp"] = {**VARIANTS[_name + "_st"], "kv_prefetch": 0}
-# Session 50 (compiled, not yet run on a GPU): the shipped kernels with cast_trigger ("_ct"),
-# whose CTAs let the polled dQ cast start at once (bwd_pre_post.DqFragmentCastPolled): it runs
-# beside the main kernel on the SMs a plan on fewer workers leaves free, instead of after it.
-# Deterministic kernels only (the cast waits for each tile's last turn); the non-deterministic
-# "_ct" kernels are the shipped ones.
-for _name in sorted(
-    {*BWD_VARIANT.values(), *(v for _, v in BWD_VARIANT_LONG.values()), *BWD_DET_TWIN.values(),
-     *BWD_NONDET_TWIN.values()}
-):  # fmt: skip
-    VARIANTS[_name + "_ct"] = {**VARIANTS[_name], "cast_trigger": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)
@@ -233,12 +216,6 @@ def programmatic_launches(variant: str) -> bool:
     """Whether ``variant``'s main kernel is launched as a programmatic dependent (PDL) of the
     preprocess, and the dQ cast of the main kernel (``HopperAttnBwd``'s ``pdl``)."""
     return bool(VARIANTS[variant].get("pdl"))
-
-
-def polled_cast(variant: str) -> bool:
-    """Whether ``variant``'s deterministic kernel lets the polled dQ cast run beside it
-    (``HopperAttnBwd``'s ``cast_trigger``)."""
-    return bool(VARIANTS[variant].get("cast_trigger"))
 
 
 def dq_acc_shape(q_shape: tuple[int, ...], q_tiles: int, block_m: int) -> tuple[int, ...]:
@@ -368,9 +345,11 @@ def compile_bwd(
     extra_options: str = "",
     variant: str | None = None,
     dkv_sum: bool = False,
+    cast_trigger: bool = False,
 ) -> Any:
     """Compile (or fetch) the kernel for q's ``dtype`` and ``head_dim``, the mask and the mode
-    (``dkv_sum``: the GQA split's in-kernel dK/dV sums, ``HopperAttnBwd``'s option).
+    (``dkv_sum``: the GQA split's in-kernel dK/dV sums; ``cast_trigger``: the polled dQ cast
+    may start beside it; both ``HopperAttnBwd``'s options, added to the variant's).
 
     Shapes, strides and schedule tables are runtime values, so the same kernel serves every
     problem; it is compiled from symbolic stand-ins, without a GPU. ``variant`` defaults to the
@@ -388,6 +367,8 @@ def compile_bwd(
     options = _variant_options(variant)
     if dkv_sum:
         options["dkv_sum"] = True
+    if cast_trigger:
+        options["cast_trigger"] = True
     key = (
         "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
         extra_options, tuple(sorted(options.items())),
@@ -515,6 +496,7 @@ class BwdLaunch:
     flag_count: int
     dkv_heads: int  # of the chains: k's, or q's (GQA split)
     dkv_sum: bool  # a split whose kernel adds dK/dV per group (dk/dv with k's heads)
+    cast_trigger: bool = False  # its CTAs let the polled dQ cast start beside it
 
     def __call__(
         self,
@@ -596,6 +578,7 @@ def prepare_bwd(
     dkv_sum: bool = False,
     kv_heads: int = 0,
     seqlen_k: int = 0,
+    cast_trigger: bool = False,
 ) -> BwdLaunch:
     """The ``BwdLaunch`` of q's shape (b, s, h, d) and dtype: the table sizes and counts
     checked, the kernel compiled (or fetched). ``dkv_heads``, ``dkv_sum``: as
@@ -623,9 +606,10 @@ def prepare_bwd(
             f"dkv_sum needs k's kv_heads (got {kv_heads}, q has {heads} heads) and seqlen_k "
             f"(got {seqlen_k}; {kv_tiles} KV tiles of {block_n})"
         )
+    cast_trigger = bool(cast_trigger and deterministic)  # non-det kernels take no turns
     compiled = compile_bwd(
         dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
-        block_n=block_n, variant=variant, dkv_sum=dkv_sum,
+        block_n=block_n, variant=variant, dkv_sum=dkv_sum, cast_trigger=cast_trigger,
     )  # fmt: skip
     # The kernel's trailing scalars in order; the softmax scale (scalars[5]) comes with each call.
     scalars = _scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, 1.0, timeout_ns)
@@ -639,6 +623,7 @@ def prepare_bwd(
         flag_count=2 + batch * heads * q_tiles + (2 * batch * kv_heads * kv_tiles) * dkv_sum,
         dkv_heads=int(dkv_heads),
         dkv_sum=bool(dkv_sum),
+        cast_trigger=cast_trigger,
     )
 
 
@@ -721,9 +706,9 @@ def prepare_full(
     rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first.
     ``dq_counts`` (int32 on the device, each dQ tile's contributions: the schedule's
     ``dq_tile_counts``) runs the polled cast beside the main kernel: only for a deterministic
-    kernel of a ``polled_cast`` variant, whose CTAs let it start."""
-    if dq_counts is not None and not polled_cast(variant):
-        raise ValueError(f"dq_counts: variant {variant!r} does not let the polled cast start")
+    kernel prepared with ``cast_trigger``, whose CTAs let it start."""
+    if dq_counts is not None and not main.cast_trigger:
+        raise ValueError("dq_counts: the main kernel does not let the polled cast start")
     if dq_counts is not None and main.dkv_sum:
         # Its CTA counter would sit where the dK/dV semaphores start.
         raise ValueError("dq_counts: the polled cast does not run beside a dkv_sum kernel")

@@ -30,7 +30,6 @@ from .bwd_launch import (
     FullBackward,
     cast_dq,
     dq_first_store,
-    polled_cast,
     prepare_bwd,
     prepare_full,
 )
@@ -157,11 +156,9 @@ def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
 
 
 def _variant(plan: BackwardPlan) -> str:
-    """The kernel variant that runs the plan (by head dim, mask, key length and mode; the one
-    that lets the dQ cast start beside it where the plan left it SMs)."""
+    """The kernel variant that runs the plan (by head dim, mask, key length and mode)."""
     problem = plan.problem
-    name = bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k, plan.deterministic)
-    return name + "_ct" if plan.cast_sms else name
+    return bwd_variant(problem.headdim, problem.mask.causal, problem.seqlen_k, plan.deterministic)
 
 
 def _main(
@@ -187,6 +184,9 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
+    # Where the plan left SMs to it, the dQ cast runs beside a deterministic main kernel,
+    # waiting for each tile's last turn (bwd_pre_post.DqFragmentCastPolled).
+    polled = plan.deterministic and plan.cast_sms > 0 and not plan.dkv_sum
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
@@ -195,6 +195,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
         variant=variant, dkv_heads=spec.kv_heads, dkv_sum=plan.dkv_sum,
         kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
+        cast_trigger=polled and CUTE_PRE_POST,
     )  # fmt: skip
     if not CUTE_PRE_POST:
         return main
@@ -203,11 +204,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     first_stores = (
         plan.deterministic and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
     )
-    # The polled cast (variants with cast_trigger, not shipped yet) runs beside a deterministic
-    # main kernel, waiting for each tile's last turn.
-    counts = None
-    if plan.deterministic and polled_cast(variant) and not plan.dkv_sum:
-        counts = dq_counts(plan.schedule, q.device)
+    counts = dq_counts(plan.schedule, q.device) if polled else None
     return prepare_full(
         main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts
     )

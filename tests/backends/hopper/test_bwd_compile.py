@@ -64,7 +64,13 @@ def _fake_inputs(
     )
 
 
-def _compile(config: tuple, dump_dir: Path, variant: str | None = None, dkv_sum: bool = False):
+def _compile(
+    config: tuple,
+    dump_dir: Path,
+    variant: str | None = None,
+    dkv_sum: bool = False,
+    cast_trigger: bool = False,
+):
     head_dim, dtype, causal, det = config
     variant = variant or bwd_variant(head_dim, causal, deterministic=det)
     dump_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +86,7 @@ def _compile(config: tuple, dump_dir: Path, variant: str | None = None, dkv_sum:
         extra_options=f"--keep-ptx --keep-cubin --dump-dir {dump_dir}",
         variant=variant,
         dkv_sum=dkv_sum,
+        cast_trigger=cast_trigger,
     )
     COMPILE_TIMES[config] = time.perf_counter() - start
     return compiled
@@ -260,11 +267,6 @@ VARIANT_CONFIGS = [
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
     ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, False)),
-    # Session 50: the shipped kernels that let the polled dQ cast start (cast_trigger): the
-    # hd-64 full det twin, the hd-128 full kernel, and a non-det one (no trigger there).
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_ct", (64, torch.bfloat16, False, True)),
-    ("t80_wgr_p14_sm2_fs_ct", (128, torch.float16, False, True)),
-    ("t128_xm24r_sm2_fs_kp_st_ct", (64, torch.bfloat16, False, False)),
 ]
 
 
@@ -279,8 +281,27 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     _check_kernel_code(config, variant, tmp_path)
 
 
+# Session 50: kernels that let the polled dQ cast start (cast_trigger): the hd-64 full det
+# twin, the hd-128 full kernel, and a non-det one (no trigger there: no turns to count).
+CAST_TRIGGER_CONFIGS = [
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st", (64, torch.bfloat16, False, True)),
+    ("t80_wgr_p14_sm2_fs", (128, torch.float16, False, True)),
+    ("t128_xm24r_sm2_fs_kp_st", (64, torch.bfloat16, False, False)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant,config",
+    CAST_TRIGGER_CONFIGS,
+    ids=[f"{v}-{_config_id(c)}" for v, c in CAST_TRIGGER_CONFIGS],
+)
+def test_cast_trigger_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
+    _check_kernel_code(config, variant, tmp_path, cast_trigger=True)
+
+
 def _check_kernel_code(
-    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False
+    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False, cast_trigger: bool = False
 ) -> tuple[str, str]:
     """Compile ``variant`` at ``config`` and check its PTX and SASS: the GEMMs, the register
     split, the semaphore protocol (det only), the dQ staging and reduce, and, in the MMA
@@ -288,7 +309,7 @@ def _check_kernel_code(
     and no local memory. Returns the PTX and the SASS (skips without nvdisasm)."""
     head_dim, _, _, det = config
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
-    compiled = _compile(config, tmp_path, variant, dkv_sum)
+    compiled = _compile(config, tmp_path, variant, dkv_sum, cast_trigger)
     ptx = compiled.__ptx__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
@@ -306,7 +327,7 @@ def _check_kernel_code(
     # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
     # cast_trigger (det only): every thread lets it launch after the prologue.
     assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
-    triggers = bool(options.get("pdl")) or (bool(options.get("cast_trigger")) and det)
+    triggers = bool(options.get("pdl")) or (cast_trigger and det)
     assert ("griddepcontrol.launch_dependents" in ptx) == triggers
     # kv_prefetch: the producer's two TMA prefetches of the next chain's K and V into L2.
     prefetches = ptx.count("cp.async.bulk.prefetch.tensor.4d.L2.global")
@@ -536,7 +557,7 @@ def test_variants_resolve() -> None:
     from dash_attn.backends import hopper
 
     swapped = {n for n, o in bwd_launch.VARIANTS.items() if o.get("dkv_swap")}
-    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs", "sw_fs_ct", "sw_w2_fs_ct"}
+    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs"}
     for name in bwd_launch.VARIANTS:
         if name in swapped:
             for head_dim, tiles in SWAPPED_TILES.items():
@@ -589,14 +610,6 @@ def test_variants_resolve() -> None:
     assert bwd_variant(256, True, deterministic=False) == "sw_fs"
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st"
     assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st"
-    # Every kernel a run can take has a twin that lets the polled dQ cast start, with nothing
-    # else changed (session 50, not shipped).
-    runnable = {*shipped, *hopper.BWD_DET_TWIN.values(), *hopper.BWD_NONDET_TWIN.values()}
-    variants = bwd_launch.VARIANTS
-    for name in runnable:
-        assert variants[name + "_ct"] == {**variants[name], "cast_trigger": True}
-        assert bwd_launch.polled_cast(name + "_ct") and not bwd_launch.polled_cast(name)
-    assert {n for n in variants if n.endswith("_ct")} == {n + "_ct" for n in runnable}
     # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
     for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:
         options = bwd_launch.VARIANTS[name]
@@ -912,27 +925,29 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
-def test_plan_launch_of_a_cast_trigger_variant_polls_in_det_mode(
+def test_plan_launch_polls_the_cast_where_the_plan_left_it_sms(
     deterministic: bool, monkeypatch
 ) -> None:
-    """A ``_ct`` variant (session 50, not shipped) gets the polled cast with the schedule's
-    per-tile counts in deterministic mode, the plain cast otherwise (no turns to count).
-    Kernels are replaced by stand-ins (no compile)."""
+    """A deterministic plan with ``cast_sms`` (the sweep's d64 full 1k) gets a main kernel
+    compiled with ``cast_trigger`` and the polled cast with the schedule's per-tile counts;
+    non-det plans (no turns to count, no ``cast_sms``) the plain cast. Kernels are replaced by
+    stand-ins (no compile)."""
     from dash_attn.backends.hopper import launch
-    from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
 
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
-    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
-    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
+    mains: list[dict] = []
     casts: list[dict] = []
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: mains.append(kw))
+    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
     monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: None)
     monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: casts.append(kw))
-    shipped = launch.bwd_variant
-    monkeypatch.setattr(launch, "bwd_variant", lambda *a, **kw: shipped(*a, **kw) + "_ct")
-    problem = Problem(2, 300, 300, 4, 4, 64, CAUSAL, "bfloat16")
-    plan = make_backward_plan(problem, device=H200, deterministic=deterministic)
-    prepared = launch._prepare(plan, torch.zeros(2, 300, 4, 64, dtype=torch.bfloat16))
-    assert casts[-1]["poll"] == deterministic
+    problem = Problem(16, 1024, 1024, 32, 32, 64, FULL, "bfloat16")
+    plan = make_backward_plan(problem, device=H200, deterministic=deterministic, backend="hopper")
+    assert (plan.cast_sms > 0) == deterministic
+    prepared = launch._prepare(plan, torch.zeros(16, 1024, 32, 64, dtype=torch.bfloat16))
+    assert mains[-1]["cast_trigger"] == casts[-1]["poll"] == deterministic
+    assert prepared.main.cast_trigger == deterministic
     if deterministic:
         assert prepared.dq_counts.tolist() == plan.schedule.dq_tile_counts().tolist()
         assert prepared.parts[3] == prepared.main.flag_count + 1

@@ -251,8 +251,9 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
 def test_backward_with_the_polled_cast_keeps_the_bits(
     head_dim: int, causal: bool, seqlen: int, monkeypatch
 ) -> None:
-    """A deterministic backward whose plan leaves SMs to the dQ cast (``cast_sms``: the ``_ct``
-    kernels on 4 workers fewer, the cast beside them) gives the bits of the plan without
+    """A deterministic backward whose plan leaves SMs to the dQ cast (``cast_sms``: kernels
+    compiled with ``cast_trigger`` on 4 workers fewer, the cast beside them) gives the bits of
+    the plan without
     (``POLLED_CAST_HEADDIMS`` emptied: all workers, the cast after the main kernel), because
     the order-invariant tables do not depend on the worker count; repeatably, also while
     another stream runs matmuls, and replayed from a CUDA graph (the programmatic launch
@@ -305,7 +306,7 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
     launch._launches.clear()
 
 
-def _stubbed_full_backward(plan, q, variant: str, monkeypatch, **options):
+def _stubbed_full_backward(plan, q, variant: str, monkeypatch, cast_trigger=False, **options):
     """``prepare_full`` of ``plan``'s launch with the three kernels replaced by stand-ins that
     record their arguments: (the FullBackward, the list of (kernel, args) calls)."""
     from dash_attn.backends.hopper import bwd_launch
@@ -324,7 +325,7 @@ def _stubbed_full_backward(plan, q, variant: str, monkeypatch, **options):
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
         q_tiles=spec.q_tiles, kv_tiles=spec.kv_tiles, num_chains=spec.num_chains, causal=False,
         deterministic=True, dynamic=False, timeout_ns=10**9, variant=variant,
-        dkv_heads=spec.kv_heads,
+        dkv_heads=spec.kv_heads, cast_trigger=cast_trigger,
     )  # fmt: skip
     return bwd_launch.prepare_full(main, tuple(q.shape), q.dtype, variant, **options), calls
 
@@ -410,10 +411,10 @@ def test_full_backward_after_a_first_store_kernel_zeroes_only_the_flags(monkeypa
 
 
 def test_full_backward_with_the_polled_cast(monkeypatch) -> None:
-    """``prepare_full(dq_counts=...)`` (a ``_ct`` variant): the cast gets the counts and the
-    main kernel's timeout after the flags, and the flags one more zeroed word (the polled
-    cast's CTA counter) after the dQ semaphores. A variant without ``cast_trigger`` and a
-    ``dkv_sum`` kernel refuse the counts."""
+    """``prepare_full(dq_counts=...)`` (a main kernel prepared with ``cast_trigger``): the cast
+    gets the counts and the main kernel's timeout after the flags, and the flags one more zeroed
+    word (the polled cast's CTA counter) after the dQ semaphores. A main kernel without
+    ``cast_trigger`` and a ``dkv_sum`` kernel refuse the counts."""
     import inspect
 
     from dash_attn.backends.hopper import bwd_launch
@@ -428,8 +429,9 @@ def test_full_backward_with_the_polled_cast(monkeypatch) -> None:
     lse = torch.zeros(batch, heads, seqlen)
     counts = torch.from_numpy(plan.schedule.dq_tile_counts())
     full, calls = _stubbed_full_backward(
-        plan, q, "t80_wgr_p14_sm2_fs_ct", monkeypatch, zero_acc=False, dq_counts=counts
-    )
+        plan, q, "t80_wgr_p14_sm2_fs", monkeypatch, cast_trigger=True, zero_acc=False,
+        dq_counts=counts,
+    )  # fmt: skip
     dq, _, _, flags = full(q, q, q, q, q, lse, 0.125, 4096, 7)
     args = dict(calls)
     params = list(inspect.signature(DqFragmentCastPolled.__call__).parameters)[1:-1]
@@ -443,12 +445,13 @@ def test_full_backward_with_the_polled_cast(monkeypatch) -> None:
     assert zero.data_ptr() == flags.data_ptr() and zero.numel() >= flags.numel()
     # Every tile of a full mask is added to by every KV tile.
     assert counts.tolist() == [plan.spec.kv_tiles] * tiles
+    plain = dataclasses.replace(full.main, cast_trigger=False)
     with pytest.raises(ValueError, match="does not let the polled cast start"):
-        bwd_launch.prepare_full(full.main, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs",
+        bwd_launch.prepare_full(plain, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs",
                                 dq_counts=counts)  # fmt: skip
     summed = dataclasses.replace(full.main, dkv_sum=True)
     with pytest.raises(ValueError, match="dkv_sum"):
-        bwd_launch.prepare_full(summed, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs_ct",
+        bwd_launch.prepare_full(summed, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs",
                                 dq_counts=counts)  # fmt: skip
 
 

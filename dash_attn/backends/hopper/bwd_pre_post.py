@@ -26,6 +26,9 @@ its first store:
   one barrier the CTA stores the tile in 16-byte vectors, whole rows per warp, rows past
   seqlen_q dropped. CTA (0, 0) also copies the launch's device error flag, if set, into the
   host-mapped error word (``errors.mapped_launch``).
+* ``DqFragmentCastPolled``: the same cast per tile, run beside a deterministic main kernel
+  instead of after it (on SMs its plan leaves free), each CTA waiting for its tile's semaphore
+  to count all of the tile's contributions.
 """
 
 from __future__ import annotations

@@ -184,9 +184,10 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
-    # Where the plan left SMs to it, the dQ cast runs beside a deterministic main kernel,
-    # waiting for each tile's last turn (bwd_pre_post.DqFragmentCastPolled).
-    polled = plan.deterministic and plan.cast_sms > 0 and not plan.dkv_sum
+    # Where the plan left SMs to it (deterministic plans without in-kernel dK/dV sums only), the
+    # dQ cast runs beside the main kernel, waiting for each tile's last turn
+    # (bwd_pre_post.DqFragmentCastPolled).
+    polled = plan.cast_sms > 0
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,

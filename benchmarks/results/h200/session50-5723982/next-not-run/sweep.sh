@@ -2,9 +2,9 @@
 # Prepared in session 50, not run (no device was lent; about 8 minutes): the backward sweep at
 # head dims 128 and 96 with the current kernels, four interleaved rounds, beside FA4 det and
 # non-det. `python -m tools.targets_table` takes each config from the newest committed run: at
-# hd 128 that is session 43's two-round run (d128 full 8k read 0.92x there, 0.97-0.99x in
-# session 39's four rounds), at hd 96 session 39's. Commit r/bwd128 and r/bwd96 (bench.csv
-# gzipped beside bench.json) and regenerate the README's targets section from them.
+# hd 128 that is session 50's three-round run (call 3; d128 full 512 read 0.99x with rounds
+# from 0.85x to 1.02x), at hd 96 session 39's. Commit r/bwd128 and r/bwd96 (bench.csv gzipped
+# beside bench.json) and regenerate the README's targets section from them.
 # Run after session48-06c1ec2/next-not-run/run.sh and tests.sh.
 #   bash benchmarks/results/h200/session50-5723982/next-not-run/sweep.sh <commit>  (carry [".peers"])
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r

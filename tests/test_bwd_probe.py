@@ -69,6 +69,35 @@ def test_captured_backward_installs_its_launch_alone(monkeypatch) -> None:
     assert torch.equal(swapped.backward()[0], leaves[1].detach())
 
 
+def test_captured_backward_hands_the_dispatcher_its_plan(monkeypatch) -> None:
+    """The dispatcher makes its plan again at every backward; a captured backward pins it to
+    the captured plan (else a cleared plan cache gives a new plan, and a fresh launch is timed),
+    and restores the dispatcher's afterwards."""
+    pytest.importorskip("cutlass")
+    from dash_attn import dispatch
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    monkeypatch.setattr(hopper_launch, "_launches", {})
+    seen = []
+
+    class Planned(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+            seen.append(dispatch.make_backward_plan("problem", schedule="auto"))
+            return grad * 2
+
+    leaf = torch.randn(4, requires_grad=True)
+    base = bwd_probe.Captured(Planned.apply(leaf), (leaf,), torch.ones(4), "key", "plan", "l")
+    made = dispatch.make_backward_plan
+    (grad,) = base.backward()
+    assert seen == ["plan"] and torch.equal(grad, torch.full((4,), 2.0))
+    assert dispatch.make_backward_plan is made
+
+
 def test_capture_refuses_other_than_one_launch(monkeypatch) -> None:
     pytest.importorskip("cutlass")
     import dash_attn

@@ -72,12 +72,22 @@ class Captured:
 
     def backward(self) -> tuple[torch.Tensor, ...]:
         """dq, dk, dv by this launch: it is put in the backend's cache under the call's key
-        alone, so the autograd backward finds it instead of preparing the plan again."""
+        alone, and the dispatcher is handed this plan, so the autograd backward finds the
+        launch instead of preparing another. (The dispatcher makes its plan again at every
+        backward; a probe that cleared ``make_backward_plan``'s cache after capturing, to make
+        another plan of the same call, would otherwise get a new plan object, miss the cache
+        and time a fresh preparation of the current plan each call: session 51, call 1.)"""
+        from dash_attn import dispatch
         from dash_attn.backends.hopper import launch as hopper_launch
 
         hopper_launch._launches.clear()
         hopper_launch._launches[self.key] = (self.plan, self.launch)
-        return torch.autograd.grad(self.out, self.leaves, self.dout, retain_graph=True)
+        made = dispatch.make_backward_plan
+        dispatch.make_backward_plan = lambda *args, **kwargs: self.plan  # type: ignore[assignment]
+        try:
+            return torch.autograd.grad(self.out, self.leaves, self.dout, retain_graph=True)
+        finally:
+            dispatch.make_backward_plan = made
 
 
 def capture(leaves: Sequence[torch.Tensor], dout: torch.Tensor, **kwargs: Any) -> Captured:

@@ -78,7 +78,9 @@ def run_config(cfg: Config, rounds: int, repeats: int) -> None:  # pragma: no co
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
+    from dash_attn import last_launch_info
     from dash_attn import plan as plan_module
+    from dash_attn.backends.hopper import launch as hopper_launch
     from tools.hopper.bwd_probe import capture
     from tools.hopper.fwd_probe import time_contenders
 
@@ -110,13 +112,20 @@ def run_config(cfg: Config, rounds: int, repeats: int) -> None:  # pragma: no co
         print("   skipped: the plan leaves no SMs to the cast", flush=True)
         return
     first = beside.backward()
+    # Each side must run its own captured launch, not one the backward prepared afresh.
+    own = True
+    for side in (after, beside):
+        side.backward()
+        entry = hopper_launch._launches.get(side.key)
+        own &= last_launch_info() is side.plan and entry is not None and entry[1] is side.launch
     same = all(torch.equal(a, b) for a, b in zip(first, after.backward(), strict=True))
     repeat = all(
         all(torch.equal(a, b) for a, b in zip(first, side.backward(), strict=True))
         for side in (beside, after)
         for _ in range(repeats)
     )
-    print(f"check: beside equal to after (dq dk dv) {same}; repeats bitwise {repeat}", flush=True)
+    print(f"check: own launches {own}; beside equal to after (dq dk dv) {same}; repeats bitwise "
+          f"{repeat}", flush=True)  # fmt: skip
     peer = leaves()
     out = fa4(*peer, causal=cfg.causal, deterministic=True)
     out = out[0] if isinstance(out, tuple) else out

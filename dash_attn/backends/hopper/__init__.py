@@ -214,8 +214,13 @@ NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256
 # ct64_ab.txt, ct128_ab.txt): det 1.042x / 1.031x / 1.013x at hd 64 full 1k / 2k / 4k,
 # 1.069x causal 1k, 1.055x / 1.028x / 1.015x / 1.011x at hd 128 full 1k-8k; the shipped kernels
 # on 4 SMs fewer alone 1.003x / 0.996x (aa_margin4.txt). Not under dynamic dispatch: hd 64 full
-# 16k (descending) read 0.973x. Head dims 96, 192, 256 not measured.
-POLLED_CAST_HEADDIMS = (64, 128)
+# 16k (descending) read 0.973x. Session 51 (session51-8c102d0 call2 polled_ab.txt, the cast
+# beside / after, 15 rounds, bits equal): hd 128 causal 16k / 8k 1.010x / 1.016x, hd 64 causal
+# 16k 1.005x; hd 96 full 1k / 4k 1.044x / 1.018x, causal 2k / 16k 1.051x / 1.008x; hd 256 full
+# 4k / causal 4k 1.019x / 1.029x; hd 192 full 8k 1.001x. (At hd 192 and 256 fewer configs keep
+# their busiest worker's load on 4 workers fewer: full 4k-8k and causal 8k at 192, full 2k-8k
+# and causal 4k and 16k at 256 on the sweep's grid.)
+POLLED_CAST_HEADDIMS = (64, 96, 128, 192, 256)
 POLLED_CAST_SMS = 4
 
 

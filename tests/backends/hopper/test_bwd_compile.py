@@ -282,11 +282,15 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
 
 
 # Session 50: kernels that let the polled dQ cast start (cast_trigger): the hd-64 full det
-# twin, the hd-128 full kernel, and a non-det one (no trigger there: no turns to count).
+# twin, the hd-128 full kernel, and a non-det one (no trigger there: no turns to count); the
+# det kernels of head dims 96 (causal) and 256 (192 runs the same variant).
 CAST_TRIGGER_CONFIGS = [
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st", (64, torch.bfloat16, False, True)),
     ("t80_wgr_p14_sm2_fs", (128, torch.float16, False, True)),
     ("t128_xm24r_sm2_fs_kp_st", (64, torch.bfloat16, False, False)),
+    # Session 51: every head dim takes the polled cast (POLLED_CAST_HEADDIMS).
+    ("t128_wg2gr_sm2_fs_dt_w2", (96, torch.bfloat16, True, True)),
+    ("sw_w2_fs", (256, torch.bfloat16, False, True)),
 ]
 
 

@@ -301,7 +301,9 @@ CAST_TRIGGER_CONFIGS = [
     ids=[f"{v}-{_config_id(c)}" for v, c in CAST_TRIGGER_CONFIGS],
 )
 def test_cast_trigger_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
-    _check_kernel_code(config, variant, tmp_path, cast_trigger=True)
+    swapped = bwd_launch._variant_options(variant).get("dkv_swap")
+    check = _check_swapped_kernel_code if swapped else _check_kernel_code
+    check(config, variant, tmp_path, cast_trigger=True)
 
 
 def _check_kernel_code(
@@ -424,7 +426,7 @@ def _check_kernel_code(
 
 
 def _check_swapped_kernel_code(
-    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False
+    config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False, cast_trigger: bool = False
 ) -> tuple[str, str]:
     """``_check_kernel_code`` for the kernels of head dims 192 and 256 (``dkv_swap``): their
     GEMMs (dK^T and dV^T with the head dim as M), P and dS to shared memory (stmatrix at hd
@@ -435,9 +437,11 @@ def _check_swapped_kernel_code(
     assert (block_m, block_n) == SWAPPED_TILES[head_dim]
     options = bwd_launch._variant_options(variant)
     assert options["dkv_swap"] and options["dq_wg"] and options["do_single"]
-    compiled = _compile(config, tmp_path, variant, dkv_sum)
+    compiled = _compile(config, tmp_path, variant, dkv_sum, cast_trigger)
     ptx = compiled.__ptx__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
+    triggers = bool(options.get("pdl")) or (cast_trigger and det)
+    assert ("griddepcontrol.launch_dependents" in ptx) == triggers
     # S and dP: hd/16 k-blocks each; dV^T and dK^T: block_m/16 k-blocks per 64 head-dim rows of
     # a warpgroup (all of them at hd 192, where the warpgroups split the KV rows, half at hd 256);
     # dQ: block_n/16.

@@ -1,15 +1,14 @@
 """The table (benchmarks/HISTORY.md) of whole hopper backwards (preprocess, main kernel, dQ
-cast) timed at a
-fixed clock, a kernel variant against its candidate (no torch or GPU).
+cast) timed at a fixed clock, a kernel variant against its candidate (no torch or GPU).
 
 The timing call runs a probe under Nsight Compute (``--clock-control base``, one metric,
 ``gpu__time_duration.sum``, the three kernels of every backward) that times each config's
 variant and candidate interleaved and logs one line ``<config> <variant>[_nd] <kernel>`` per
-profiled kernel, ``kernel`` one of ``pre``, ``main``, ``cast`` (``launches.txt``); ``ncu --import
-... --page raw --csv`` of the report is ``ab_raw.csv.gz`` beside it. This pairs kernels with
-launches in order (checking each kernel's name), takes per variant the median of each kernel and
-of the backwards' sums, and prints per config and mode both variants' times and variant /
-candidate of the sums (> 1: the candidate is faster)::
+profiled kernel, ``kernel`` one of ``pre``, ``main``, ``cast`` (``launches.txt``, committed
+gzipped); ``ncu --import ... --page raw --csv`` of the report is ``ab_raw.csv.gz`` beside it.
+This pairs kernels with launches in order (checking each kernel's name), takes per variant the
+median of each kernel and of the backwards' sums, and prints per config and mode both variants'
+times and variant / candidate of the sums (> 1: the candidate is faster)::
 
     cd benchmarks/results/h200/session26-851077a
     python3 ../../../../tools/hopper/backward_ab_table.py call2-8b65582-wip
@@ -37,7 +36,8 @@ def backward_times(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]
     name_column = rows[0].index("Kernel Name")
     if rows[1][column] != "ms":
         raise ValueError(f"{folder}: times in {rows[1][column]!r}, expected ms")
-    launches = [line.split() for line in (folder / "launches.txt").read_text().splitlines()]
+    with gzip.open(folder / "launches.txt.gz", "rt") as f:  # compressed since session 51
+        launches = [line.split() for line in f.read().splitlines()]
     if len(launches) != len(rows) - 2:
         raise ValueError(f"{folder}: {len(rows) - 2} kernels, {len(launches)} launches")
     times: dict[tuple[str, str], dict[str, list[float]]] = {}

@@ -6,17 +6,27 @@ once with it out ("after"). Their gradients are compared with ``torch.equal`` (t
 order-invariant, so fewer workers keep the bits), both repeat bitwise, and both are timed in
 interleaved rounds beside FA4-det (``fwd_probe.time_contenders``).
 
+``--tail`` adds a third side: the plan on every worker (the "after" plan) with the polled cast
+all the same. The cast's CTAs then find no free SM until the main kernel's CTAs end (the
+programmatic launch waits for every main CTA to have started, so none of them can be kept off
+an SM by a waiting cast CTA); they cast the tiles done by then in the main kernel's tail, where
+a static schedule's shorter workers or dynamic dispatch's last tickets leave SMs idle. A
+question for the plans that leave no SMs free (dynamic dispatch; hd 192 and 256 at short
+lengths).
+
 A config is ``headdim:seqlen:full|causal``, on the sweep's grid (16384 tokens, the heads of
 ``targets_table.SWEEP_HEADS``). A config whose plan leaves no SMs to the cast even with its head
 dim listed (its busiest worker would get more steps, or the schedule is dynamic) is reported and
-skipped. On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
+skipped without ``--tail``. On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.polled_cast_ab --rounds 15 96:2048:full 128:16384:causal
+    python3 -m tools.hopper.polled_cast_ab --tail 256:1024:full 64:16384:full
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +81,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("configs", nargs="+", type=parse_config, help="headdim:seqlen:mask")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=3, help="bitwise repeats of each side")
+    parser.add_argument(
+        "--tail", action="store_true",
+        help="also time the plan on every worker with the polled cast launched beside it",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
-def run_config(cfg: Config, rounds: int, repeats: int) -> None:  # pragma: no cover - GPU
+def run_config(  # pragma: no cover - GPU
+    cfg: Config, rounds: int, repeats: int, tail: bool = False
+) -> None:
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
@@ -108,39 +124,44 @@ def run_config(cfg: Config, rounds: int, repeats: int) -> None:  # pragma: no co
     name = beside.plan.schedule.name
     print(f"== {cfg.label}: {name}, cast_sms {beside.plan.cast_sms} / {after.plan.cast_sms}, "
           f"grids {beside.plan.grid} / {after.plan.grid}", flush=True)  # fmt: skip
-    if beside.plan.cast_sms == 0:
+    sides = {"after": after}
+    if tail:
+        # The plan on every worker with the polled cast launched as its programmatic dependent:
+        # the cast's CTAs get an SM only as the main kernel's CTAs end, so they cast the tiles
+        # done by then in the main kernel's tail instead of all after it.
+        polled = dataclasses.replace(after.plan, cast_sms=1)
+        sides["tail"] = after.with_launch(hopper_launch._prepare(polled, after.leaves[0]))
+    if beside.plan.cast_sms:
+        sides["beside"] = beside
+    elif not tail:
         print("   skipped: the plan leaves no SMs to the cast", flush=True)
         return
-    first = beside.backward()
+    first = after.backward()
     # Each side must run its own captured launch, not one the backward prepared afresh.
     own = True
-    for side in (after, beside):
+    for side in sides.values():
         side.backward()
         entry = hopper_launch._launches.get(side.key)
         own &= last_launch_info() is side.plan and entry is not None and entry[1] is side.launch
-    same = all(torch.equal(a, b) for a, b in zip(first, after.backward(), strict=True))
-    repeat = all(
+    same = all(
         all(torch.equal(a, b) for a, b in zip(first, side.backward(), strict=True))
-        for side in (beside, after)
+        for side in sides.values()
         for _ in range(repeats)
     )
-    print(f"check: own launches {own}; beside equal to after (dq dk dv) {same}; repeats bitwise "
-          f"{repeat}", flush=True)  # fmt: skip
+    print(f"check: own launches {own}; {' / '.join(sides)} equal to after (dq dk dv), "
+          f"{repeats} repeats each: {same}", flush=True)  # fmt: skip
     peer = leaves()
     out = fa4(*peer, causal=cfg.causal, deterministic=True)
     out = out[0] if isinstance(out, tuple) else out
-    fns = {
-        "after": after.backward,
-        "beside": beside.backward,
-        "F": lambda: torch.autograd.grad(out, peer, dout, retain_graph=True),
-    }
+    fns = {key: side.backward for key, side in sides.items()}
+    fns["F"] = lambda: torch.autograd.grad(out, peer, dout, retain_graph=True)
     time_contenders(fns, rounds, f"{cfg.label} (ms per backward)")
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an sm_90 GPU
     args = parse_args(argv)
     for cfg in args.configs:
-        run_config(cfg, args.rounds, args.repeats)
+        run_config(cfg, args.rounds, args.repeats, args.tail)
     return 0
 
 

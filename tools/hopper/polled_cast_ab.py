@@ -14,10 +14,15 @@ a static schedule's shorter workers or dynamic dispatch's last tickets leave SMs
 question for the plans that leave no SMs free (dynamic dispatch; hd 192 and 256 at short
 lengths).
 
+``--lean`` adds, where the plan keeps every worker, its tables made on 4 workers fewer with the
+cast beside them all the same, and prints how many steps the busiest worker gains (a step or
+two of 700-1500 at some hd-192 and hd-256 shapes: less than the cast's time?).
+
 A config is ``headdim:seqlen:full|causal``, on the sweep's grid (16384 tokens, the heads of
 ``targets_table.SWEEP_HEADS``). A config whose plan leaves no SMs to the cast even with its head
 dim listed (its busiest worker would get more steps, or the schedule is dynamic) is reported and
-skipped without ``--tail``. On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
+skipped without ``--tail`` or ``--lean``. On the GPU machine, from the repository root (the
+CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.polled_cast_ab --rounds 15 96:2048:full 128:16384:causal
     python3 -m tools.hopper.polled_cast_ab --tail 256:1024:full 64:16384:full
@@ -85,11 +90,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tail", action="store_true",
         help="also time the plan on every worker with the polled cast launched beside it",
     )  # fmt: skip
+    parser.add_argument(
+        "--lean", action="store_true",
+        help="where the plan keeps every worker, also time its tables on 4 workers fewer with "
+        "the cast beside them",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
 def run_config(  # pragma: no cover - GPU
-    cfg: Config, rounds: int, repeats: int, tail: bool = False
+    cfg: Config, rounds: int, repeats: int, tail: bool = False, lean: bool = False
 ) -> None:
     import torch
     from flash_attn.cute import flash_attn_func as fa4
@@ -97,6 +107,7 @@ def run_config(  # pragma: no cover - GPU
     from dash_attn import last_launch_info
     from dash_attn import plan as plan_module
     from dash_attn.backends.hopper import launch as hopper_launch
+    from dash_attn.schedule import Dispatch, make_schedule
     from tools.hopper.bwd_probe import capture
     from tools.hopper.fwd_probe import time_contenders
 
@@ -130,10 +141,24 @@ def run_config(  # pragma: no cover - GPU
         # the cast's CTAs get an SM only as the main kernel's CTAs end, so they cast the tiles
         # done by then in the main kernel's tail instead of all after it.
         polled = dataclasses.replace(after.plan, cast_sms=1)
-        sides["tail"] = after.with_launch(hopper_launch._prepare(polled, after.leaves[0]))
+        sides["tail"] = after.with_launch(hopper_launch._prepare(polled, after.leaves[0]), polled)
     if beside.plan.cast_sms:
         sides["beside"] = beside
-    elif not tail:
+    elif lean and after.plan.dispatch is Dispatch.STATIC:
+        # The tables on 4 workers fewer even though the busiest worker gets more steps there
+        # (how many is printed), the cast beside them on the SMs left free.
+        spec = after.plan.spec
+        fewer = dataclasses.replace(spec, workers=spec.workers - plan_module.POLLED_CAST_SMS)
+        tables = make_schedule(after.plan.schedule.name, fewer)
+        grown = tables.busiest_worker_steps() - after.plan.schedule.busiest_worker_steps()
+        print(f"   lean: busiest worker {grown:+d} steps "
+              f"(of {after.plan.schedule.busiest_worker_steps()})", flush=True)  # fmt: skip
+        grid = plan_module._grid(tables)
+        plan = dataclasses.replace(
+            after.plan, schedule=tables, grid=grid, cast_sms=spec.workers - grid
+        )
+        sides["lean"] = after.with_launch(hopper_launch._prepare(plan, after.leaves[0]), plan)
+    if len(sides) == 1:
         print("   skipped: the plan leaves no SMs to the cast", flush=True)
         return
     first = after.backward()
@@ -161,7 +186,7 @@ def run_config(  # pragma: no cover - GPU
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an sm_90 GPU
     args = parse_args(argv)
     for cfg in args.configs:
-        run_config(cfg, args.rounds, args.repeats, args.tail)
+        run_config(cfg, args.rounds, args.repeats, args.tail, args.lean)
     return 0
 
 

@@ -107,7 +107,7 @@ def run_config(  # pragma: no cover - GPU
     from dash_attn import last_launch_info
     from dash_attn import plan as plan_module
     from dash_attn.backends.hopper import launch as hopper_launch
-    from dash_attn.schedule import Dispatch, make_schedule
+    from dash_attn.schedule import Dispatch
     from tools.hopper.bwd_probe import capture
     from tools.hopper.fwd_probe import time_contenders
 
@@ -145,17 +145,17 @@ def run_config(  # pragma: no cover - GPU
     if beside.plan.cast_sms:
         sides["beside"] = beside
     elif lean and after.plan.dispatch is Dispatch.STATIC:
-        # The tables on 4 workers fewer even though the busiest worker gets more steps there
-        # (how many is printed), the cast beside them on the SMs left free.
-        spec = after.plan.spec
-        fewer = dataclasses.replace(spec, workers=spec.workers - plan_module.POLLED_CAST_SMS)
-        tables = make_schedule(after.plan.schedule.name, fewer)
-        grown = tables.busiest_worker_steps() - after.plan.schedule.busiest_worker_steps()
-        print(f"   lean: busiest worker {grown:+d} steps "
-              f"(of {after.plan.schedule.busiest_worker_steps()})", flush=True)  # fmt: skip
-        grid = plan_module._grid(tables)
+        # The plan's own rule with any number of extra steps allowed: the tables on 4 workers
+        # fewer even though the busiest worker gets more steps there (how many is printed),
+        # the cast beside them on the SMs left free.
+        busiest = after.plan.schedule.busiest_worker_steps()
+        tables, cast_sms = plan_module._leave_sms_to_the_cast(
+            after.plan.schedule, max_extra_steps=busiest
+        )
+        grown = tables.busiest_worker_steps() - busiest
+        print(f"   lean: busiest worker {grown:+d} steps (of {busiest})", flush=True)
         plan = dataclasses.replace(
-            after.plan, schedule=tables, grid=grid, cast_sms=spec.workers - grid
+            after.plan, schedule=tables, grid=plan_module._grid(tables), cast_sms=cast_sms
         )
         sides["lean"] = after.with_launch(hopper_launch._prepare(plan, after.leaves[0]), plan)
     if len(sides) == 1:

@@ -18,6 +18,11 @@ lengths).
 cast beside them all the same, and prints how many steps the busiest worker gains (a step or
 two of 700-1500 at some hd-192 and hd-256 shapes: less than the cast's time?).
 
+``--pre`` adds, where the plan leaves SMs to the cast, the same plan with the preprocess beside
+the main kernel too (``hopper/bwd_pre_beside.py``, session 52: on the free SMs, each Q tile's
+rows published by a ready flag that the main kernel's producer waits for), as "pre": against
+"beside" it times the ~40 us preprocess moved off the main kernel's start.
+
 A config is ``headdim:seqlen:full|causal``, on the sweep's grid (16384 tokens, the heads of
 ``targets_table.SWEEP_HEADS``). A config whose plan leaves no SMs to the cast even with its head
 dim listed (its busiest worker would get more steps, or the schedule is dynamic) is reported and
@@ -26,6 +31,7 @@ CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.polled_cast_ab --rounds 15 96:2048:full 128:16384:causal
     python3 -m tools.hopper.polled_cast_ab --tail 256:1024:full 64:16384:full
+    python3 -m tools.hopper.polled_cast_ab --pre 64:2048:full 128:4096:full
 """
 
 from __future__ import annotations
@@ -95,11 +101,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the plan keeps every worker, also time its tables on 4 workers fewer with "
         "the cast beside them",
     )  # fmt: skip
+    parser.add_argument(
+        "--pre", action="store_true",
+        help="where the plan leaves SMs to the cast, also time it with the preprocess beside "
+        "the main kernel too",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
 def run_config(  # pragma: no cover - GPU
-    cfg: Config, rounds: int, repeats: int, tail: bool = False, lean: bool = False
+    cfg: Config,
+    rounds: int,
+    repeats: int,
+    tail: bool = False,
+    lean: bool = False,
+    pre: bool = False,
 ) -> None:
     import torch
     from flash_attn.cute import flash_attn_func as fa4
@@ -144,6 +160,10 @@ def run_config(  # pragma: no cover - GPU
         sides["tail"] = after.with_launch(hopper_launch._prepare(polled, after.leaves[0]), polled)
     if beside.plan.cast_sms:
         sides["beside"] = beside
+        if pre:
+            # The same plan and kernels but for pre_beside, the preprocess on the free SMs.
+            prepared = hopper_launch._prepare(beside.plan, beside.leaves[0], pre_beside=True)
+            sides["pre"] = beside.with_launch(prepared)
     elif lean and after.plan.dispatch is Dispatch.STATIC:
         # The plan's own rule with any number of extra steps allowed: the tables on 4 workers
         # fewer even though the busiest worker gets more steps there (how many is printed),
@@ -186,7 +206,7 @@ def run_config(  # pragma: no cover - GPU
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an sm_90 GPU
     args = parse_args(argv)
     for cfg in args.configs:
-        run_config(cfg, args.rounds, args.repeats, args.tail, args.lean)
+        run_config(cfg, args.rounds, args.repeats, args.tail, args.lean, args.pre)
     return 0
 
 

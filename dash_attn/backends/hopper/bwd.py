@@ -176,6 +176,7 @@ class HopperAttnBwd(
         kv_prefetch: int | None = None,
         dkv_stage: bool = False,
         cast_trigger: bool = False,
+        pre_beside: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -365,6 +366,22 @@ class HopperAttnBwd(
         #   fewer workers than SMs leaves free, each of its CTAs waiting for its tile's last
         #   turn. Nothing of this kernel's work changes.
         self.cast_trigger = cast_trigger and deterministic
+        # pre_beside (with cast_trigger): the preprocess runs beside this kernel on the
+        #   SMs the plan leaves free (bwd_pre_beside.BwdPreprocessBeside, launched before it;
+        #   a programmatic launch starts only once all of its CTAs run, so they always get
+        #   their SMs), publishing each Q tile's LSE2 and delta with a ready flag
+        #   (``flags[3 + tiles + tile]``, after the polled cast's counter). No thread waits for
+        #   the preprocess's end before its work (the flags and the accumulator were zeroed
+        #   before it by the host's fill); the producer waits, bounded, for a step's ready flag
+        #   before it loads the step's LSE2 and delta rows, and thread 0 waits for the
+        #   preprocess's end (griddepcontrol.wait) only after its loop, so that the kernel never
+        #   ends before it (the stream's next work must find it done). Launched as the
+        #   preprocess's programmatic dependent (as with pdl). The same rows, so the same bits.
+        if pre_beside and not self.cast_trigger:
+            raise ValueError("pre_beside needs cast_trigger (deterministic)")
+        if pre_beside and dkv_sum:
+            raise ValueError("pre_beside: the ready flags would sit where dkv_sum's start")
+        self.pre_beside = pre_beside
         # drain_ticket (deterministic only): under dynamic dispatch the producer takes the next
         #   ticket only once the dQ writer has released the chain's last dQ turn, not as soon as
         #   the MMA warpgroups are done with it. Otherwise a chain whose last partial waits long
@@ -698,7 +715,7 @@ class HopperAttnBwd(
             stream=stream,
             # setmaxnreg is only honoured with .minnctapersm (ptxas C7508 otherwise).
             min_blocks_per_mp=1,
-            use_pdl=self.pdl,
+            use_pdl=self.pdl or self.pre_beside,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ device code
@@ -781,7 +798,7 @@ class HopperAttnBwd(
         cute.arch.barrier()
         if const_expr(self.cast_trigger):
             cute.arch.griddepcontrol_launch_dependents()
-        if const_expr(self.pdl):
+        if const_expr(self.pdl and not self.pre_beside):
             # Everything above touches only shared memory and the kernel's parameters; from
             # here on the preprocess's outputs are read (and the accumulator written).
             cute.arch.griddepcontrol_wait()
@@ -804,8 +821,14 @@ class HopperAttnBwd(
                     mQ, mK, mV, mdO, mLSE, mDelta, tma_q, tma_k, tma_v, tma_do, tma_lse,
                     tma_delta, mFlags, mChainStart, mStepHead, mStepTile, mStepRank, mOrder,
                     mWorkerStart, kv_tiles, num_chains, dynamic, heads, kv_heads, kv_group,
-                    sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
+                    batch, q_tiles, timeout_ns, sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
                 )  # fmt: skip
+                if const_expr(self.pre_beside):  # noqa: SIM102 (compile-time, then runtime)
+                    if tidx == 0:
+                        # Not before the preprocess beside this kernel has ended (the stream's
+                        # next work waits for this grid, not for it). It has by now but for
+                        # its last tiles.
+                        cute.arch.griddepcontrol_wait()
             if warp_idx == 1:
                 self.dq_writer(
                     mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,

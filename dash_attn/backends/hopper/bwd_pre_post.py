@@ -59,6 +59,38 @@ def _row_lanes(head_dim: int) -> int:
     return 8 if vectors % 8 == 0 else 4
 
 
+@cute.jit
+def load_row_vectors(
+    o_row: cute.Tensor, do_row: cute.Tensor, o_vecs: list, do_vecs: list, lane: Int32,
+    lanes: cutlass.Constexpr[int],
+):  # fmt: skip
+    """This lane's 16-byte vectors of one row of O and dO (``lane``, ``lane + lanes``, ...)
+    into ``o_vecs`` and ``do_vecs`` (one register tensor per vector)."""
+    for v in cutlass.range_constexpr(len(o_vecs)):
+        chunk = lane + v * lanes
+        cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vecs[v])
+        cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vecs[v])
+
+
+@cute.jit
+def row_dot(o_vecs: list, do_vecs: list, valid, lanes: cutlass.Constexpr[int]) -> Float32:
+    """delta of one row from its ``lanes`` adjacent lanes' vectors (``load_row_vectors``):
+    each lane sums its products in order (0 where not ``valid``), then a butterfly over the
+    lanes leaves the row's sum in each of them. A fixed order: the same bits wherever a row is
+    computed (``BwdPreprocess``, ``bwd_pre_beside``)."""
+    total = Float32(0.0)
+    if valid:
+        for v in cutlass.range_constexpr(len(o_vecs)):
+            prod = o_vecs[v].load().to(Float32) * do_vecs[v].load().to(Float32)
+            for e in cutlass.range_constexpr(VEC):
+                total = total + prod[e]
+    offset = lanes // 2
+    while const_expr(offset > 0):
+        total = total + cute.arch.shuffle_sync_bfly(total, offset)
+        offset //= 2
+    return total
+
+
 class BwdPreprocess:
     """LSE2 and delta of every row, and the zero fill of the flags (and of the dQ accumulator
     where the main kernel adds every partial; see the module)."""
@@ -131,30 +163,17 @@ class BwdPreprocess:
             row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
             lses[p] = -Float32.inf
             if row < seqlen_q:
-                o_row = mO[b, row, h, None]
-                do_row = mdO[b, row, h, None]
-                for v in cutlass.range_constexpr(self.per_lane):
-                    chunk = lane + v * self.lanes
-                    cute.autovec_copy(cute.local_tile(o_row, (VEC,), (chunk,)), o_vecs[p][v])
-                    cute.autovec_copy(cute.local_tile(do_row, (VEC,), (chunk,)), do_vecs[p][v])
+                load_row_vectors(
+                    mO[b, row, h, None], mdO[b, row, h, None], o_vecs[p], do_vecs[p], lane,
+                    self.lanes,
+                )  # fmt: skip
                 lses[p] = mLSE[b, h, row]
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         totals = cute.make_rmem_tensor((passes,), Float32)
         for p in cutlass.range_constexpr(passes):
             row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
-            total = Float32(0.0)
-            if row < seqlen_q:
-                for v in cutlass.range_constexpr(self.per_lane):
-                    prod = o_vecs[p][v].load().to(Float32) * do_vecs[p][v].load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        total = total + prod[e]
-            # The row's lanes are adjacent: a butterfly leaves the sum in each of them.
-            offset = self.lanes // 2
-            while const_expr(offset > 0):
-                total = total + cute.arch.shuffle_sync_bfly(total, offset)
-                offset //= 2
-            totals[p] = total
+            totals[p] = row_dot(o_vecs[p], do_vecs[p], row < seqlen_q, self.lanes)
         for p in cutlass.range_constexpr(passes):
             row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
             if lane == 0 and row < rows_pad:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from .bwd_sync import (
@@ -21,6 +21,7 @@ from .bwd_sync import (
     I_QH,
     I_QT,
     I_RANK,
+    wait_value,
 )
 
 
@@ -55,6 +56,9 @@ class ProducerMixin:
         heads: Int32,
         kv_heads: Int32,
         kv_group: Int32,
+        batch: Int32,
+        q_tiles: Int32,
+        timeout_ns: Int64,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
@@ -98,6 +102,11 @@ class ProducerMixin:
                 qh = mStepHead[step]
                 qt = mStepTile[step]
                 rank = mStepRank[step]
+                if const_expr(self.pre_beside):
+                    # The step's LSE2/delta rows come from the preprocess beside this kernel:
+                    # wait (bounded) for the tile's ready flag before the free stage.
+                    ready = (3 + batch * heads * q_tiles) + (b * heads + qh) * q_tiles + qt
+                    self._wait_ready(mFlags, ready, timeout_ns, lane)
                 cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
                 if lane == 0:
                     flags = Int32(0)
@@ -186,6 +195,18 @@ class ProducerMixin:
         if const_expr(self.pdl):
             # The dQ cast may launch (it waits for this grid's end before reading anything).
             cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def _wait_ready(self, mFlags: cute.Tensor, index: Int32, timeout_ns: Int64, lane: Int32):
+        """pre_beside: lane 0 waits (acquire loads, bounded, ended early by a raised error
+        flag) until ``mFlags[index]`` is 1, raising the error flag if it is not by then (the
+        backward is then an error; its loads go on); every lane then orders its TMA loads
+        (async proxy) after that acquire."""
+        if lane == 0:  # noqa: SIM102 (one lane waits: the DSL would evaluate both operands)
+            if wait_value(mFlags.iterator + index, Int32(1), timeout_ns, mFlags.iterator + 1) != 0:
+                mFlags[1] = Int32(1)
+        cute.arch.sync_warp()
+        cute.arch.fence_proxy("async.global")
 
     @cute.jit
     def _chain_coords(self, chain: Int32, kv_tiles: Int32, kv_heads: Int32):

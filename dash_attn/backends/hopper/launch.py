@@ -16,13 +16,14 @@ from ...errors import check_errors, mapped_launch, record_status
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
-from ..tables import device_tables, dq_counts
+from ..tables import device_tables, dq_counts, pre_order
 from ..triton.group_sum import sum_kv_groups
 from . import (
     FWD_3WG_MIN_SEQLEN,
     FWD_LPT_ORDER_MAX_SEQLEN_K,
     FWD_P_SMEM_HEADDIMS,
     FWD_PERSISTENT_MAX_SEQLEN_K,
+    PRE_BESIDE_HEADDIMS,
     bwd_variant,
 )
 from .bwd_launch import (
@@ -177,10 +178,14 @@ def _main(
     return main(q, k, v, dout, lse2, delta, softmax_scale)
 
 
-def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
+def _prepare(
+    plan: BackwardPlan, q: torch.Tensor, *, pre_beside: bool | None = None
+) -> BwdLaunch | FullBackward:
     """The plan's launch. The tensors' shapes, dtype and alignment are not checked again: the
     plan was made for them (dispatch checked them, the preprocess makes lse2/delta for its
-    tiles, the tables are its own)."""
+    tiles, the tables are its own). ``pre_beside`` (None: where the head dim is in
+    ``PRE_BESIDE_HEADDIMS``; an A/B probe may force it) runs the preprocess beside the main
+    kernel on the SMs the plan leaves free, where the polled cast runs too."""
     backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
@@ -188,6 +193,9 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     # dQ cast runs beside the main kernel, waiting for each tile's last turn
     # (bwd_pre_post.DqFragmentCastPolled).
     polled = plan.cast_sms > 0
+    if pre_beside is None:
+        pre_beside = plan.problem.headdim in PRE_BESIDE_HEADDIMS
+    pre_beside = bool(pre_beside and polled and CUTE_PRE_POST)
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
@@ -196,7 +204,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
         variant=variant, dkv_heads=spec.kv_heads, dkv_sum=plan.dkv_sum,
         kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
-        cast_trigger=polled and CUTE_PRE_POST,
+        cast_trigger=polled and CUTE_PRE_POST, pre_beside=pre_beside,
     )  # fmt: skip
     if not CUTE_PRE_POST:
         return main
@@ -207,5 +215,7 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     )
     counts = dq_counts(plan.schedule, q.device) if polled else None
     return prepare_full(
-        main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts
-    )
+        main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts,
+        pre_order=pre_order(plan.schedule, q.device) if pre_beside else None,
+        pre_ctas=plan.cast_sms if pre_beside else 0,
+    )  # fmt: skip

@@ -370,7 +370,8 @@ class HopperAttnBwd(
         #   SMs the plan leaves free (bwd_pre_beside.BwdPreprocessBeside, launched before it;
         #   a programmatic launch starts only once all of its CTAs run, so they always get
         #   their SMs), publishing each Q tile's LSE2 and delta with a ready flag
-        #   (``flags[3 + tiles + tile]``, after the polled cast's counter). No thread waits for
+        #   (``flags[3 + tiles + tile]``, after the polled cast's counter; then its count of tiles
+        #   done, after which the producer checks no flag again). No thread waits for
         #   the preprocess's end before its work (the flags and the accumulator were zeroed
         #   before it by the host's fill); the producer waits, bounded, for a step's ready flag
         #   before it loads the step's LSE2 and delta rows, and thread 0 waits for the

@@ -664,8 +664,8 @@ class FullBackward:
     # The preprocess beside the main kernel (``bwd_pre_beside``): the dQ tiles in the order the
     # schedule first needs them (int32 on the device) and its CTAs (the plan's free SMs), or
     # None for the preprocess before the main kernel. With them the flags end with a ready
-    # flag per dQ tile, and the host zeroes the flags (and the accumulator where needed)
-    # before the preprocess instead of the preprocess itself.
+    # flag per dQ tile and the count of tiles done, and the host zeroes the flags (and the
+    # accumulator where needed) before the preprocess instead of the preprocess itself.
     pre_order: torch.Tensor | None = None
     pre_ctas: int = 0
 
@@ -701,7 +701,7 @@ class FullBackward:
         else:
             buf[self.zero_start :].zero_()
             start = self.main.flag_count + 1  # after the polled cast's counter
-            ready = flags[start : start + self.pre_order.numel()]
+            ready = flags[start : start + self.pre_order.numel() + 1]  # and the count
             self.preprocess(
                 tma_view(out), tma_view(dout), lse, lse2, delta, ready, self.pre_order,
                 self.pre_ctas,
@@ -772,9 +772,9 @@ def prepare_full(
         raise ValueError(
             f"pre_order must list the {batch * heads * q_tiles} dQ tiles, got {pre_order.numel()}"
         )
-    # The ready flags (pre_order) follow the polled cast's counter: HopperAttnBwd reads them
-    # at flags[3 + tiles + tile].
-    flag_words = main.flag_count + polled + (batch * heads * q_tiles if beside else 0)
+    # The ready flags (pre_order) and the count of tiles done follow the polled cast's counter:
+    # HopperAttnBwd reads them at flags[3 + tiles + tile] and flags[3 + 2 tiles].
+    flag_words = main.flag_count + polled + (batch * heads * q_tiles + 1 if beside else 0)
     padding = -flag_words % 4
     if beside:
         preprocess = compile_preprocess_beside(cutlass_dtype, head_dim, block_m)

@@ -6,7 +6,8 @@ Where a plan leaves SMs free (``BackwardPlan.cast_sms``: the polled dQ cast runs
 kernel runs on them instead, beside the main kernel, Q tile by Q tile in the order the
 schedule first needs them (``Schedule.dq_tiles_by_first_step``), and publishes each tile's
 LSE2 and delta rows with a ready flag that the main kernel's producer waits for
-(``HopperAttnBwd``'s ``pre_beside``) before it loads them.
+(``HopperAttnBwd``'s ``pre_beside``) before it loads them, and counts the tiles done after the
+flags: once the count is complete the producer checks no flag again.
 
 Launch (``bwd_launch.FullBackward``): the host zeroes the flags (and the accumulator where
 needed) first; this kernel is launched plainly, one CTA of 512 threads per free SM, and lets
@@ -20,7 +21,7 @@ Each warp takes one Q tile (``block_m`` rows of one batch x head) at a time, eve
 (16 vectors of 16 bytes per thread). Each row is summed by the same lanes in the same order as
 in ``BwdPreprocess`` (``bwd_pre_post.row_dot``), so LSE2 and delta have the same bits. The
 warp then orders its stores before the flag: a proxy fence (the main kernel reads the rows by
-TMA, the async proxy), a warp barrier, a release add by lane 0.
+TMA, the async proxy), a warp barrier, release adds by lane 0 (the flag, the count).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class BwdPreprocessBeside:
         mLSE: cute.Tensor,  # (b, heads, seqlen_q) fp32, natural log
         mLSE2: cute.Tensor,  # (b * heads, q_tiles * block_m) fp32
         mDelta: cute.Tensor,
-        mReady: cute.Tensor,  # (b * heads * q_tiles,) int32, zeroed: set to 1 per tile here
+        mReady: cute.Tensor,  # (b * heads * q_tiles + 1,) int32, zeroed: 1 per tile, the count
         mOrder: cute.Tensor,  # int32: the tiles (b * heads + h) * q_tiles + t, in need order
         ctas: Int32,
         stream: cuda.CUstream,
@@ -126,6 +127,12 @@ class BwdPreprocessBeside:
                 cute.arch.red(
                     mReady.iterator + tile, Int32(1), op="add", dtype="s32", sem="release",
                     scope="gpu",
+                )  # fmt: skip
+                # The count of tiles done, after the flags: once it has reached all of them the
+                # main kernel's producer checks no flag again.
+                cute.arch.red(
+                    mReady.iterator + mOrder.shape[0], Int32(1), op="add", dtype="s32",
+                    sem="release", scope="gpu",
                 )  # fmt: skip
 
     @cute.jit

@@ -87,6 +87,10 @@ class ProducerMixin:
         kv_phase = Int32(0)
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         drain_phase = Int32(0)  # of the chains' "drained" mbarrier (drain_ticket)
+        # pre_beside: the ready flags follow the polled cast's counter, then the preprocess's
+        # count of tiles done; once that has reached all tiles, no step checks again.
+        tiles = batch * heads * q_tiles
+        all_ready = Int32(0)
         while ticket < end:
             chain = mOrder[ticket]
             b, kvh, kvt = self._chain_coords(chain, kv_tiles, kv_heads)
@@ -102,11 +106,14 @@ class ProducerMixin:
                 qh = mStepHead[step]
                 qt = mStepTile[step]
                 rank = mStepRank[step]
-                if const_expr(self.pre_beside):
+                if const_expr(self.pre_beside):  # noqa: SIM102 (compile-time, then runtime)
                     # The step's LSE2/delta rows come from the preprocess beside this kernel:
                     # wait (bounded) for the tile's ready flag before the free stage.
-                    ready = (3 + batch * heads * q_tiles) + (b * heads + qh) * q_tiles + qt
-                    self._wait_ready(mFlags, ready, timeout_ns, lane)
+                    if all_ready == 0:
+                        all_ready = self._wait_ready(
+                            mFlags, 3 + tiles, tiles, (b * heads + qh) * q_tiles + qt,
+                            timeout_ns, lane,
+                        )  # fmt: skip
                 cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
                 if lane == 0:
                     flags = Int32(0)
@@ -197,16 +204,30 @@ class ProducerMixin:
             cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
-    def _wait_ready(self, mFlags: cute.Tensor, index: Int32, timeout_ns: Int64, lane: Int32):
-        """pre_beside: lane 0 waits (acquire loads, bounded, ended early by a raised error
-        flag) until ``mFlags[index]`` is 1, raising the error flag if it is not by then (the
-        backward is then an error; its loads go on); every lane then orders its TMA loads
-        (async proxy) after that acquire."""
-        if lane == 0:  # noqa: SIM102 (one lane waits: the DSL would evaluate both operands)
-            if wait_value(mFlags.iterator + index, Int32(1), timeout_ns, mFlags.iterator + 1) != 0:
-                mFlags[1] = Int32(1)
+    def _wait_ready(
+        self, mFlags: cute.Tensor, base: Int32, tiles: Int32, tile: Int32, timeout_ns: Int64,
+        lane: Int32,
+    ) -> Int32:  # fmt: skip
+        """pre_beside: 1 if the preprocess has counted all ``tiles`` done
+        (``mFlags[base + tiles]``, acquire: each count is released after its tile's rows),
+        else 0 once lane 0 has waited (acquire loads, bounded, ended early by a raised error
+        flag) for ``tile``'s ready flag ``mFlags[base + tile]`` to be 1, raising the error flag
+        if it is not by then (the backward is then an error; its loads go on). Every lane then
+        orders its TMA loads (async proxy) after that acquire."""
+        done = Int32(0)
+        if lane == 0:
+            counted = cute.arch.load(mFlags.iterator + base + tiles, Int32, sem="acquire",
+                                     scope="gpu")  # fmt: skip
+            if counted == tiles:
+                done = Int32(1)
+            else:
+                ready = mFlags.iterator + base + tile
+                if wait_value(ready, Int32(1), timeout_ns, mFlags.iterator + 1) != 0:
+                    mFlags[1] = Int32(1)
         cute.arch.sync_warp()
+        done = cute.arch.shuffle_sync(done, 0)
         cute.arch.fence_proxy("async.global")
+        return done
 
     @cute.jit
     def _chain_coords(self, chain: Int32, kv_tiles: Int32, kv_heads: Int32):

@@ -40,8 +40,8 @@ def test_beside_preprocess_compiles_with_one_release_per_tile(
     dtype: torch.dtype, head_dim: int, block_m: int, tmp_path, monkeypatch
 ) -> None:
     """It lets its dependent (the main kernel) launch and waits for no grid; each warp's tile
-    ends with a proxy fence and one release add (its ready flag); the row loads are 16-byte
-    vectors, no acquire anywhere."""
+    ends with a proxy fence and two release adds (its ready flag, the count of tiles done); the
+    row loads are 16-byte vectors, no acquire anywhere."""
     from dash_attn.backends.hopper import bwd_pre_beside, kernel_cache
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
@@ -51,7 +51,7 @@ def test_beside_preprocess_compiles_with_one_release_per_tile(
     ptx = compiled.__ptx__
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert "griddepcontrol.wait" not in ptx
-    assert ptx.count("red.release.gpu.global.add.s32") == 1
+    assert ptx.count("red.release.gpu.global.add.s32") == 2  # the tile's flag, the count
     assert ptx.count("fence.proxy.async.global") == 1
     assert "ld.global.v4" in ptx and "ld.acquire" not in ptx
     assert ".reqntid 512, 1, 1" in ptx
@@ -75,8 +75,9 @@ def test_beside_preprocess_refuses_odd_shapes() -> None:
 def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
     head_dim: int, causal: bool, tmp_path, monkeypatch
 ) -> None:
-    """``pre_beside`` adds the producer's bounded acquire loop on the ready flag (two acquire
-    loads: before and in the loop) with its proxy fence, and one wait for the preprocess's end
+    """``pre_beside`` adds the producer's acquire load of the count of tiles done and its
+    bounded acquire loop on the ready flag (two acquire loads: before and in the loop) with its
+    proxy fence, and one wait for the preprocess's end
     (the shipped kernels are no programmatic dependents and wait for none); the dQ warps'
     releases stay as they are. It needs ``cast_trigger``."""
     from dash_attn.backends.hopper import bwd_launch, bwd_variant, kernel_cache
@@ -95,7 +96,7 @@ def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
     }  # fmt: skip
     assert "griddepcontrol.wait" not in ptx[False]
     assert ptx[True].count("griddepcontrol.wait") == 1
-    assert ptx[True].count("ld.acquire.gpu") == ptx[False].count("ld.acquire.gpu") + 2
+    assert ptx[True].count("ld.acquire.gpu") == ptx[False].count("ld.acquire.gpu") + 3
     fences = ptx[False].count("fence.proxy.async.global")
     assert ptx[True].count("fence.proxy.async.global") == fences + 1
     assert ptx[True].count("red.release.gpu") == ptx[False].count("red.release.gpu")
@@ -161,9 +162,9 @@ def test_full_backward_runs_the_preprocess_beside(monkeypatch) -> None:
     assert [name for name, _ in calls] == ["beside", "main", "cast"]
     params = list(inspect.signature(BwdPreprocessBeside.__call__).parameters)[1:-1]
     pre = dict(zip(params, calls[0][1], strict=True))
-    assert flags.numel() == full.main.flag_count + 1 + tiles == 2 + tiles + 1 + tiles
-    ready = pre["mReady"]
-    assert ready.numel() == tiles and ready.data_ptr() == flags.data_ptr() + 4 * (3 + tiles)
+    assert flags.numel() == full.main.flag_count + 1 + tiles + 1 == 2 + tiles + 1 + tiles + 1
+    ready = pre["mReady"]  # the ready flags and the count of tiles done
+    assert ready.numel() == tiles + 1 and ready.data_ptr() == flags.data_ptr() + 4 * (3 + tiles)
     assert pre["mOrder"] is full.pre_order and pre["ctas"] == plan.cast_sms
     # Zeroed by the host (the stand-ins write nothing): the flags, after lse2 and delta.
     assert torch.equal(flags, torch.zeros_like(flags))
@@ -230,7 +231,8 @@ def test_beside_preprocess_matches_the_preprocess(
     dtype: torch.dtype, head_dim: int, block_m: int
 ) -> None:
     """LSE2 and delta bitwise equal to ``BwdPreprocess``'s (the same lanes and order per row),
-    rows past seqlen_q included, on a shuffled order of the tiles; every ready flag is 1."""
+    rows past seqlen_q included, on a shuffled order of the tiles; every ready flag is 1 and
+    the count is all the tiles."""
     from dash_attn.backends.hopper.bwd_pre_beside import compile_preprocess_beside
     from dash_attn.backends.hopper.bwd_pre_post import compile_preprocess
 
@@ -248,13 +250,13 @@ def test_beside_preprocess_matches_the_preprocess(
     compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, *want, zeroed)
     got = [torch.full_like(want[0], float("nan")) for _ in "ld"]
     tiles = batch * heads * q_tiles
-    ready = torch.zeros(tiles, device="cuda", dtype=torch.int32)
+    ready = torch.zeros(tiles + 1, device="cuda", dtype=torch.int32)  # and the count
     order = torch.randperm(tiles, device="cuda").to(torch.int32)
     beside = compile_preprocess_beside(_cutlass_dtype(dtype), head_dim, block_m)
     beside(out, dout, lse, *got, ready, order, 2)
     torch.cuda.synchronize()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert torch.equal(ready, torch.ones_like(ready))
+    assert torch.equal(ready[:tiles], torch.ones_like(ready[:tiles])) and ready[tiles] == tiles
 
 
 def _grads(q, k, v, dout, causal):

@@ -21,7 +21,7 @@ Each warp takes one Q tile (``block_m`` rows of one batch x head) at a time, eve
 (16 vectors of 16 bytes per thread). Each row is summed by the same lanes in the same order as
 in ``BwdPreprocess`` (``bwd_pre_post.row_dot``), so LSE2 and delta have the same bits. The
 warp then orders its stores before the flag: a proxy fence (the main kernel reads the rows by
-TMA, the async proxy), a warp barrier, release adds by lane 0 (the flag, the count).
+TMA, the async proxy), a warp barrier, release adds by lane 0 (the flag, then the count).
 """
 
 from __future__ import annotations
@@ -124,16 +124,17 @@ class BwdPreprocessBeside:
             cute.arch.fence_proxy("async.global")
             cute.arch.sync_warp()
             if lane == 0:
-                cute.arch.red(
-                    mReady.iterator + tile, Int32(1), op="add", dtype="s32", sem="release",
-                    scope="gpu",
-                )  # fmt: skip
-                # The count of tiles done, after the flags: once it has reached all of them the
-                # main kernel's producer checks no flag again.
-                cute.arch.red(
-                    mReady.iterator + mOrder.shape[0], Int32(1), op="add", dtype="s32",
-                    sem="release", scope="gpu",
-                )  # fmt: skip
+                done = cute.arch.atomic_add(
+                    mReady.iterator + tile, Int32(1), sem="release", scope="gpu"
+                )
+                # The count of distinct tiles done, after the flags: once it has reached all
+                # of them the main kernel's producer checks no flag again. (A tile listed
+                # twice counts once, so a missing one still makes its waits time out.)
+                if done == 0:
+                    cute.arch.red(
+                        mReady.iterator + mOrder.shape[0], Int32(1), op="add", dtype="s32",
+                        sem="release", scope="gpu",
+                    )  # fmt: skip
 
     @cute.jit
     def _chunk(self, mO, mdO, mLSE, mLSE2, mDelta, b, h, bh, seqlen_q, row_lane, thread_row):

@@ -34,7 +34,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from . import kernel_cache
-from .bwd_pre_post import LOG2_E, VEC, _row_lanes, load_row_vectors, row_dot
+from .bwd_pre_post import LOG2_E, VEC, _row_lanes, load_row_vectors, row_dot, row_stat_fakes
 
 BESIDE_THREADS = 512  # 16 warps: one CTA per free SM
 BESIDE_WARPS = BESIDE_THREADS // 32
@@ -193,11 +193,7 @@ def compile_preprocess_beside(
     def build() -> Any:
         return cute.compile(
             kernel,
-            fake_tensor(dtype, 4, head_dim, 16),
-            fake_tensor(dtype, 4, head_dim, 16),
-            fake_tensor(Float32, 3, cute.sym_int(), 4),
-            fake_tensor(Float32, 2, cute.sym_int(), 16),
-            fake_tensor(Float32, 2, cute.sym_int(), 16),
+            *row_stat_fakes(dtype, head_dim),
             fake_tensor(Int32, 1, cute.sym_int(), 4),
             fake_tensor(Int32, 1, cute.sym_int(), 4),
             Int32(1),

@@ -424,6 +424,21 @@ class DqFragmentCastPolled(DqFragmentCast):
                         _report_error(error_addr, launch_id)
 
 
+def row_stat_fakes(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
+    """The compile-time stand-ins of a preprocess's first five arguments: O and dO (q's dtype,
+    (b, seqlen_q, heads, hd)), the LSE (fp32, (b, heads, seqlen_q)), LSE2 and delta (fp32,
+    (b * heads, rows))."""
+    from ._tensor_args import fake_tensor
+
+    return (
+        fake_tensor(dtype, 4, head_dim, 16),
+        fake_tensor(dtype, 4, head_dim, 16),
+        fake_tensor(Float32, 3, cute.sym_int(), 4),
+        fake_tensor(Float32, 2, cute.sym_int(), 16),
+        fake_tensor(Float32, 2, cute.sym_int(), 16),
+    )
+
+
 def compile_preprocess(
     dtype: type[cutlass.Numeric],
     head_dim: int,
@@ -444,11 +459,7 @@ def compile_preprocess(
     def build() -> Any:
         return cute.compile(
             kernel,
-            fake_tensor(dtype, 4, head_dim, 16),
-            fake_tensor(dtype, 4, head_dim, 16),
-            fake_tensor(Float32, 3, cute.sym_int(), 4),
-            fake_tensor(Float32, 2, cute.sym_int(), 16),
-            fake_tensor(Float32, 2, cute.sym_int(), 16),
+            *row_stat_fakes(dtype, head_dim),
             fake_tensor(Float32, 2, 4, 16),
             make_fake_stream(use_tvm_ffi_env_stream=True),
             options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),

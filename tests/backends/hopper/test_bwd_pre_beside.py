@@ -13,25 +13,18 @@ and from a CUDA graph; a tile never made ready raises instead of hanging.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("cutlass") is None or importlib.util.find_spec("tvm_ffi") is None,
-    reason="needs nvidia-cutlass-dsl and apache-tvm-ffi",
+from pre_post_helpers import (
+    DTYPES,
+    SHIPPED,
+    assert_repeats_and_replays,
+    cutlass_dtype,
+    gpu,
+    needs_cute_dsl,
 )
 
-DTYPES = [torch.float16, torch.bfloat16]
-# (head dim, block_m) of every shipped backward variant (as in test_bwd_pre_post).
-SHIPPED = [(64, 128), (96, 64), (128, 80), (128, 64), (192, 64), (256, 64)]
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+pytestmark = needs_cute_dsl
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
@@ -46,7 +39,7 @@ def test_beside_preprocess_compiles_with_one_release_per_tile(
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
     compiled = bwd_pre_beside.compile_preprocess_beside(
-        _cutlass_dtype(dtype), head_dim, block_m, extra_options=f"--keep-ptx --dump-dir {tmp_path}"
+        cutlass_dtype(dtype), head_dim, block_m, extra_options=f"--keep-ptx --dump-dir {tmp_path}"
     )
     ptx = compiled.__ptx__
     assert ptx.count("griddepcontrol.launch_dependents") == 1
@@ -104,7 +97,7 @@ def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
     assert ptx[True].count("red.release.gpu") == ptx[False].count("red.release.gpu")
     with pytest.raises(ValueError, match="cast_trigger"):
         bwd_launch.HopperAttnBwd(
-            _cutlass_dtype(torch.bfloat16), head_dim, causal, True,
+            cutlass_dtype(torch.bfloat16), head_dim, causal, True,
             *bwd_launch.variant_tiles(variant, head_dim), **bwd_launch._variant_options(variant),
             pre_beside=True,
         )  # fmt: skip
@@ -218,13 +211,6 @@ def test_plans_take_the_preprocess_beside_where_listed(monkeypatch) -> None:
     assert launch._prepare(on_every_sm, q, pre_beside=True).pre_order is None
 
 
-def _hopper_gpu() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-gpu = pytest.mark.skipif(not _hopper_gpu(), reason="needs an sm_90 GPU")
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
@@ -249,12 +235,12 @@ def test_beside_preprocess_matches_the_preprocess(
     rows_pad = q_tiles * block_m
     want = [torch.full((batch * heads, rows_pad), float("nan"), device="cuda") for _ in "ld"]
     zeroed = torch.empty(64, 4, device="cuda")
-    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, *want, zeroed)
+    compile_preprocess(cutlass_dtype(dtype), head_dim)(out, dout, lse, *want, zeroed)
     got = [torch.full_like(want[0], float("nan")) for _ in "ld"]
     tiles = batch * heads * q_tiles
     ready = torch.zeros(tiles + 1, device="cuda", dtype=torch.int32)  # and the count
     order = torch.randperm(tiles, device="cuda").to(torch.int32)
-    beside = compile_preprocess_beside(_cutlass_dtype(dtype), head_dim, block_m)
+    beside = compile_preprocess_beside(cutlass_dtype(dtype), head_dim, block_m)
     beside(out, dout, lse, *got, ready, order, 2)
     torch.cuda.synchronize()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -289,7 +275,6 @@ def test_backward_with_the_preprocess_beside_keeps_the_bits(
     repeatably, also while another stream runs matmuls, and replayed from a CUDA graph."""
     from dash_attn import dash_attn_func, last_launch_info
     from dash_attn.backends.hopper import launch
-    from dash_attn.testing import capture_grad_step
 
     torch.manual_seed(4)
     batch, heads = 3, 2048 // head_dim // 4
@@ -306,26 +291,14 @@ def test_backward_with_the_preprocess_beside_keeps_the_bits(
     first = _grads(q, k, v, dout, causal)
     assert launch._launches[next(reversed(launch._launches))][1].pre_order is not None
     assert all(torch.equal(a, b) for a, b in zip(first, before, strict=True))
-    side = torch.cuda.Stream()
-    x = torch.randn(4096, 4096, device="cuda")
-    for busy in (False, True):
-        for _ in range(5):
-            if busy:
-                with torch.cuda.stream(side):
-                    x = x @ x / 64
-            again = _grads(q, k, v, dout, causal)
-            assert all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
-    torch.cuda.synchronize()
 
     def attention(*leaves: torch.Tensor) -> torch.Tensor:
         return dash_attn_func(*leaves, causal=causal, deterministic=True, backend="hopper")
 
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    replay, outputs = capture_grad_step(attention, leaves, dout)
-    for _ in range(3):
-        replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(outputs[1:], first, strict=True))
+    def grads() -> list[torch.Tensor]:
+        return _grads(q, k, v, dout, causal)
+
+    assert_repeats_and_replays(grads, first, attention, (q, k, v), dout)
     launch._launches.clear()
 
 

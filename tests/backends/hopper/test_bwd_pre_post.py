@@ -9,25 +9,19 @@ multiples, and a set error flag reaching ``check_errors`` through the host-mappe
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import pytest
 import torch
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("cutlass") is None or importlib.util.find_spec("tvm_ffi") is None,
-    reason="needs nvidia-cutlass-dsl and apache-tvm-ffi",
+from pre_post_helpers import (
+    DTYPES,
+    SHIPPED,
+    assert_repeats_and_replays,
+    cutlass_dtype,
+    gpu,
+    needs_cute_dsl,
 )
 
-DTYPES = [torch.float16, torch.bfloat16]
-# (head dim, block_m) of every shipped backward variant.
-SHIPPED = [(64, 128), (96, 64), (128, 80), (128, 64), (192, 64), (256, 64)]
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+pytestmark = needs_cute_dsl
 
 
 def test_shipped_tiles_are_covered() -> None:
@@ -45,7 +39,7 @@ def test_preprocess_compiles(dtype: torch.dtype, head_dim: int, monkeypatch) -> 
 
     monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
     monkeypatch.setattr(kernel_cache, "_memo", {})
-    compiled = bwd_pre_post.compile_preprocess(_cutlass_dtype(dtype), head_dim)
+    compiled = bwd_pre_post.compile_preprocess(cutlass_dtype(dtype), head_dim)
     assert callable(compiled)
 
 
@@ -56,7 +50,7 @@ def test_dq_cast_compiles(dtype: torch.dtype, head_dim: int, block_m: int, monke
 
     monkeypatch.setenv("DASH_ATTN_KERNEL_CACHE", "0")
     monkeypatch.setattr(kernel_cache, "_memo", {})
-    compiled = bwd_pre_post.compile_dq_cast(_cutlass_dtype(dtype), head_dim, block_m)
+    compiled = bwd_pre_post.compile_dq_cast(cutlass_dtype(dtype), head_dim, block_m)
     assert callable(compiled)
 
 
@@ -68,7 +62,7 @@ def test_pre_post_programmatic_launch_instructions(pdl: bool, tmp_path, monkeypa
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
     options = f"--keep-ptx --dump-dir {tmp_path}"
-    dtype = _cutlass_dtype(torch.bfloat16)
+    dtype = cutlass_dtype(torch.bfloat16)
     pre = bwd_pre_post.compile_preprocess(dtype, 128, pdl=pdl, extra_options=options).__ptx__
     cast = bwd_pre_post.compile_dq_cast(dtype, 128, 64, pdl=pdl, extra_options=options).__ptx__
     assert ("griddepcontrol.launch_dependents" in pre) == pdl
@@ -89,7 +83,7 @@ def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
     options = f"--keep-ptx --dump-dir {tmp_path}"
-    dtype = _cutlass_dtype(torch.bfloat16)
+    dtype = cutlass_dtype(torch.bfloat16)
     polled = bwd_pre_post.compile_dq_cast(
         dtype, head_dim, block_m, poll=True, extra_options=options
     ).__ptx__
@@ -117,12 +111,6 @@ def test_preprocess_refuses_odd_head_dim() -> None:
         BwdPreprocess(cutlass.BFloat16, 72)
 
 
-def _hopper_gpu() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-gpu = pytest.mark.skipif(not _hopper_gpu(), reason="needs an sm_90 GPU")
-
 
 @gpu
 @pytest.mark.gpu
@@ -143,7 +131,7 @@ def test_preprocess_matches_triton(dtype: torch.dtype, shape: tuple[int, ...]) -
     lse2 = torch.full((batch * heads, rows_pad), float("nan"), device="cuda")
     delta = torch.full_like(lse2, float("nan"))
     zeroed = torch.full((1234, 4), float("nan"), device="cuda")
-    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, delta, zeroed)
+    compile_preprocess(cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, delta, zeroed)
     torch.cuda.synchronize()
     assert torch.equal(lse2, ref_lse2)
     torch.testing.assert_close(delta, ref_delta, rtol=1e-5, atol=1e-5)
@@ -151,7 +139,7 @@ def test_preprocess_matches_triton(dtype: torch.dtype, shape: tuple[int, ...]) -
     assert torch.equal(zeroed, torch.zeros_like(zeroed))
     # A fixed summation order: the same bits again.
     again = torch.empty_like(delta)
-    compile_preprocess(_cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, again, zeroed)
+    compile_preprocess(cutlass_dtype(dtype), head_dim)(out, dout, lse, lse2, again, zeroed)
     assert torch.equal(again, delta)
 
 
@@ -171,7 +159,7 @@ def test_dq_cast_matches_triton(dtype: torch.dtype, head_dim: int, block_m: int,
     ref = scale_cast_fragments(acc, 0.125, dtype, seqlen, block_m)
     dq = torch.full((batch, seqlen, heads, head_dim), float("nan"), device="cuda", dtype=dtype)
     flags = torch.zeros(8, device="cuda", dtype=torch.int32)
-    compile_dq_cast(_cutlass_dtype(dtype), head_dim, block_m)(acc, dq, flags, 0.125, 0, 0)
+    compile_dq_cast(cutlass_dtype(dtype), head_dim, block_m)(acc, dq, flags, 0.125, 0, 0)
     torch.cuda.synchronize()
     assert torch.equal(dq, ref)
 
@@ -183,7 +171,7 @@ def test_dq_cast_reports_a_set_flag_through_the_mapped_word() -> None:
     from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast
 
     errors.check_errors()
-    cast = compile_dq_cast(_cutlass_dtype(torch.bfloat16), 64, 128)
+    cast = compile_dq_cast(cutlass_dtype(torch.bfloat16), 64, 128)
     acc = torch.zeros(1, 1, 1, 128 * 64, device="cuda")
     dq = torch.empty(1, 100, 1, 64, device="cuda", dtype=torch.bfloat16)
     flags = torch.zeros(3, device="cuda", dtype=torch.int32)
@@ -214,7 +202,7 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
     q_tiles = -(-seqlen // block_m)
     tiles = batch * heads * q_tiles
     acc = torch.randn(batch, heads, q_tiles, block_m * head_dim, device="cuda") * 10
-    dtype = _cutlass_dtype(torch.bfloat16)
+    dtype = cutlass_dtype(torch.bfloat16)
     plain_dq = torch.full((batch, seqlen, heads, head_dim), float("nan"), device="cuda",
                           dtype=torch.bfloat16)  # fmt: skip
     flags = torch.zeros(2 + tiles + 1, device="cuda", dtype=torch.int32)
@@ -263,7 +251,6 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
     from dash_attn import dash_attn_func, last_launch_info
     from dash_attn import plan as plan_module
     from dash_attn.backends.hopper import launch
-    from dash_attn.testing import capture_grad_step
 
     torch.manual_seed(3)
     batch, heads = 3, 2048 // head_dim // 4
@@ -289,22 +276,7 @@ def test_backward_with_the_polled_cast_keeps_the_bits(
     plan = last_launch_info()
     assert plan.cast_sms >= 4 and plan.grid <= plan.device.sm_count - plan.cast_sms
     assert all(torch.equal(a, b) for a, b in zip(first, after, strict=True))
-    side = torch.cuda.Stream()
-    x = torch.randn(4096, 4096, device="cuda")
-    for busy in (False, True):
-        for _ in range(5):
-            if busy:
-                with torch.cuda.stream(side):
-                    x = x @ x / 64
-            again = grads()
-            assert all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
-    torch.cuda.synchronize()
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    replay, outputs = capture_grad_step(attention, leaves, dout)
-    for _ in range(3):
-        replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(outputs[1:], first, strict=True))
+    assert_repeats_and_replays(grads, first, attention, (q, k, v), dout)
     launch._launches.clear()
 
 

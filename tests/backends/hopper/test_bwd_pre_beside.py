@@ -258,17 +258,18 @@ def _grads(q, k, v, dout, causal):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "head_dim,causal,seqlen",
+    "head_dim,causal,seqlen_q,seqlen_k",
     [
-        (64, False, 1024),
-        (64, True, 777),
-        (128, False, 1000),
-        (96, True, 1000),
-        (256, False, 2000),
+        (64, False, 1024, 1024),
+        (64, True, 777, 777),
+        (64, True, 1000, 700),  # rows that see no key; the host zeroes the accumulator too
+        (128, False, 1000, 1000),
+        (96, True, 1000, 1000),
+        (256, False, 2000, 2000),
     ],  # fmt: skip
 )
 def test_backward_with_the_preprocess_beside_keeps_the_bits(
-    head_dim: int, causal: bool, seqlen: int, monkeypatch
+    head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, monkeypatch
 ) -> None:
     """With the preprocess beside the main kernel (``PRE_BESIDE_HEADDIMS`` listing the head dim)
     a deterministic backward gives the bits of the shipped launch (the preprocess before it),
@@ -279,7 +280,7 @@ def test_backward_with_the_preprocess_beside_keeps_the_bits(
     torch.manual_seed(4)
     batch, heads = 3, 2048 // head_dim // 4
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-               for _ in range(3))  # fmt: skip
+               for seqlen in (seqlen_q, seqlen_k, seqlen_k))  # fmt: skip
     dout = torch.randn_like(q)
     launch._launches.clear()
     before = _grads(q, k, v, dout, causal)

@@ -4,11 +4,12 @@ torch or GPU).
 A timing call runs a probe under Nsight Compute (``--clock-control base``, one metric,
 ``gpu__time_duration.sum``) that launches each config's variants interleaved, and logs one line
 ``<config> <variant>[_nd]`` per profiled kernel; ``ncu --import ... --page raw --csv`` of the
-report is ``ab_raw.csv.gz`` beside that log (``launches.txt``; a second pair, ``nostore_raw.csv.gz``
-and ``nostore_launches.txt``, may hold a probe without the dK/dV stores). This pairs kernels with
-launches in order, takes each variant's median and prints, per config and mode, the shipped
-kernel's time and shipped / variant for each kind of variant (> 1: the variant is faster). A
-kind found in several calls shows each call's ratio, in the order the folders are given::
+report is ``ab_raw.csv.gz`` beside that log (``launches.txt``, or gzipped; a second pair,
+``nostore_raw.csv.gz`` and ``nostore_launches.txt``, may hold a probe without the dK/dV
+stores). This pairs kernels with launches in order, takes each variant's median and prints,
+per config and mode, the shipped kernel's time and shipped / variant for each kind of variant
+(> 1: the variant is faster). A kind found in several calls shows each call's ratio, in the
+order the folders are given::
 
     cd benchmarks/results/h200/session25-814acab
     python3 ../../../../tools/hopper/kernel_ab_table.py call1-814acab-wip call2-814acab-wip \
@@ -41,6 +42,14 @@ COLUMNS = tuple(dict.fromkeys(KINDS.values()))
 _PAIRS = (("ab_raw.csv.gz", "launches.txt"), ("nostore_raw.csv.gz", "nostore_launches.txt"))
 
 
+def _read_text(path: Path) -> str:
+    """``path``'s text, or that of ``path`` + ``.gz`` where only the gzipped file is kept."""
+    if path.exists():
+        return path.read_text()
+    with gzip.open(path.with_name(path.name + ".gz"), "rt") as f:
+        return f.read()
+
+
 def kernel_times(folder: Path) -> dict[tuple[str, str], list[float]]:
     """{(config, variant name as logged): kernel times in ms} of one call's timing files."""
     times: dict[tuple[str, str], list[float]] = {}
@@ -52,7 +61,7 @@ def kernel_times(folder: Path) -> dict[tuple[str, str], list[float]]:
         column = rows[0].index("gpu__time_duration.sum")
         if rows[1][column] != "ms":
             raise ValueError(f"{folder / raw}: times in {rows[1][column]!r}, expected ms")
-        launches = (folder / order).read_text().split("\n")
+        launches = _read_text(folder / order).split("\n")
         launches = [line.split() for line in launches if line.strip()]
         if len(launches) != len(rows) - 2:
             raise ValueError(f"{folder}: {len(rows) - 2} kernels, {len(launches)} launches")

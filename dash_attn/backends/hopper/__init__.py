@@ -94,7 +94,8 @@ _BWD_TILES = {
 # loads of a chain's last step (static dispatch): a chain's first step waited for K/V from HBM
 # (benchmarks/NOTES.md item 164). Bits equal (a cache hint only); det 1.008-1.028x at full
 # 1k-8k and 1.024-1.025x causal 1k-2k in interleaved rounds, non-det 0.994-1.019x
-# (session47-54b87c1 calls 1-2, kp_ab.txt); at hd 96 and 128 0.99-1.02x, so not there. And
+# (session47-54b87c1 calls 1-2, kp_ab.txt.gz); at hd 96 and 128 0.99-1.02x, so not there.
+# And
 # ("_st") the chain's dK/dV leave through a buffer of their own (dkv_stage: the hd-64 kernels
 # then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
 # at full 1k-8k and causal 1k-4k in 11 of 12 interleaved A/Bs (0.997x causal 4k), non-det

@@ -92,7 +92,8 @@ fits at 80-row tiles); ``ds_guard`` orders the warpgroups' use of the single dS 
 barrier; ``exp_poly`` computes a share of the exponentials by a polynomial on the FMA pipe;
 ``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors); ``dq_first_store`` copies
 each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a programmatic
-dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
+dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``pre_beside`` waits per Q
+tile for the preprocess running beside it (``bwd_pre_beside``); ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 

@@ -645,7 +645,8 @@ class FullBackward:
     """A whole hopper backward as three TVM-FFI launches (``bwd_pre_post``'s preprocess, the
     main kernel, the dQ cast) on one fp32 allocation for LSE2, delta, the dQ accumulator and the
     flags: what ``launch.run_backward`` runs per call for the fragment-order variants (all the
-    shipped ones). Made by ``prepare_full``."""
+    shipped ones). With ``pre_order`` the preprocess is ``bwd_pre_beside``'s, beside the main
+    kernel, and a zero fill of the flags comes first. Made by ``prepare_full``."""
 
     main: BwdLaunch
     preprocess: Any

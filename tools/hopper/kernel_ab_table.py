@@ -4,8 +4,8 @@ torch or GPU).
 A timing call runs a probe under Nsight Compute (``--clock-control base``, one metric,
 ``gpu__time_duration.sum``) that launches each config's variants interleaved, and logs one line
 ``<config> <variant>[_nd]`` per profiled kernel; ``ncu --import ... --page raw --csv`` of the
-report is ``ab_raw.csv.gz`` beside that log (``launches.txt``, or gzipped; a second pair,
-``nostore_raw.csv.gz`` and ``nostore_launches.txt``, may hold a probe without the dK/dV
+report is ``ab_raw.csv.gz`` beside that log (``launches.txt``, committed gzipped; a second
+pair, ``nostore_raw.csv.gz`` and ``nostore_launches.txt.gz``, may hold a probe without the dK/dV
 stores). This pairs kernels with launches in order, takes each variant's median and prints,
 per config and mode, the shipped kernel's time and shipped / variant for each kind of variant
 (> 1: the variant is faster). A kind found in several calls shows each call's ratio, in the
@@ -39,15 +39,11 @@ KINDS = {
     "_nostore": "no dK/dV stores",
 }
 COLUMNS = tuple(dict.fromkeys(KINDS.values()))
-_PAIRS = (("ab_raw.csv.gz", "launches.txt"), ("nostore_raw.csv.gz", "nostore_launches.txt"))
-
-
-def _read_text(path: Path) -> str:
-    """``path``'s text, or that of ``path`` + ``.gz`` where only the gzipped file is kept."""
-    if path.exists():
-        return path.read_text()
-    with gzip.open(path.with_name(path.name + ".gz"), "rt") as f:
-        return f.read()
+# (The launch logs are compressed since session 52.)
+_PAIRS = (
+    ("ab_raw.csv.gz", "launches.txt.gz"),
+    ("nostore_raw.csv.gz", "nostore_launches.txt.gz"),
+)
 
 
 def kernel_times(folder: Path) -> dict[tuple[str, str], list[float]]:
@@ -61,7 +57,8 @@ def kernel_times(folder: Path) -> dict[tuple[str, str], list[float]]:
         column = rows[0].index("gpu__time_duration.sum")
         if rows[1][column] != "ms":
             raise ValueError(f"{folder / raw}: times in {rows[1][column]!r}, expected ms")
-        launches = _read_text(folder / order).split("\n")
+        with gzip.open(folder / order, "rt") as f:
+            launches = f.read().split("\n")
         launches = [line.split() for line in launches if line.strip()]
         if len(launches) != len(rows) - 2:
             raise ValueError(f"{folder}: {len(rows) - 2} kernels, {len(launches)} launches")

@@ -141,17 +141,16 @@ class BwdPreprocessBeside:
         """One chunk of a tile: the loads of all its passes, then the sums, then the stores
         (one row per ``lanes`` threads per pass; ``thread_row`` is this thread's row in the
         chunk's first pass)."""
-        passes = range(self.passes)
         o_vecs = [
             [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(self.per_lane)]
-            for _ in passes
+            for _ in range(self.passes)
         ]
         do_vecs = [
             [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(self.per_lane)]
-            for _ in passes
+            for _ in range(self.passes)
         ]
-        lses = cute.make_rmem_tensor((len(passes),), Float32)
-        for j in cutlass.range_constexpr(len(passes)):
+        lses = cute.make_rmem_tensor((self.passes,), Float32)
+        for j in cutlass.range_constexpr(self.passes):
             row = thread_row + j * self.rows_per_pass
             lses[j] = -Float32.inf
             if row < seqlen_q:
@@ -160,11 +159,11 @@ class BwdPreprocessBeside:
                     row_lane, self.lanes,
                 )  # fmt: skip
                 lses[j] = mLSE[b, h, row]
-        totals = cute.make_rmem_tensor((len(passes),), Float32)
-        for j in cutlass.range_constexpr(len(passes)):
+        totals = cute.make_rmem_tensor((self.passes,), Float32)
+        for j in cutlass.range_constexpr(self.passes):
             row = thread_row + j * self.rows_per_pass
             totals[j] = row_dot(o_vecs[j], do_vecs[j], row < seqlen_q, self.lanes)
-        for j in cutlass.range_constexpr(len(passes)):
+        for j in cutlass.range_constexpr(self.passes):
             row = thread_row + j * self.rows_per_pass
             if row_lane == 0:
                 lse2 = Float32(float("inf"))

@@ -55,3 +55,23 @@ def assert_repeats_and_replays(grads, first, attention, inputs, dout) -> None:
         replay()
         torch.cuda.synchronize()
         assert all(torch.equal(a, b) for a, b in zip(outputs[1:], first, strict=True))
+
+
+def record_kernel_calls(monkeypatch) -> list[tuple[str, tuple]]:
+    """The kernels of a ``FullBackward`` (the main kernel, either preprocess and the dQ cast)
+    replaced by stand-ins that append ``(name, args)`` to the returned list at each launch:
+    ``main``, ``pre``, ``beside`` (the preprocess beside the main kernel), ``cast``."""
+    from dash_attn.backends.hopper import bwd_launch
+
+    calls: list[tuple[str, tuple]] = []
+    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
+                for name in ("pre", "beside", "main", "cast")}  # fmt: skip
+    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
+    hopper = "dash_attn.backends.hopper"
+    for target, name in (
+        ("bwd_pre_post.compile_preprocess", "pre"),
+        ("bwd_pre_post.compile_dq_cast", "cast"),
+        ("bwd_pre_beside.compile_preprocess_beside", "beside"),
+    ):
+        monkeypatch.setattr(f"{hopper}.{target}", lambda *a, name=name, **kw: recorder[name])
+    return calls

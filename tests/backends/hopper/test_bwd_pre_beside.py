@@ -22,6 +22,7 @@ from pre_post_helpers import (
     cutlass_dtype,
     gpu,
     needs_cute_dsl,
+    record_kernel_calls,
 )
 
 pytestmark = needs_cute_dsl
@@ -103,24 +104,6 @@ def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
         )  # fmt: skip
 
 
-def _stubbed(monkeypatch):
-    """The kernels of a FullBackward replaced by stand-ins that record their arguments."""
-    from dash_attn.backends.hopper import bwd_launch
-
-    calls: list[tuple[str, tuple]] = []
-    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
-                for name in ("pre", "beside", "main", "cast")}  # fmt: skip
-    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
-    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
-    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: recorder["pre"])
-    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: recorder["cast"])
-    monkeypatch.setattr(
-        "dash_attn.backends.hopper.bwd_pre_beside.compile_preprocess_beside",
-        lambda *a, **kw: recorder["beside"],
-    )
-    return calls
-
-
 def _plan_and_inputs(head_dim: int = 128):
     from dash_attn.plan import FULL, H200, Problem, make_backward_plan
 
@@ -144,8 +127,9 @@ def test_full_backward_runs_the_preprocess_beside(monkeypatch) -> None:
     from dash_attn.backends.hopper import bwd_launch, launch
     from dash_attn.backends.hopper.bwd_pre_beside import BwdPreprocessBeside
     from dash_attn.backends.tables import dq_counts, pre_order
+    from dash_attn.schedule import TABLE_FIELDS
 
-    calls = _stubbed(monkeypatch)
+    calls = record_kernel_calls(monkeypatch)
     plan, q, lse = _plan_and_inputs()
     assert plan.cast_sms > 0
     full = launch._prepare(plan, q, pre_beside=True)
@@ -184,9 +168,7 @@ def test_full_backward_runs_the_preprocess_beside(monkeypatch) -> None:
                                 pre_order=order, pre_ctas=0)  # fmt: skip
     with pytest.raises(ValueError, match="cast_trigger"):
         bwd_launch.prepare_bwd(
-            tuple(q.shape), q.dtype, {n: t for n, t in zip(
-                ("chain_start", "step_q_head", "step_q_tile", "step_rank", "order",
-                 "worker_start"), full.main.tables, strict=True)},
+            tuple(q.shape), q.dtype, dict(zip(TABLE_FIELDS, full.main.tables, strict=True)),
             block_m=plan.tiles.block_m, block_n=plan.tiles.block_n, num_workers=plan.grid,
             q_tiles=plan.spec.q_tiles, kv_tiles=plan.spec.kv_tiles,
             num_chains=plan.spec.num_chains, causal=False, deterministic=True, dynamic=False,
@@ -201,7 +183,7 @@ def test_plans_take_the_preprocess_beside_where_listed(monkeypatch) -> None:
 
     from dash_attn.backends.hopper import launch
 
-    _stubbed(monkeypatch)
+    record_kernel_calls(monkeypatch)
     plan, q, _ = _plan_and_inputs()
     assert launch._prepare(plan, q).pre_order is None  # none listed (not shipped yet)
     monkeypatch.setattr(launch, "PRE_BESIDE_HEADDIMS", (128,))

@@ -19,6 +19,7 @@ from pre_post_helpers import (
     cutlass_dtype,
     gpu,
     needs_cute_dsl,
+    record_kernel_calls,
 )
 
 pytestmark = needs_cute_dsl
@@ -109,7 +110,6 @@ def test_preprocess_refuses_odd_head_dim() -> None:
 
     with pytest.raises(ValueError, match="head_dim"):
         BwdPreprocess(cutlass.BFloat16, 72)
-
 
 
 @gpu
@@ -286,13 +286,7 @@ def _stubbed_full_backward(plan, q, variant: str, monkeypatch, cast_trigger=Fals
     from dash_attn.backends.hopper import bwd_launch
     from dash_attn.backends.tables import device_tables
 
-    calls: list[tuple[str, tuple]] = []
-    recorder = {name: (lambda *args, name=name: calls.append((name, args)))
-                for name in ("pre", "main", "cast")}  # fmt: skip
-    monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
-    pre_post = "dash_attn.backends.hopper.bwd_pre_post"
-    monkeypatch.setattr(f"{pre_post}.compile_preprocess", lambda *a, **kw: recorder["pre"])
-    monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: recorder["cast"])
+    calls = record_kernel_calls(monkeypatch)
     spec, tiles = plan.spec, plan.tiles
     main = bwd_launch.prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),

@@ -95,3 +95,26 @@ def test_readme_table_is_generated_from_the_committed_runs() -> None:
 def test_missing_results_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         targets_table.main(["--results", str(tmp_path / "absent")])
+
+
+def test_by_headdim_table_takes_geometric_means_per_pair(tmp_path: Path) -> None:
+    date = "2026-12-01T00:00:00+00:00"
+    rows = []
+    # Full mask at 1k and 2k: det / FA4-det 1.0 and 1.21 (geomean 1.10); ours det / non-det 1.0
+    # at both; FA4-det / FA4 non-det only at 1k (0.8). Causal: det alone, so no pair there.
+    for seqlen, det in ((1024, 100.0), (2048, 121.0)):
+        batch = 16384 // seqlen
+        rows += [
+            _row("dash_hopper_auto", det, date, seqlen=seqlen, batch=batch),
+            _row("fa4_det", 100.0, date, seqlen=seqlen, batch=batch),
+            _row("dash_hopper_nondet", det, date, seqlen=seqlen, batch=batch),
+        ]
+    rows += [
+        _row("fa4_nondet", 125.0, date),
+        _row("dash_hopper_auto", 100.0, date, causal=True),
+    ]
+    (tmp_path / "run").mkdir()
+    write_csv(tmp_path / "run" / "bench.csv", rows, CSV_FIELDS)
+    table = targets_table.by_headdim_table(targets_table.newest_runs(tmp_path))
+    assert "| 64 | full | 1.10x (1.00-1.21) | 1.00x (1.00-1.00) | 0.80x (0.80-0.80) |" in table
+    assert "causal" not in table

@@ -25,6 +25,7 @@ Pure CPU, from the repository root:
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,14 +204,55 @@ def forward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[str
     return markdown_table(header, body, left=3), lines
 
 
+def _geomean_cell(ratios: Sequence[float]) -> str:
+    """``"geomean (min-max)"`` of ``ratios``, or ``"-"`` if there are none.
+
+    >>> _geomean_cell([1.0, 1.21])
+    '1.10x (1.00-1.21)'
+    >>> _geomean_cell([])
+    '-'
+    """
+    if not ratios:
+        return "-"
+    mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return f"{mean:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def by_headdim_table(runs: Sequence[tuple[str, list[dict]]]) -> str:
+    """Per head dim and mask, over its seqlens: the geometric mean (and range) of det / FA4-det,
+    of what determinism costs us (det / our non-det) and what it costs FA4 (FA4-det / FA4's
+    non-det), each config from the newest run that timed that pair."""
+    pairs = (
+        latest(runs, "bwd", DET, FA4_DET),
+        latest(runs, "bwd", DET, NONDET),
+        latest(runs, "bwd", FA4_DET, FA4_NONDET),
+    )
+    groups = sorted({(hd, causal) for found in pairs for (_, hd, causal, _) in found})
+    header = ["hdim", "mask", "det / FA4-det", "det / non-det", "FA4-det / FA4 non-det"]
+    body = []
+    for headdim, causal in groups:
+        cells = [
+            _geomean_cell([
+                comparison.ratio for (_, hd, c, _), (comparison, _) in found.items()
+                if (hd, c) == (headdim, causal)
+            ])  # fmt: skip
+            for found in pairs
+        ]
+        body.append([str(headdim), "causal" if causal else "full", *cells])
+    return markdown_table(header, body, left=2)
+
+
 def report(results: Path) -> str:
     """The markdown the README's "Issue #10's targets" section holds."""
     runs = newest_runs(results)
     backward, backward_counts = backward_table(runs)
     forward, forward_counts = forward_table(runs)
+    by_headdim = by_headdim_table(runs)
     return "\n".join(
-        ["Backward:", "", backward, "", *backward_counts, "", "Forward:", "", forward, "",
-         *forward_counts]
+        ["Backward:", "", backward, "", *backward_counts, "",
+         "Backward by head dim and mask (geometric mean over the seqlens, range in brackets;"
+         " a ratio below 1.0x in the last two columns is what determinism costs):", "",
+         by_headdim, "", "Forward:", "", forward, "", *forward_counts]
     )  # fmt: skip
 
 

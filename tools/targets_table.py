@@ -231,13 +231,12 @@ def by_headdim_table(runs: Sequence[tuple[str, list[dict]]]) -> str:
     header = ["hdim", "mask", "det / FA4-det", "det / non-det", "FA4-det / FA4 non-det"]
     body = []
     for headdim, causal in groups:
-        cells = [
-            _geomean_cell([
-                comparison.ratio for (_, hd, c, _), (comparison, _) in found.items()
-                if (hd, c) == (headdim, causal)
-            ])  # fmt: skip
-            for found in pairs
-        ]
+        cells = []
+        for found in pairs:
+            ratios = [
+                c.ratio for (_, hd, cs, _), (c, _) in found.items() if (hd, cs) == (headdim, causal)
+            ]
+            cells.append(_geomean_cell(ratios))
         body.append([str(headdim), "causal" if causal else "full", *cells])
     return markdown_table(header, body, left=2)
 

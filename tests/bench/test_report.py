@@ -323,9 +323,25 @@ def test_ncu_metric_table_needs_one_label_per_kernel(tmp_path: Path) -> None:
         ncu.metric_table(raw, NCU_LABELS_SESSION30[:5])
     # --cut keeps what the summaries read: both equal the full export's.
     cut = tmp_path / "cut.csv.gz"
-    assert ncu.cut_raw(raw, cut) == len(ncu.summary_columns())
+    with gzip.open(raw, "rt") as f:
+        header = next(csv.reader(f))
+    assert ncu.cut_raw(raw, cut) == len(ncu.summary_columns(header))
     labels = NCU_LABELS_SESSION30
     assert ncu.metric_table(cut, labels) == ncu.metric_table(raw, labels)
+    # --busiest: the units nearest their peak, the same from the cut; the tensor pipe's row
+    # names its aliases (one counter) and holds the table's tensor-pipe values.
+    busiest = ncu.busiest_table(cut, labels, 12)
+    assert busiest == ncu.busiest_table(raw, labels, 12)
+    rows = busiest.splitlines()[2:]
+    assert len(rows) == 12
+    tensor = next(r for r in rows if "sm__pipe_tensor_cycles_active active" in r)
+    assert tensor.endswith("| 59.5 | 61.7 | 58.4 | 62.4 | 65.2 | 64.0 |")
+    tops = [max(float(c) for c in r.strip("|").split("|")[1:]) for r in rows]
+    assert tops == sorted(tops, reverse=True) and all(0 < t <= 100 for t in tops)
+    with pytest.raises(ValueError, match="6 attention kernels"):
+        ncu.busiest_table(raw, labels[:5], 12)
+    with pytest.raises(SystemExit):
+        ncu.main(["--raw", str(raw), "--busiest", "5"])
     assert ncu.raw_summary(cut) == ncu.raw_summary(raw)
     assert cut.stat().st_size < raw.stat().st_size / 5
     with pytest.raises(SystemExit):

@@ -9,7 +9,11 @@ sm90 backward and forward), the time, clock (GHz), instructions, tensor-pipe act
 min and max over the SMs), issue activity and the warps stalled per issued instruction by main
 reason.
 ``--raw --table LABELS``: the main metrics as a markdown table, one column per kernel.
-``--raw --cut OUT``: the raw export cut to the columns those two read, to commit.
+``--raw --table LABELS --busiest N``: the N units nearest their peak, as a markdown table: every
+metric of the form ``unit__counter.avg.pct_of_peak_sustained_{elapsed,active}`` (the throughput
+breakdowns of a full set), ranked by their highest value over the kernels. A kernel limited by
+a unit shows it near 100% here; one limited by latency has none near it.
+``--raw --cut OUT``: the raw export cut to the columns those read, to commit.
 ``--source``: per kernel, warp-stall samples and executed instructions grouped by SASS opcode
 (with each opcode's two main stall reasons and its shared-memory wavefronts against the
 conflict-free count), grouped by execution count (a persistent kernel's step loop, chain
@@ -25,7 +29,7 @@ import collections
 import csv
 import gzip
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # The attention kernels summarised (a class name in the mangled kernel name) and their labels.
@@ -154,11 +158,50 @@ _ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "
                "Stream", "Block Size", "Grid Size", "Device", "CC")  # fmt: skip
 
 
-def summary_columns() -> set[str]:
-    """The raw-export columns that raw_summary and metric_table read (with the identity ones)."""
+# A unit's throughput as a share of its peak: the metrics busiest_table ranks. ``gpu__`` ones
+# (the most loaded of several units, under another name) are left out.
+BUSY_METRIC = re.compile(r"^(?!gpu__)\w+__\w+\.avg\.pct_of_peak_sustained_(elapsed|active)$")
+
+
+def summary_columns(header: Sequence[str] = ()) -> set[str]:
+    """The raw-export columns that raw_summary, metric_table and busiest_table read (with the
+    identity ones); those of busiest_table are the ones of ``header`` it would rank."""
     metrics = {*RAW_METRICS.values(), *(STALL_METRIC.format(k) for k in STALLS)}
     rows = TABLE_ROWS + MEMORY_ROWS
-    return {*_ID_COLUMNS, *metrics, *(metric for _, metric, _, _ in rows)}
+    busy = {name for name in header if BUSY_METRIC.match(name)}
+    return {*_ID_COLUMNS, *metrics, *(metric for _, metric, _, _ in rows), *busy}
+
+
+def busiest_table(path: Path, labels: list[str], top: int) -> str:
+    """The ``top`` units nearest their peak (``BUSY_METRIC``) as a markdown table, one column per
+    attention kernel headed by ``labels``, ranked by the highest value over the kernels. Metrics
+    whose values are equal in every kernel (names of one counter, as the tensor pipe's and the
+    shared pipe's cycles on sm_90) share a row that names them all."""
+    rows = list(_open(path))
+    header, data = rows[0], rows[2:]
+    col = {name: i for i, name in enumerate(header)}
+    kernels = [row for row in data if KERNELS.search(row[col["Kernel Name"]])]
+    if len(kernels) != len(labels):
+        raise ValueError(f"{len(labels)} labels for {len(kernels)} attention kernels in {path}")
+    ranked = []
+    for name in header:
+        if BUSY_METRIC.match(name):
+            values = [_number(row[col[name]]) for row in kernels]
+            if all(v is not None for v in values):
+                ranked.append((max(values), name, values))  # type: ignore[type-var]
+    if not ranked:
+        raise ValueError(f"{path} has no unit throughput metrics (export with --set full)")
+    ranked.sort(key=lambda item: (-item[0], item[1]))
+    lines = ["| unit (% of peak) | " + " | ".join(labels) + " |",
+             "| :-- |" + " --: |" * len(labels)]  # fmt: skip
+    groups: dict[tuple[float, ...], list[str]] = {}
+    for _, name, values in ranked:
+        key = tuple(round(v, 1) for v in values)
+        if key in groups or len(groups) < top:
+            groups.setdefault(key, []).append(name.replace(".avg.pct_of_peak_sustained_", " "))
+    for key, names in groups.items():
+        lines.append(f"| {', '.join(names)} | " + " | ".join(f"{v:.1f}" for v in key) + " |")
+    return "\n".join(lines)
 
 
 def cut_raw(path: Path, out: Path) -> int:
@@ -167,7 +210,7 @@ def cut_raw(path: Path, out: Path) -> int:
     file equal the full export's at a few KB instead of tens (a full set has ~2,200 columns).
     Returns the number of columns kept."""
     rows = list(_open(path))
-    wanted = summary_columns()
+    wanted = summary_columns(rows[0])
     keep = [i for i, name in enumerate(rows[0]) if name in wanted]
     gzipped = out.suffix == ".gz"
     with gzip.open(out, "wt", newline="") if gzipped else open(out, "w", newline="") as f:
@@ -292,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         help="with --table: also the DRAM bytes read, their share of the peak and the L2 hit rate",
     )  # fmt: skip
     parser.add_argument(
+        "--busiest", type=int, metavar="N",
+        help="with --table: the N units nearest their peak instead of the main metrics",
+    )  # fmt: skip
+    parser.add_argument(
         "--cut", type=Path, metavar="OUT",
         help="with --raw: write it to OUT with only the columns these summaries read (a few KB "
         "to commit beside the summary instead of the whole export)",
@@ -304,10 +351,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--cut needs --raw")
         print(f"{cut_raw(args.raw, args.cut)} columns kept in {args.cut}")
         return 0
+    if args.busiest is not None and args.table is None:
+        parser.error("--busiest needs --table (the kernels' labels)")
     if args.table is not None:
         if args.raw is None:
             parser.error("--table needs --raw")
-        print(metric_table(args.raw, args.table.split(","), memory=args.memory))
+        labels = args.table.split(",")
+        if args.busiest is not None:
+            print(busiest_table(args.raw, labels, args.busiest))
+        else:
+            print(metric_table(args.raw, labels, memory=args.memory))
         return 0
     if args.raw is not None:
         print(raw_summary(args.raw))

@@ -157,9 +157,13 @@ def run_config(  # pragma: no cover - GPU
         # the cast's CTAs get an SM only as the main kernel's CTAs end, so they cast the tiles
         # done by then in the main kernel's tail instead of all after it.
         polled = dataclasses.replace(after.plan, cast_sms=1)
-        sides["tail"] = after.with_launch(hopper_launch._prepare(polled, after.leaves[0]), polled)
+        prepared = hopper_launch._prepare(polled, after.leaves[0], pre_beside=False)
+        sides["tail"] = after.with_launch(prepared, polled)
     if beside.plan.cast_sms:
-        sides["beside"] = beside
+        # The preprocess before the main kernel on every side but "pre", whatever
+        # PRE_BESIDE_HEADDIMS lists.
+        prepared = hopper_launch._prepare(beside.plan, beside.leaves[0], pre_beside=False)
+        sides["beside"] = beside.with_launch(prepared)
         if pre:
             # The same plan and kernels but for pre_beside, the preprocess on the free SMs.
             prepared = hopper_launch._prepare(beside.plan, beside.leaves[0], pre_beside=True)
@@ -177,7 +181,8 @@ def run_config(  # pragma: no cover - GPU
         plan = dataclasses.replace(
             after.plan, schedule=tables, grid=plan_module._grid(tables), cast_sms=cast_sms
         )
-        sides["lean"] = after.with_launch(hopper_launch._prepare(plan, after.leaves[0]), plan)
+        prepared = hopper_launch._prepare(plan, after.leaves[0], pre_beside=False)
+        sides["lean"] = after.with_launch(prepared, plan)
     if len(sides) == 1:
         print("   skipped: the plan leaves no SMs to the cast", flush=True)
         return

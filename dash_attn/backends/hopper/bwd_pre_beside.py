@@ -107,34 +107,40 @@ class BwdPreprocessBeside:
         q_tiles = mLSE2.shape[1] // self.block_m
         row_lane = lane % self.lanes
         warp_row = lane // self.lanes  # this thread's row in a pass
-        for i in cutlass.range(cta * BESIDE_WARPS + warp, mOrder.shape[0], ctas * BESIDE_WARPS):
+        tiles = mOrder.shape[0]
+        for i in cutlass.range(cta * BESIDE_WARPS + warp, tiles, ctas * BESIDE_WARPS):
             tile = mOrder[i]
-            bh = tile // q_tiles
-            b = bh // heads
-            h = bh % heads
-            first_row = (tile % q_tiles) * self.block_m
-            # A loop, not unrolled: unrolled, the compiler hoists every chunk's loads and runs
-            # out of registers (255 and a stack frame at hd 64).
-            for c in cutlass.range(self.chunks, unroll=1):
-                self._chunk(
-                    mO, mdO, mLSE, mLSE2, mDelta, b, h, bh, seqlen_q, row_lane,
-                    first_row + c * (self.passes * self.rows_per_pass) + warp_row,
-                )  # fmt: skip
-            # The rows reach the main kernel's TMA loads (async proxy) through the flag.
-            cute.arch.fence_proxy("async.global")
-            cute.arch.sync_warp()
-            if lane == 0:
-                done = cute.arch.atomic_add(
-                    mReady.iterator + tile, Int32(1), sem="release", scope="gpu"
-                )
-                # The count of distinct tiles done, after the flags: once it has reached all
-                # of them the main kernel's producer checks no flag again. (A tile listed
-                # twice counts once, so a missing one still makes its waits time out.)
-                if done == 0:
-                    cute.arch.red(
-                        mReady.iterator + mOrder.shape[0], Int32(1), op="add", dtype="s32",
-                        sem="release", scope="gpu",
+            # An entry out of range is skipped: its tile, never made ready, then times out in
+            # the main kernel's waits (an error), where a write past the flags could complete
+            # the count (or corrupt memory) and give wrong gradients silently.
+            if tile >= 0 and tile < tiles:
+                bh = tile // q_tiles
+                b = bh // heads
+                h = bh % heads
+                first_row = (tile % q_tiles) * self.block_m
+                # A loop, not unrolled: unrolled, the compiler hoists every chunk's loads and
+                # runs out of registers (255 and a stack frame at hd 64).
+                for c in cutlass.range(self.chunks, unroll=1):
+                    self._chunk(
+                        mO, mdO, mLSE, mLSE2, mDelta, b, h, bh, seqlen_q, row_lane,
+                        first_row + c * (self.passes * self.rows_per_pass) + warp_row,
                     )  # fmt: skip
+                # The rows reach the main kernel's TMA loads (async proxy) through the flag.
+                cute.arch.fence_proxy("async.global")
+                cute.arch.sync_warp()
+                if lane == 0:
+                    done = cute.arch.atomic_add(
+                        mReady.iterator + tile, Int32(1), sem="release", scope="gpu"
+                    )
+                    # The count of distinct tiles done, after the flags: once it has reached
+                    # all of them the main kernel's producer checks no flag again. (A tile
+                    # listed twice counts once, so the one it displaced still makes its
+                    # waits time out; the twice-listed one's may too, its flag reading 2.)
+                    if done == 0:
+                        cute.arch.red(
+                            mReady.iterator + tiles, Int32(1), op="add", dtype="s32",
+                            sem="release", scope="gpu",
+                        )  # fmt: skip
 
     @cute.jit
     def _chunk(self, mO, mdO, mLSE, mLSE2, mDelta, b, h, bh, seqlen_q, row_lane, thread_row):

@@ -208,24 +208,32 @@ class ProducerMixin:
         self, mFlags: cute.Tensor, base: Int32, tiles: Int32, tile: Int32, timeout_ns: Int64,
         lane: Int32,
     ) -> Int32:  # fmt: skip
-        """pre_beside: 1 if the preprocess has counted all ``tiles`` done
-        (``mFlags[base + tiles]``, acquire: each count is released after its tile's rows),
-        else 0 once lane 0 has waited (acquire loads, bounded, ended early by a raised error
-        flag) for ``tile``'s ready flag ``mFlags[base + tile]`` to be 1, raising the error flag
-        if it is not by then (the backward is then an error; its loads go on). Every lane then
-        orders its TMA loads (async proxy) after that acquire."""
-        done = Int32(0)
+        """pre_beside: 1 if the preprocess has counted all ``tiles`` done (``mFlags[base +
+        tiles]``; each count is released after its tile's rows), else 0 once ``tile``'s ready
+        flag ``mFlags[base + tile]`` is 1. Lane 0 reads the count and lane 1 the flag, both
+        acquire loads at once (one L2 round trip on the producer's path, not two in turn);
+        where neither says ready, lane 0 waits for the flag (bounded, ended early by a raised
+        error flag), raising the error flag if it is not 1 by then (the backward is then an
+        error; its loads go on). The warp barrier orders every lane after those acquires, and
+        the proxy fence orders each lane's TMA loads (async proxy) after them."""
+        seen = Int32(0)
         if lane == 0:
-            counted = cute.arch.load(mFlags.iterator + base + tiles, Int32, sem="acquire",
-                                     scope="gpu")  # fmt: skip
-            if counted == tiles:
-                done = Int32(1)
-            else:
-                ready = mFlags.iterator + base + tile
-                if wait_value(ready, Int32(1), timeout_ns, mFlags.iterator + 1) != 0:
-                    mFlags[1] = Int32(1)
+            seen = cute.arch.load(mFlags.iterator + base + tiles, Int32, sem="acquire",
+                                  scope="gpu")  # fmt: skip
+        if lane == 1:
+            seen = cute.arch.load(mFlags.iterator + base + tile, Int32, sem="acquire",
+                                  scope="gpu")  # fmt: skip
+        counted = cute.arch.shuffle_sync(seen, 0)
+        ready = cute.arch.shuffle_sync(seen, 1)
+        done = Int32(0)
+        if counted == tiles:
+            done = Int32(1)
+        elif ready != 1 and lane == 0:
+            late = wait_value(mFlags.iterator + base + tile, Int32(1), timeout_ns,
+                              mFlags.iterator + 1)  # fmt: skip
+            if late != 0:
+                mFlags[1] = Int32(1)
         cute.arch.sync_warp()
-        done = cute.arch.shuffle_sync(done, 0)
         cute.arch.fence_proxy("async.global")
         return done
 

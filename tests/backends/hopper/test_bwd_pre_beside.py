@@ -71,9 +71,10 @@ def test_beside_preprocess_refuses_odd_shapes() -> None:
 def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
     head_dim: int, causal: bool, tmp_path, monkeypatch
 ) -> None:
-    """``pre_beside`` adds the producer's acquire load of the count of tiles done and its
-    bounded acquire loop on the ready flag (two acquire loads: before and in the loop) with its
-    proxy fence, and one wait for the preprocess's end
+    """``pre_beside`` adds the producer's acquire loads of the count of tiles done and of the
+    step's ready flag (one lane each, at once) and its bounded acquire loop on the flag (two
+    acquire loads: before and in the loop) with its proxy fence, and one wait for the
+    preprocess's end
     (the shipped kernels are no programmatic dependents and wait for none); the dQ warps'
     releases stay as they are. It needs ``cast_trigger``."""
     from dash_attn.backends.hopper import bwd_launch, bwd_variant, kernel_cache
@@ -92,7 +93,7 @@ def test_main_kernel_waits_for_each_tile_and_then_the_preprocess(
     }  # fmt: skip
     assert "griddepcontrol.wait" not in ptx[False]
     assert ptx[True].count("griddepcontrol.wait") == 1
-    assert ptx[True].count("ld.acquire.gpu") == ptx[False].count("ld.acquire.gpu") + 3
+    assert ptx[True].count("ld.acquire.gpu") == ptx[False].count("ld.acquire.gpu") + 4
     fences = ptx[False].count("fence.proxy.async.global")
     assert ptx[True].count("fence.proxy.async.global") == fences + 1
     assert ptx[True].count("red.release.gpu") == ptx[False].count("red.release.gpu")
@@ -251,7 +252,7 @@ def _grads(q, k, v, dout, causal):
     ],  # fmt: skip
 )
 def test_backward_with_the_preprocess_beside_keeps_the_bits(
-    head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, monkeypatch
+    cute_pre_post, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, monkeypatch
 ) -> None:
     """With the preprocess beside the main kernel (``PRE_BESIDE_HEADDIMS`` listing the head dim)
     a deterministic backward gives the bits of the shipped launch (the preprocess before it),
@@ -285,36 +286,90 @@ def test_backward_with_the_preprocess_beside_keeps_the_bits(
     launch._launches.clear()
 
 
-@gpu
-@pytest.mark.gpu
-def test_a_tile_never_made_ready_raises_instead_of_hanging(monkeypatch) -> None:
-    """An order that lists one tile twice and another never: the count of distinct tiles done
-    stays short, so the producer's wait for the missing tile's ready flag gives up after the
-    plan's timeout and the backward raises; the next backward is fine."""
-    from dash_attn import check_errors, dash_attn_func
+def _plan_launches(head_dim: int, causal: bool, seqlen: int, timeout_s: float = 10.0):
+    """A deterministic hopper plan whose static tables leave SMs to the polled cast, its inputs
+    (q, k, v, out, lse, dout) and its launches with the preprocess before and beside the main
+    kernel."""
+    from dash_attn import dash_attn_func
     from dash_attn.backends.hopper import launch
     from dash_attn.device import device_info
     from dash_attn.dispatch import problem_of
     from dash_attn.plan import make_backward_plan
-    from dash_attn.schedule import FULL
+    from dash_attn.schedule import CAUSAL, FULL
     from dash_attn.testing import make_qkv
 
-    q, k, v = make_qkv(1, 1024, 1024, 2, 2, 64, torch.bfloat16, "cuda", 1)
-    out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
+    heads = 2048 // head_dim // 4
+    q, k, v = make_qkv(2, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16, "cuda", 5, False)
+    out, lse = dash_attn_func(q, k, v, causal=causal, return_lse=True, backend="hopper")
     plan = make_backward_plan(
-        problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
-        backend="hopper", timeout_s=0.2,
+        problem_of(q, k, CAUSAL if causal else FULL), device=device_info(q.device),
+        schedule="symmetric_shift" if causal else "shift", backend="hopper",
+        timeout_s=timeout_s,
     )  # fmt: skip
     assert plan.cast_sms > 0
-    order = torch.from_numpy(plan.schedule.dq_tiles_by_first_step()).to(q.device)
-    order[-1] = order[0]
-    monkeypatch.setattr(launch, "pre_order", lambda schedule, device: order)
+    before = launch._prepare(plan, q, pre_beside=False)
+    beside = launch._prepare(plan, q, pre_beside=True)
+    assert before.pre_order is None and beside.pre_order is not None
+    return plan, (q, k, v, out, lse, torch.randn_like(q)), before, beside
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,causal,seqlen", [(64, False, 2000), (128, True, 1500)])
+def test_a_slow_preprocess_in_any_order_keeps_the_bits(
+    cute_pre_post, head_dim: int, causal: bool, seqlen: int
+) -> None:
+    """The producers' waits at work: the preprocess on one CTA, its tiles in the schedule's
+    order and then reversed (the ones the first steps need last), gives the bits of the
+    preprocess before the main kernel, and leaves every ready flag at 1, the count at all the
+    tiles and no error raised."""
+    import dataclasses
+
+    plan, (q, k, v, out, lse, dout), before, beside = _plan_launches(head_dim, causal, seqlen)
+    scale = head_dim**-0.5
+    want = before(dout, q, k, v, out, lse, scale, 0, 0)[:3]
+    tiles = beside.pre_order.numel()
+    start = beside.main.flag_count + 1  # the ready flags follow the polled cast's counter
+    for ctas, order in (
+        (beside.pre_ctas, beside.pre_order),
+        (1, beside.pre_order),
+        (1, beside.pre_order.flip(0).contiguous()),
+    ):
+        full = dataclasses.replace(beside, pre_ctas=ctas, pre_order=order)
+        *got, flags = full(dout, q, k, v, out, lse, scale, 0, 0)
+        torch.cuda.synchronize()
+        assert int(flags[1]) == 0, f"a wait timed out (pre_ctas {ctas})"
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), ctas
+        ready = flags[start : start + tiles + 1]
+        assert torch.equal(ready[:tiles], torch.ones_like(ready[:tiles]))
+        assert int(ready[tiles]) == tiles
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_tile_never_made_ready_raises_instead_of_hanging(cute_pre_post, monkeypatch) -> None:
+    """An order with one entry out of range (the preprocess skips it, so that tile is never
+    made ready and the count of tiles done stays short): the producer's wait for that tile's
+    ready flag gives up after the plan's timeout and the backward raises. Then, with the
+    schedule's order back, the same plan's backward gives the bits of the preprocess before
+    the main kernel."""
+    from dash_attn import check_errors
+    from dash_attn.backends.hopper import launch
+
+    plan, (q, k, v, out, lse, dout), before, beside = _plan_launches(64, False, 1024, 0.2)
+    scale = 64**-0.5
+    want = launch.run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
+    schedule_order = launch.pre_order
+    broken = beside.pre_order.clone()
+    broken[0] = broken.numel()  # the first tile the schedule needs: never made ready
+    monkeypatch.setattr(launch, "pre_order", lambda schedule, device: broken)
     monkeypatch.setattr(launch, "PRE_BESIDE_HEADDIMS", (64,))
     launch._launches.clear()
-    dout = torch.randn_like(q)
     with pytest.raises(RuntimeError, match="timed out"):
-        launch.run_backward(plan, dout, q, k, v, out, lse, 64**-0.5, sync_check=True)
+        launch.run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
     check_errors()  # reported once
+    monkeypatch.setattr(launch, "pre_order", schedule_order)
     launch._launches.clear()
-    again = dash_attn_func(q, k, v, backend="hopper")
-    assert torch.isfinite(again.float()).all()
+    got = launch.run_backward(plan, dout, q, k, v, out, lse, scale, sync_check=True)
+    assert launch._launch(plan, q).pre_order is not None
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -492,14 +492,6 @@ def test_plan_launch_follows_the_switch(enabled: bool, monkeypatch) -> None:
 # ---- the whole backward on the CuTe host path (GPU): what the default path's tests check ----
 
 
-@pytest.fixture
-def cute_pre_post(monkeypatch):
-    from dash_attn.backends.hopper import launch
-
-    monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
-    monkeypatch.setattr(launch, "_launches", {})
-
-
 def _grads(q, k, v, dout, **kwargs):
     from dash_attn import dash_attn_func
 

@@ -268,7 +268,9 @@ class BackwardPlan:
             with ``sm_margin=0``, runs on ``hopper.POLLED_CAST_SMS`` workers fewer where its
             busiest worker gets no more steps there (or its grid already leaves that many
             idle): the same bits (the tables do not depend on the worker count), the same
-            length of the main kernel, and SMs free for the cast.
+            length of the main kernel, and SMs free for the cast. (On the CuTe host path, the
+            default; with ``DASH_ATTN_CUTE_PRE_POST=0`` the Triton cast runs after the kernel
+            on the same tables.)
     """
 
     problem: Problem
@@ -595,7 +597,12 @@ def _leave_sms_to_the_cast(sched: Schedule, max_extra_steps: int = 0) -> tuple[S
     ):
         return sched, 0
     if _grid(sched) > fewer:
-        lean = make_schedule(sched.name, dataclasses.replace(spec, workers=fewer))
+        try:
+            lean = make_schedule(sched.name, dataclasses.replace(spec, workers=fewer))
+        except ValueError:
+            # A group's lanes do not fit on that many workers (a GPU of few SMs, e.g. a MIG
+            # slice of 16): the tables keep every worker and the cast runs after them.
+            return sched, 0
         if lean.busiest_worker_steps() > sched.busiest_worker_steps() + max_extra_steps:
             return sched, 0
         sched = lean

@@ -351,3 +351,18 @@ def test_the_dq_cast_keeps_its_place_elsewhere() -> None:
         Problem(3, 777, 777, 8, 8, 64, CAUSAL), device=H200, backend="hopper"
     )
     assert small.workers == 132 and small.cast_sms == 132 - small.grid > 4
+
+
+@pytest.mark.parametrize("sm_count", [16, 17])
+@pytest.mark.parametrize("seqlen,causal", [(2048, False), (4096, False), (4096, True)])
+def test_a_gpu_of_few_sms_keeps_the_dq_cast_after(sm_count: int, seqlen: int, causal: bool) -> None:
+    """On a GPU of 16 or 17 SMs (a MIG slice), 4 workers fewer cannot hold a group's 16
+    lanes: the deterministic hopper plan keeps the tables on every SM and the cast after them,
+    instead of refusing the call (it raised ValueError, "lower sm_margin", before session 53)."""
+    problem = Problem(1, seqlen, seqlen, 16, 16, 128, CAUSAL if causal else FULL, "bfloat16")
+    device = analysis_device(sm_count)
+    plan = make_backward_plan(problem, device=device, backend="hopper")
+    assert plan.cast_sms == 0 and plan.workers == sm_count
+    on_every_sm = make_schedule(plan.schedule.name, plan.schedule.spec)
+    for field in TABLE_FIELDS:
+        assert (getattr(plan.schedule, field) == getattr(on_every_sm, field)).all()

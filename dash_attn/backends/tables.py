@@ -14,6 +14,14 @@ _MAX_CACHED = 64
 # Per (key, device): the tensors, and the object the key names (kept alive with its entry, so
 # an id in a key cannot be reused while the entry exists).
 _cache: dict[tuple[Hashable, torch.device], tuple[dict[str, torch.Tensor], object]] = {}
+# Entries a CUDA graph was captured with: a replay reads their tensors by address, so they are
+# never dropped (a dropped table's memory could hold something else by the next replay).
+_pinned: set[tuple[Hashable, torch.device]] = set()
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def upload_once(
@@ -23,14 +31,19 @@ def upload_once(
     owner: object = None,
 ) -> dict[str, torch.Tensor]:
     """``make()``'s arrays on ``device``, made and copied on the first call with ``key``; later
-    calls return the same tensors (the oldest of more than 64 keys is dropped). ``owner`` is
-    kept alive with the entry (for keys that hold an ``id``)."""
+    calls return the same tensors (beyond 64 keys the oldest is dropped, except those asked for
+    during a CUDA graph capture, which stay for the process). ``owner`` is kept alive with the
+    entry (for keys that hold an ``id``)."""
     entry = _cache.get((key, device))
     if entry is None:
         tensors = {name: torch.from_numpy(a.copy()).to(device) for name, a in make().items()}
         if len(_cache) >= _MAX_CACHED:
-            _cache.pop(next(iter(_cache)))
+            oldest = next((k for k in _cache if k not in _pinned), None)
+            if oldest is not None:
+                _cache.pop(oldest)
         entry = _cache[key, device] = (tensors, owner)
+    if _capturing(device):
+        _pinned.add((key, device))
     return entry[0]
 
 

@@ -48,3 +48,27 @@ def test_a_stand_in_schedule_need_not_be_hashable() -> None:
     tables = device_tables(stand_in, torch.device("cpu"))  # type: ignore[arg-type]
     assert np.array_equal(tables["step_q_tile"].numpy(), real.step_q_tile)
     assert device_tables(stand_in, torch.device("cpu")) is tables  # type: ignore[arg-type]
+
+
+def test_tables_a_cuda_graph_was_captured_with_are_never_dropped(monkeypatch) -> None:
+    """A replay reads the tables by address: those asked for during a capture stay however many
+    other keys come after, while the oldest of the others are dropped beyond the cache's size."""
+    from dash_attn.backends import tables
+
+    monkeypatch.setattr(tables, "_cache", {})
+    monkeypatch.setattr(tables, "_pinned", set())
+    cpu = torch.device("cpu")
+
+    def upload(key: int) -> dict[str, torch.Tensor]:
+        return tables.upload_once(("test", key), cpu, lambda: {"t": np.arange(3, dtype=np.int32)})
+
+    first = upload(0)  # before any capture
+    monkeypatch.setattr(tables, "_capturing", lambda device: True)
+    captured = upload(1)
+    monkeypatch.setattr(tables, "_capturing", lambda device: False)
+    for key in range(2, 2 + 2 * tables._MAX_CACHED):
+        upload(key)
+    assert upload(1) is captured  # the same tensors: never dropped
+    assert (("test", 0), cpu) not in tables._cache  # the oldest unpinned went
+    assert upload(0) is not first
+    assert len(tables._cache) == tables._MAX_CACHED

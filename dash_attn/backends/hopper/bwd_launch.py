@@ -675,6 +675,8 @@ class FullBackward:
     # accumulator where needed) before the preprocess instead of the preprocess itself.
     pre_order: torch.Tensor | None = None
     pre_ctas: int = 0
+    # The polled cast's bound on each tile's wait (ns); 0: the main kernel's per-wait timeout.
+    cast_timeout_ns: int = 0
 
     @property
     def buf_size(self) -> int:
@@ -720,8 +722,8 @@ class FullBackward:
             self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
         else:
             self.cast(
-                dq_acc, dq, flags, self.dq_counts, float(softmax_scale), self.main.timeout_ns,
-                error_addr, launch_id,
+                dq_acc, dq, flags, self.dq_counts, float(softmax_scale),
+                self.cast_timeout_ns or self.main.timeout_ns, error_addr, launch_id,
             )  # fmt: skip
         return dq, dk, dv, flags
 
@@ -736,6 +738,7 @@ def prepare_full(
     dq_counts: torch.Tensor | None = None,
     pre_order: torch.Tensor | None = None,
     pre_ctas: int = 0,
+    cast_timeout_ns: int = 0,
 ) -> FullBackward:
     """The ``FullBackward`` around ``main`` for q's shape and dtype.
 
@@ -747,7 +750,11 @@ def prepare_full(
     kernel prepared with ``cast_trigger``, whose CTAs let it start. ``pre_order`` (int32 on the
     device, every dQ tile once: the schedule's ``dq_tiles_by_first_step``) and ``pre_ctas``
     (>= 1, the SMs the plan leaves free) run the preprocess beside the main kernel: only with
-    ``dq_counts`` and a main kernel prepared with ``pre_beside``."""
+    ``dq_counts`` and a main kernel prepared with ``pre_beside``. ``cast_timeout_ns`` bounds
+    each of the polled cast's waits for a tile (0: the main kernel's per-wait timeout). Its
+    CTAs start with the main kernel and a tile the tables finish last is waited for about as
+    long as the whole main kernel, so ``launch._prepare`` gives it the plan's timeout plus a
+    bound of the main kernel's length."""
     if (pre_order is not None) != main.pre_beside:
         raise ValueError("pre_order: give it exactly where the main kernel has pre_beside")
     if pre_order is not None and (dq_counts is None or pre_ctas < 1):
@@ -760,6 +767,10 @@ def prepare_full(
     if dq_counts is not None and main.dkv_sum:
         # Its CTA counter would sit where the dK/dV semaphores start.
         raise ValueError("dq_counts: the polled cast does not run beside a dkv_sum kernel")
+    if dq_counts is not None and programmatic_launches(variant):
+        # There the main kernel lets its dependent start before it waits for the preprocess,
+        # which zeroes the flags: the cast could read the last call's semaphores.
+        raise ValueError(f"dq_counts: the polled cast does not run after a pdl variant ({variant})")
     from .bwd_pre_beside import compile_preprocess_beside
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
@@ -797,4 +808,5 @@ def prepare_full(
         dq_counts=dq_counts,
         pre_order=pre_order,
         pre_ctas=int(pre_ctas),
+        cast_timeout_ns=int(cast_timeout_ns),
     )

@@ -90,6 +90,12 @@ def cute_pre_post_from_env(value: str | None) -> bool:
 # is made.
 CUTE_PRE_POST = cute_pre_post_from_env(os.environ.get("DASH_ATTN_CUTE_PRE_POST"))
 
+# A bound on one main-kernel step for the polled cast's waits (``_prepare``): a step takes 1-5
+# us on the H200 (benchmarks/NOTES.md, item 164), so 50 us is far above any healthy one, slow
+# clocks and a busy GPU included, while a table whose count is never met still raises within
+# seconds.
+CAST_WAIT_PER_STEP_NS = 50_000
+
 
 def run_backward(
     plan: BackwardPlan,
@@ -214,8 +220,18 @@ def _prepare(
         plan.deterministic and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
     )
     counts = dq_counts(plan.schedule, q.device) if polled else None
+    # The polled cast's CTAs start with the main kernel and wait for their tiles from then on:
+    # a tile the tables finish last is waited for about as long as the whole main kernel, which
+    # a healthy long kernel (or a lowered timeout_s) can make longer than the plan's per-wait
+    # timeout. So their bound is that timeout plus the busiest worker's steps at
+    # CAST_WAIT_PER_STEP_NS each. A main kernel that raises its error flag ends the cast's
+    # waits at once either way.
+    cast_timeout_ns = 0
+    if polled:
+        steps = plan.schedule.busiest_worker_steps()
+        cast_timeout_ns = int(plan.timeout_s * 1e9) + steps * CAST_WAIT_PER_STEP_NS
     return prepare_full(
         main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts,
         pre_order=pre_order(plan.schedule, q.device) if pre_beside else None,
-        pre_ctas=plan.cast_sms if pre_beside else 0,
+        pre_ctas=plan.cast_sms if pre_beside else 0, cast_timeout_ns=cast_timeout_ns,
     )  # fmt: skip

@@ -421,6 +421,34 @@ def test_full_backward_with_the_polled_cast(monkeypatch) -> None:
     with pytest.raises(ValueError, match="dkv_sum"):
         bwd_launch.prepare_full(summed, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs",
                                 dq_counts=counts)  # fmt: skip
+    # A pdl variant lets its dependent start before the preprocess has zeroed the flags.
+    with pytest.raises(ValueError, match="pdl variant"):
+        bwd_launch.prepare_full(full.main, tuple(q.shape), q.dtype, "t80_wgr_p14_sm2_fs_pdl",
+                                dq_counts=counts)  # fmt: skip
+
+
+def test_polled_cast_waits_as_long_as_the_main_kernel_may_run(monkeypatch) -> None:
+    """The plan's launch gives the polled cast's waits the plan's timeout plus the busiest
+    worker's steps at ``CAST_WAIT_PER_STEP_NS`` each (its CTAs start with the main kernel, so a
+    tile finished last is waited for about as long as the whole kernel), while the main
+    kernel's own waits keep the plan's timeout; ``prepare_full`` alone passes the main kernel's."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
+
+    calls = record_kernel_calls(monkeypatch)
+    monkeypatch.setattr(launch, "_launches", {})
+    problem = Problem(8, 2048, 2048, 32, 32, 64, FULL, "bfloat16")
+    plan = make_backward_plan(problem, device=H200, backend="hopper", timeout_s=0.05)
+    assert plan.cast_sms > 0
+    q = torch.zeros(8, 2048, 32, 64, dtype=torch.bfloat16)
+    full = launch._prepare(plan, q)
+    steps = plan.schedule.busiest_worker_steps()
+    assert steps == 512  # 4096 chains of 16 steps on 128 workers
+    want = 50_000_000 + steps * launch.CAST_WAIT_PER_STEP_NS
+    assert full.main.timeout_ns == 50_000_000 and full.cast_timeout_ns == want
+    full(q, q, q, q, q, torch.zeros(8, 32, 2048), 0.125, 0, 0)
+    (cast_args,) = [args for name, args in calls if name == "cast"]
+    assert cast_args[5] == want  # (acc, dq, flags, counts, scale, timeout_ns, ...)
 
 
 def test_mapped_error_words_raise_the_launchs_text_once(monkeypatch) -> None:

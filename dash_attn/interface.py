@@ -16,8 +16,10 @@ from .validation import check_flash_attn_extras, check_inputs, check_varlen_inpu
 
 def _maybe_contiguous(x: torch.Tensor) -> torch.Tensor:
     # The kernels take every stride but the last; copy only when the last one is not 1 (a
-    # non-tensor goes on to validation, which names it).
-    return x.contiguous() if isinstance(x, torch.Tensor) and x.stride(-1) != 1 else x
+    # non-tensor or a 0-d tensor goes on to validation, which names it).
+    if isinstance(x, torch.Tensor) and x.ndim > 0 and x.stride(-1) != 1:
+        return x.contiguous()
+    return x
 
 
 def _needs_cuda(q: torch.Tensor, name: str) -> None:

@@ -4,7 +4,8 @@
 sequences) are opaque to the compiler: their host code builds plans and schedule tables (for
 packed sequences it reads ``cu_seqlens`` on the host) and launches persistent kernels, so a model
 using them compiles with ``fullgraph=True`` and no graph break; the fake implementations give the
-compiler the shapes.
+compiler the shapes. Every output is contiguous whatever the inputs' strides (the backends
+allocate them so), and the fakes say the same: inductor checks the real strides against them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ fwd = torch.library.custom_op("dash_attn::fwd", _fwd_body, mutates_args=())
 @fwd.register_fake
 def _fwd_fake(q: torch.Tensor, *_: object, **__: object) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen_q, heads, _ = q.shape
-    return torch.empty_like(q), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
 
 
 def _bwd_body(
@@ -74,7 +75,7 @@ bwd = torch.library.custom_op("dash_attn::bwd", _bwd_body, mutates_args=())
 
 @bwd.register_fake
 def _bwd_fake(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_fwd_body(
@@ -106,7 +107,7 @@ def _varlen_fwd_fake(
     q: torch.Tensor, *_: object, **__: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
     total_q, heads, _ = q.shape
-    return torch.empty_like(q), q.new_empty((heads, total_q), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
 def _varlen_bwd_body(
@@ -147,7 +148,7 @@ varlen_bwd = torch.library.custom_op("dash_attn::varlen_bwd", _varlen_bwd_body, 
 def _varlen_bwd_fake(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object
 ):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 # The Python body of each op, for the direct call below.

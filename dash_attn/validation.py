@@ -354,6 +354,11 @@ def _check_cu_seqlens(name: str, cu: object, device: torch.device) -> torch.Tens
         )
     if cu.device != device:
         raise ValueError(f"{name} must be on q's device ({device}), got {cu.device}")
+    if not cu.is_contiguous():
+        # The kernels read it by index from its data pointer (as flash-attn, which refuses it too).
+        raise ValueError(
+            f"{name} must be contiguous, got stride {cu.stride()} (pass {name}.contiguous())"
+        )
     return cu
 
 

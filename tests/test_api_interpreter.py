@@ -149,3 +149,52 @@ def test_torch_compile_fullgraph_traces_both_entry_points():
     out = packed(q[0], k[0], v[0])
     out.sum().backward()
     assert out.shape == (40, 2, 64) and q.grad is not None
+
+
+def test_ops_on_transposed_inputs_give_the_fake_strides():
+    """Every output is contiguous whatever the inputs' strides, as the fake ops say: inductor
+    checks the real strides against them (the SDPA layout's transposed views failed its
+    backward before session 53)."""
+    inputs = _qkv(1, 24, 2, 64, kv_heads=2, seed=6)
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in inputs)
+    assert not q.is_contiguous()
+    torch.library.opcheck(torch.ops.dash_attn.fwd.default, (q, k, v, True, 0.125))
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, True, 0.125)
+    assert out.is_contiguous()
+    dout = torch.randn_like(q)
+    args = (dout, q, k, v, out, lse, True, 0.125, True, "fa3", 0, "auto", -1, -1, True, None)
+    torch.library.opcheck(torch.ops.dash_attn.bwd.default, args)
+    assert all(g.is_contiguous() for g in torch.ops.dash_attn.bwd(*args))
+    packed_q = q[0].transpose(0, 1).contiguous().transpose(0, 1)  # (tokens, heads, dim), head-major
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    fwd_args = (packed_q, k[0], v[0], cu, cu, 14, 14, True, 0.125, "auto", -1, -1)
+    torch.library.opcheck(torch.ops.dash_attn.varlen_fwd.default, fwd_args)
+
+
+def test_inductor_compiles_the_sdpa_layouts_backward():
+    """``torch.compile`` with inductor, fullgraph, of the SDPA-layout wrapper (q, k, v
+    transposed views of the kernels' layout), forward and backward, equal to eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    leaves = [x.transpose(1, 2).contiguous() for x in _qkv(1, 24, 2, 64, kv_heads=2, seed=7)]
+
+    def attention(q, k, v):
+        return dash_attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(attention, fullgraph=True)
+    grads = []
+    for fn in (compiled, attention):
+        q, k, v = (x.clone().requires_grad_() for x in leaves)
+        out = fn(q, k, v)
+        out.backward(torch.ones_like(out))
+        grads.append([out.detach(), q.grad, k.grad, v.grad])
+    assert all(bitwise_equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_non_contiguous_cu_seqlens_are_refused():
+    q, k, v = _qkv(40, 2, 64, kv_heads=2, seed=8)
+    strided = torch.tensor([[0, 9], [15, 9], [40, 9]], dtype=torch.int32)[:, 0]
+    assert strided.tolist() == [0, 15, 40] and not strided.is_contiguous()
+    with pytest.raises(ValueError, match="cu_seqlens_q must be contiguous"):
+        dash_attn_varlen_func(q, k, v, strided, strided.contiguous(), 25, 25)

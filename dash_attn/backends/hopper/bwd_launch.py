@@ -717,7 +717,7 @@ class FullBackward:
             )  # fmt: skip
         dq_acc = dq_acc.view(self.main.dq_shape)
         dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
-        dq = torch.empty_like(q)
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # contiguous, as the fake op's
         if self.dq_counts is None:
             self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
         else:

@@ -304,7 +304,8 @@ def attn_fwd(
         k_strides = (k.stride(0), k.stride(1), k.stride(2))
         v_strides = (v.stride(0), v.stride(1), v.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
-    out = torch.empty_like(q)
+    # Contiguous whatever q's strides (as every backend's outputs: the ops' fake shapes say so).
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     o_strides = (0, out.stride(0), out.stride(1)) if varlen else tuple(out.stride()[:3])
     kind, window_left, window_right = kernel_window(causal, window)
     cfg = fwd_config(headdim)

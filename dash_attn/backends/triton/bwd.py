@@ -256,13 +256,15 @@ def attn_bwd_kernel(
             seq_q = seqlen_q
             seq_k = seqlen_k
             shift = causal_shift
-            q_base = b * stride_qb
-            do_base = b * stride_dob
-            k_base = b * stride_kb
-            v_base = b * stride_vb
-            dk_base = b * stride_dkb
-            dv_base = b * stride_dvb
-            dq_base = b * stride_dqb
+            # In int64: a batch's offset passes 2**31 elements from 2**31-element tensors.
+            b64 = b.to(tl.int64)
+            q_base = b64 * stride_qb
+            do_base = b64 * stride_dob
+            k_base = b64 * stride_kb
+            v_base = b64 * stride_vb
+            dk_base = b64 * stride_dkb
+            dv_base = b64 * stride_dvb
+            dq_base = b64 * stride_dqb
 
         offs_n = kv_tile * BLOCK_N + offs_n0
         n_valid = offs_n < seq_k
@@ -435,7 +437,7 @@ def attn_bwd_preprocess_kernel(
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
     stride_lb, stride_lh,
-    heads, seqlen_q, rows_pad,
+    heads, seqlen_q, rows_pad, num_m_blocks,
     BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -447,8 +449,10 @@ def attn_bwd_preprocess_kernel(
 
     Varlen: ``rows_pad`` is the padded rows per head (all sequences), sequence b's rows start
     at CU_ROWS_PAD[b]; LSE is (H, total_q) with row stride ``stride_lh``."""
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    # (Row block, batch x head) on one grid axis, as the forward's.
+    pid = tl.program_id(0)
+    start_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
     b = bh // heads
     h = bh % heads
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -466,10 +470,10 @@ def attn_bwd_preprocess_kernel(
     else:
         seq_q = seqlen_q
         seq_rows = rows_pad
-        o_base = b * stride_ob
-        do_base = b * stride_dob
-        lse_base = b * stride_lb + h * stride_lh
-        out_base = bh * rows_pad
+        o_base = b.to(tl.int64) * stride_ob
+        do_base = b.to(tl.int64) * stride_dob
+        lse_base = b.to(tl.int64) * stride_lb + h * stride_lh
+        out_base = bh.to(tl.int64) * rows_pad
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     in_rows = offs_m < seq_q
     mask = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -524,11 +528,12 @@ def attn_bwd_preprocess(
         shape = (heads, rows)
     lse2 = torch.empty(shape, device=out.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
-    grid = (triton.cdiv(max(rows_pad, 1), block_m), batch * heads)
+    num_m_blocks = triton.cdiv(max(rows_pad, 1), block_m)
+    grid = (num_m_blocks * batch * heads,)
     attn_bwd_preprocess_kernel[grid](
         out, dout, lse, lse2, delta, cu_q, cu_pad,
         *o_strides, *do_strides, *lse_strides,
-        heads, seqlen_q, rows,
+        heads, seqlen_q, rows, num_m_blocks,
         BLOCK_M=block_m, HEAD_DIM=headdim, HEAD_DIM_PAD=next_power_of_2(headdim),
         IS_VARLEN=varlen is not None,
     )  # fmt: skip

@@ -151,6 +151,7 @@ def attn_fwd_kernel(
     window_left,
     window_right,
     qk_scale,
+    num_m_blocks,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -159,8 +160,12 @@ def attn_fwd_kernel(
     WINDOW: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    # One axis for (row block, batch x head), row blocks fastest (the order a 2-D grid of
+    # (row blocks, batch x head) runs in): a grid's second axis stops at 65535, which batch x
+    # heads passes with a few thousand packed sequences.
+    pid = tl.program_id(0)
+    start_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
     b = bh // heads
     h = bh % heads
     kvh = h // group_size
@@ -178,11 +183,12 @@ def attn_fwd_kernel(
         o_base = q_start * stride_om
         lse_base = q_start
     else:
-        q_base = b * stride_qb
-        k_base = b * stride_kb
-        v_base = b * stride_vb
-        o_base = b * stride_ob
-        lse_base = b * stride_lb
+        # In int64: a batch's offset passes 2**31 elements from 2**31-element tensors.
+        q_base = b.to(tl.int64) * stride_qb
+        k_base = b.to(tl.int64) * stride_kb
+        v_base = b.to(tl.int64) * stride_vb
+        o_base = b.to(tl.int64) * stride_ob
+        lse_base = b.to(tl.int64) * stride_lb
     causal_shift = seqlen_k - seqlen_q
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -309,14 +315,15 @@ def attn_fwd(
     o_strides = (0, out.stride(0), out.stride(1)) if varlen else tuple(out.stride()[:3])
     kind, window_left, window_right = kernel_window(causal, window)
     cfg = fwd_config(headdim)
-    grid = (cdiv(max(q_rows, 1), cfg.block_m), batch * heads)
+    num_m_blocks = cdiv(max(q_rows, 1), cfg.block_m)
+    grid = (num_m_blocks * batch * heads,)
     # Dense calls pass q itself for the unused cu_seqlens pointers (never read: IS_VARLEN False).
     attn_fwd_kernel[grid](
         q, k, v, out, lse,
         cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         heads, heads // kv_heads, seqlen_q, seqlen_k, window_left, window_right,
-        softmax_scale * math.log2(math.e),
+        softmax_scale * math.log2(math.e), num_m_blocks,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=headdim,
         HEAD_DIM_PAD=next_power_of_2(headdim), CAUSAL=kind == "causal", WINDOW=kind == "local",
         IS_VARLEN=varlen,

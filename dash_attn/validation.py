@@ -120,6 +120,9 @@ def _check_real_scale(softmax_scale: object) -> None:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
 
 
+UNBOUNDED_WINDOW = 2**30
+
+
 def normalize_window(causal: bool, window_size: object) -> tuple[bool, tuple[int, int]]:
     """``(causal, (left, right))`` of flash-attn's ``causal`` and ``window_size`` (-1: unbounded),
     normalised as ``Mask`` normalises them: ``causal`` sets ``right = 0``, and ``right == 0`` is
@@ -139,6 +142,10 @@ def normalize_window(causal: bool, window_size: object) -> tuple[bool, tuple[int
         raise ValueError(
             f"window_size entries must be >= -1 (-1: unbounded), got {tuple(window_size)}"
         )
+    # A side of 2**30 or more reaches past any sequence the kernels take (their row indices are
+    # int32, and such a sequence would not fit in memory): unbounded, as -1. Passed on as is,
+    # row + 2**31 - 1 wrapped in the kernels' int32 arithmetic and masked the wrong keys.
+    left, right = (-1 if side >= UNBOUNDED_WINDOW else side for side in (left, right))
     if causal or right == 0:
         return True, (left, 0)
     return False, (left, right)

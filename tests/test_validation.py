@@ -286,3 +286,21 @@ def test_backward_without_an_output_gradient_returns_no_gradients() -> None:
 
     assert DashAttnFunction.backward(None, None, None) == (None,) * 12
     assert DashAttnVarlenFunction.backward(None, None, None) == (None,) * 16
+
+
+@pytest.mark.parametrize(
+    "causal,window,expected",
+    [
+        (False, (2**31 - 1, 2**31 - 1), (False, (-1, -1))),
+        (False, (2**64, -1), (False, (-1, -1))),
+        (False, (2**30, 5), (False, (-1, 5))),
+        (False, (2**30 - 1, 5), (False, (2**30 - 1, 5))),
+        (True, (2**63 - 1, -1), (True, (-1, 0))),
+    ],
+)
+def test_windows_past_any_sequence_are_unbounded(causal, window, expected) -> None:
+    """A side of 2**30 or more reaches past any sequence (-1); passed on, 2**31 - 1 wrapped in
+    the kernels' int32 row arithmetic and gave wrong outputs, and 2**64 overflowed in Triton."""
+    from dash_attn.validation import normalize_window
+
+    assert normalize_window(causal, window) == expected

@@ -132,7 +132,8 @@ class Problem:
                 raise ValueError(
                     f"Problem.seqlens entries must be (int >= 0, int >= 0), got {pair!r}"
                 )
-        longest = (max(q for q, _ in seqlens), max(k for _, k in seqlens))
+        # (At least 1, as Problem.packed makes them: every q or every k sequence may be empty.)
+        longest = (max(1, *(q for q, _ in seqlens)), max(1, *(k for _, k in seqlens)))
         if longest != (self.seqlen_q, self.seqlen_k):
             raise ValueError(
                 f"Problem.seqlen_q/seqlen_k must be the longest of seqlens {longest}, got "

@@ -198,3 +198,22 @@ def test_non_contiguous_cu_seqlens_are_refused():
     assert strided.tolist() == [0, 15, 40] and not strided.is_contiguous()
     with pytest.raises(ValueError, match="cu_seqlens_q must be contiguous"):
         dash_attn_varlen_func(q, k, v, strided, strided.contiguous(), 25, 25)
+
+
+def test_packs_whose_q_or_k_sequences_are_all_empty():
+    """Every k sequence empty: every row sees no key (out 0, gradients 0); every q sequence
+    empty: nothing to compute. Both raised a ValueError about an internal Problem before
+    session 53."""
+    q, k, v = _qkv(40, 2, 64, kv_heads=2, seed=9)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+    none = torch.zeros(3, dtype=torch.int32)
+    empty = [x[:0].clone().requires_grad_() for x in (q, k, v)]
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = dash_attn_varlen_func(full[0], empty[1], empty[2], cu, none, 25, 1)
+    out.backward(torch.ones_like(out))
+    assert out.shape == q.shape and not out.detach().any()
+    assert not full[0].grad.any()
+    out = dash_attn_varlen_func(empty[0], full[1], full[2], none, cu, 1, 25)
+    out.backward(torch.ones_like(out))
+    assert out.shape == (0, 2, 64)
+    assert not full[1].grad.any() and not full[2].grad.any()

@@ -366,3 +366,16 @@ def test_a_gpu_of_few_sms_keeps_the_dq_cast_after(sm_count: int, seqlen: int, ca
     on_every_sm = make_schedule(plan.schedule.name, plan.schedule.spec)
     for field in TABLE_FIELDS:
         assert (getattr(plan.schedule, field) == getattr(on_every_sm, field)).all()
+
+
+def test_batch_times_heads_over_the_grid_axis_runs_on_triton() -> None:
+    """The hopper backward's preprocess and dQ cast launch batch x heads on a grid's second
+    axis (at most 65535): beyond it ``auto`` takes triton and says why, and asking for hopper
+    is a clear error."""
+    problem = Problem(2048, 512, 512, 32, 32, 64, CAUSAL, "bfloat16")
+    plan = make_backward_plan(problem, device=H200)
+    assert plan.backend == "triton" and "batch x heads (2048 x 32)" in plan.backend_reason
+    with pytest.raises(NotImplementedError, match="batch x heads"):
+        make_backward_plan(problem, device=H200, backend="hopper")
+    within = dataclasses.replace(problem, batch=2047)
+    assert make_backward_plan(within, device=H200).backend == "hopper"

@@ -232,6 +232,10 @@ POLLED_CAST_SMS = 4
 PRE_BESIDE_HEADDIMS: tuple[int, ...] = ()
 
 
+# CUDA's limit on a grid's second and third axes.
+MAX_GRID_Y = 65535
+
+
 def _mask_kind(causal: bool) -> str:
     return "causal" if causal else "full"
 
@@ -290,6 +294,14 @@ def unsupported(problem: Problem, device: DeviceInfo, direction: str) -> str | N
         return f"{direction} head dims {list(headdims)}, not {problem.headdim}"
     if not problem.tma_aligned:
         return "needs 16-byte aligned base pointers and strides of q, k, v (and dout) for TMA"
+    if direction == "bwd" and problem.batch * problem.heads > MAX_GRID_Y:
+        # The backward's preprocess and dQ cast put batch x heads on the grid's second axis.
+        return (
+            f"batch x heads ({problem.batch} x {problem.heads}) is over {MAX_GRID_Y}, the "
+            "grid axis its preprocess and dQ cast launch on; it runs on triton"
+        )
+    if direction == "fwd" and max(problem.batch, problem.heads) > MAX_GRID_Y:
+        return f"batch and heads must be at most {MAX_GRID_Y} each (the forward's grid axes)"
     if not cutlass_available():
         return "nvidia-cutlass-dsl is not installed (pip install nvidia-cutlass-dsl)"
     return None

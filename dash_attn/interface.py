@@ -149,7 +149,8 @@ _SHARED_ARGS_DOC = """
             Naming a backend that cannot run the call raises.
         sm_margin: multiprocessors to leave free for concurrent kernels (e.g. communication);
             the persistent backward runs on ``SM count - sm_margin`` workers.
-        return_lse: also return the log-sum-exp (natural log, fp32) of each query row.
+        return_lse: also return the log-sum-exp (natural log, fp32) of each query row. It
+            carries no gradient (as flash-attn's): a loss that uses it gets none through it.
         invariant: the order-invariance contract (default True): the order in which the dQ
             contributions of one sequence are added, and the order in which each KV tile
             visits its queries, depend only on that sequence's lengths, the head dim, the mask

@@ -107,6 +107,14 @@ def scaled_dot_product_attention(
         isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
     ):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if scale is not None and scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    # The shapes in this layout's names (dash_attn_func would name its own layout's axes).
+    if value.shape[1] != kv_heads or value.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"value must have key's heads and seqlen (batch, heads, seqlen, headdim): key "
+            f"{tuple(key.shape)}, value {tuple(value.shape)}"
+        )
     out = dash_attn_func(
         query.transpose(1, 2),
         key.transpose(1, 2),

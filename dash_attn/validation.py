@@ -105,7 +105,9 @@ def _check_tensor(name: str, x: object) -> torch.Tensor:
 
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+        kind = type(value)
+        where = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+        raise TypeError(f"{name} must be a bool, got {where}{kind.__name__} ({value!r})")
 
 
 def _check_real_scale(softmax_scale: object) -> None:

@@ -291,6 +291,8 @@ def test_state_restored_and_hooks_removed_when_loss_fn_raises() -> None:
         ({"model": lambda x: x}, TypeError, "model must be a torch.nn.Module"),
         ({"optimizer": object()}, TypeError, "optimizer must be a torch.optim.Optimizer"),
         ({"backward_hooks": 1}, TypeError, "backward_hooks must be a bool"),
+        ({"plot": 3}, TypeError, "plot must be a path"),
+        ({"plot": "differences.txt"}, ValueError, r"plot must end in one of \.png, \.pdf, \.svg"),
         ({"loss_fn": lambda m, b: 1.0}, TypeError, "loss_fn must return a one-element tensor"),
         (
             {"loss_fn": lambda m, b: m(b)["y"]},

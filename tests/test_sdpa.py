@@ -92,6 +92,7 @@ def test_gradients_flow_back_in_sdpa_layout(reference_kernel: list[dict]) -> Non
         ({"is_causal": 1}, TypeError, "is_causal must be a bool"),
         ({"enable_gqa": None}, TypeError, "enable_gqa must be a bool"),
         ({"scale": float("nan")}, TypeError, "scale must be a finite float"),
+        ({"scale": 0.0}, ValueError, r"scale must be > 0, got 0\.0"),
     ],
 )
 def test_refusals_name_the_argument(
@@ -145,3 +146,11 @@ def test_kernels_match_torch_sdpa_in_the_interpreter(is_causal: bool) -> None:
     rq, rk, rv = torch.autograd.grad(ref, (q, k, v), grad.float())
     for ours, theirs in ((dq, rq), (dk, rk), (dv, rv)):
         torch.testing.assert_close(ours.float(), theirs.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_value_of_other_heads_is_refused_in_this_layouts_terms(reference_kernel: list[dict]):
+    q, k = (_bhsd(1, 4, 8, 16, s) for s in range(2))
+    v = _bhsd(1, 2, 8, 16, 2)
+    with pytest.raises(ValueError, match=r"value must have key's heads and seqlen"):
+        scaled_dot_product_attention(q, k, v)
+    assert reference_kernel == []

@@ -142,6 +142,7 @@ BAD = [
     # flags
     ("causal-int", _set(causal=1), TypeError, r"causal must be a bool, got int"),
     ("causal-none", _set(causal=None), TypeError, r"causal must be a bool, got NoneType"),
+    ("causal-numpy", _set(causal=np.bool_(True)), TypeError, r"causal must be a bool, got numpy"),
     ("deterministic-str", _set(deterministic="yes"), TypeError, r"deterministic must be a bool"),
     ("return-lse-numpy", _set(return_lse=np.bool_(True)), TypeError, r"return_lse must be a bool"),
     # softmax_scale

@@ -15,6 +15,9 @@ from .compare import LOSS, DeterminismReport, compare_runs
 from .plot import plot_differences
 from .record import Event, Recorder
 
+# The figure formats ``plot`` may name (matplotlib writes each without extra packages).
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
 __all__ = ["check_determinism"]
 
 _EXPECTED_HOOK_WARNINGS = (
@@ -157,7 +160,7 @@ def check_determinism(
     Raises:
         TypeError: ``model`` is not a module, ``batch_fn``/``loss_fn`` not callable, ``loss_fn``
             returns something other than a one-element tensor that requires grad.
-        ValueError: ``steps`` < 1.
+        ValueError: ``steps`` < 1, or ``plot`` names no figure format matplotlib writes.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -171,6 +174,14 @@ def check_determinism(
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    # Checked before the two training runs, which the figure comes after.
+    if plot is not None and not isinstance(plot, (str, Path)):
+        raise TypeError(f"plot must be a path (str or pathlib.Path), got {type(plot).__name__}")
+    if plot is not None and Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(
+            f"plot must end in one of {', '.join(PLOT_SUFFIXES)} (the figure's format), got "
+            f"{str(plot)!r}"
         )
     state = _State(model, optimizer)
     try:

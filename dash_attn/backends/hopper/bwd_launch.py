@@ -675,7 +675,7 @@ class FullBackward:
     # accumulator where needed) before the preprocess instead of the preprocess itself.
     pre_order: torch.Tensor | None = None
     pre_ctas: int = 0
-    # The polled cast's bound on each tile's wait (ns); 0: the main kernel's per-wait timeout.
+    # The polled cast's bound on each tile's wait (ns).
     cast_timeout_ns: int = 0
 
     @property
@@ -722,8 +722,8 @@ class FullBackward:
             self.cast(dq_acc, dq, flags, float(softmax_scale), error_addr, launch_id)
         else:
             self.cast(
-                dq_acc, dq, flags, self.dq_counts, float(softmax_scale),
-                self.cast_timeout_ns or self.main.timeout_ns, error_addr, launch_id,
+                dq_acc, dq, flags, self.dq_counts, float(softmax_scale), self.cast_timeout_ns,
+                error_addr, launch_id,
             )  # fmt: skip
         return dq, dk, dv, flags
 
@@ -808,5 +808,5 @@ def prepare_full(
         dq_counts=dq_counts,
         pre_order=pre_order,
         pre_ctas=int(pre_ctas),
-        cast_timeout_ns=int(cast_timeout_ns),
+        cast_timeout_ns=int(cast_timeout_ns or main.timeout_ns),
     )

@@ -116,7 +116,9 @@ def run_backward(
     (``bwd_launch.FullBackward``) and reports a timed-out dQ wait through a host-mapped word
     (``errors.mapped_launch``); otherwise the backward takes the shared host path (Triton
     preprocess and cast, the flag copied per launch)."""
-    launch = _launch(plan, q)  # (its first call per plan checks the mask: full or causal)
+    captured = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    # (Its first call per plan checks the mask: full or causal.)
+    launch = _launch(plan, q, captured=captured)
     if not isinstance(launch, FullBackward):
         cast = functools.partial(
             cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m
@@ -129,7 +131,6 @@ def run_backward(
     if plan.deterministic:
         error_text = functools.partial(backward.timeout_error, plan)
         # A launch captured in a CUDA graph reports under one number at every replay.
-        captured = torch.cuda.is_current_stream_capturing()
         error_addr, launch_id = mapped_launch(error_text, q.device.index, captured)
     dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
     if plan.gqa_split and not plan.dkv_sum:
@@ -148,17 +149,27 @@ def run_backward(
 # ``make_backward_plan``'s cache, so a training loop hits the same few entries.
 _MAX_LAUNCHES = 256
 _launches: dict[tuple[int, int | None, bool], tuple[BackwardPlan, BwdLaunch | FullBackward]] = {}
+# Launches a CUDA graph was captured with: a replay reads their tables and counts by address, so
+# they are never dropped (as ``tables.upload_once``'s captured entries).
+_pinned_launches: set[tuple[int, int | None, bool]] = set()
 
 
-def _launch(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
-    """The plan's launch on q's device, made on its first backward."""
+def _launch(
+    plan: BackwardPlan, q: torch.Tensor, *, captured: bool = False
+) -> BwdLaunch | FullBackward:
+    """The plan's launch on q's device, made on its first backward; kept for the process if
+    ``captured`` (a CUDA graph capture is running)."""
     key = (id(plan), q.device.index, CUTE_PRE_POST)
     entry = _launches.get(key)
     if entry is None or entry[0] is not plan:
         entry = (plan, _prepare(plan, q))
         if len(_launches) >= _MAX_LAUNCHES:
-            _launches.pop(next(iter(_launches)))
+            oldest = next((k for k in _launches if k not in _pinned_launches), None)
+            if oldest is not None:
+                _launches.pop(oldest)
         _launches[key] = entry
+    if captured:
+        _pinned_launches.add(key)
     return entry[1]
 
 
@@ -179,7 +190,7 @@ def _main(
     tables: dict[str, torch.Tensor],
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    launch = _launch(plan, q)
+    launch = _launch(plan, q, captured=q.is_cuda and torch.cuda.is_current_stream_capturing())
     main = launch.main if isinstance(launch, FullBackward) else launch
     return main(q, k, v, dout, lse2, delta, softmax_scale)
 

@@ -654,3 +654,29 @@ def test_cute_pre_post_broken_table_raises_instead_of_hanging(cute_pre_post, syn
     check_errors()  # reported once
     again = dash_attn_func(q, k, v, backend="hopper")
     assert torch.isfinite(again.float()).all()
+
+
+def test_launches_a_graph_was_captured_with_are_never_dropped(monkeypatch) -> None:
+    """A replay reads a captured launch's tables and counts by address: a launch asked for
+    during a capture stays however many plans come after, while the oldest others go."""
+    from dash_attn.backends.hopper import launch
+    from dash_attn.plan import FULL, H200, Problem, make_backward_plan
+
+    record_kernel_calls(monkeypatch)
+    monkeypatch.setattr(launch, "_launches", {})
+    monkeypatch.setattr(launch, "_pinned_launches", set())
+    monkeypatch.setattr(launch, "_MAX_LAUNCHES", 3)
+    q = torch.zeros(2, 300, 4, 128, dtype=torch.bfloat16)
+
+    def plan(seqlen_k: int):
+        problem = Problem(2, 300, seqlen_k, 4, 4, 128, FULL, "bfloat16")
+        return make_backward_plan(problem, device=H200, backend="hopper")
+
+    first, captured = plan(300), plan(301)
+    launch._launch(first, q)
+    kept = launch._launch(captured, q, captured=True)
+    for seqlen_k in range(302, 308):
+        launch._launch(plan(seqlen_k), q)
+    assert len(launch._launches) == 3
+    assert launch._launch(captured, q) is kept
+    assert (id(first), q.device.index, launch.CUTE_PRE_POST) not in launch._launches

@@ -357,7 +357,8 @@ class DqFragmentCastPolled(DqFragmentCast):
     that ends last (a counter after the semaphores, ``flags[2 + tiles]``) waits for the main
     kernel's end (``griddepcontrol.wait``, one thread): a programmatic dependent that never
     waits could end before its primary, and the stream's next work would then run beside the
-    main kernel's last dK/dV stores. Then it copies the flag to the host-mapped word.
+    main kernel's last dK/dV stores. Then it copies the flag to the host-mapped word. A CTA
+    that finds the flag raised after its wait writes its tile as NaN.
     """
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, block_m: int) -> None:
@@ -408,7 +409,13 @@ class DqFragmentCastPolled(DqFragmentCast):
             if wait_value(sem_ptr, mCounts[index], timeout_ns, abort_ptr=flag_ptr) != 0:
                 mFlags[1] = Int32(1)
         cute.arch.sync_threads()
-        self._cast_tile(mAcc, mdQ, softmax_scale, tile, bh, tid)
+        # A raised flag (this tile's wait timed out, or another's did and ended this wait
+        # early) leaves this tile's sum possibly incomplete: it is cast as NaN, never as a
+        # finite partial sum. The barrier above orders thread 0's store before these loads.
+        scale = softmax_scale
+        if mFlags[1] != 0:
+            scale = Float32(float("nan"))
+        self._cast_tile(mAcc, mdQ, scale, tile, bh, tid)
         if tid == 0:
             done = cute.arch.atomic_add(
                 mFlags.iterator + (2 + bhs * q_tiles), Int32(1), sem="acq_rel", scope="gpu"

@@ -78,8 +78,8 @@ def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
 ) -> None:
     """The polled cast (session 50, beside the main kernel): one thread's bounded acquire loop
     on the tile's semaphore, the CTA's barrier before the loads, the tile's casts as the plain
-    cast's, the CTA counter after them (one atomic), and only behind it (the last CTA) the
-    wait for the main kernel's end."""
+    cast's (NaN-scaled if the flag is raised), the CTA counter after them (one atomic), and
+    only behind it (the last CTA) the wait for the main kernel's end."""
     from dash_attn.backends.hopper import bwd_pre_post, kernel_cache
 
     monkeypatch.setattr(kernel_cache, "_memo", {})
@@ -101,6 +101,8 @@ def test_polled_cast_waits_for_each_tile_instead_of_the_main_kernel(
     for op in ("cvt.rn", "ld.global.v4"):
         assert polled.count(op) == plain.count(op) > 0, op
     assert polled.count("st.global") == plain.count("st.global") + 1
+    # A raised flag after the wait: the tile's scale becomes NaN (session 54).
+    assert "0f7FC00000" in polled and "0f7FC00000" not in plain
 
 
 def test_preprocess_refuses_odd_head_dim() -> None:
@@ -193,7 +195,7 @@ def test_dq_cast_reports_a_set_flag_through_the_mapped_word() -> None:
 def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m: int) -> None:
     """The polled cast (session 50) on finished semaphores writes the plain cast's bits and
     counts its CTAs; on a semaphore that never reaches its count it waits out its bound, raises
-    the flag and the host-mapped word, and does not hang."""
+    the flag and the host-mapped word, writes that tile as NaN, and does not hang."""
     from dash_attn import errors
     from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast
 
@@ -225,10 +227,15 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
     flags[2 + tiles // 2] -= 1
     address, launch = errors.mapped_launch("polled cast timed out", torch.cuda.current_device())
     torch.cuda.synchronize()
+    polled_dq.zero_()
     polled(acc, polled_dq, flags, counts, 0.125, 10**6, address, launch)
     with pytest.raises(RuntimeError, match="polled cast timed out"):
         errors.check_errors()
     assert flags[1].item() == 1 and flags[-1].item() == tiles
+    # The short tile's partial sum is never written as a finite result (session 54).
+    bh, tile = divmod(tiles // 2, q_tiles)
+    rows = polled_dq[bh // heads, tile * block_m : (tile + 1) * block_m, bh % heads]
+    assert rows.numel() > 0 and torch.isnan(rows).all()
 
 
 @gpu

@@ -63,7 +63,7 @@ WAVE = 16
 """Lanes of a canonical layout at most: a constant of the engine, not of the GPU. It must stay
 at or below the worker count of every machine that should reproduce the bits (114 SMs on an H100
 PCIe, minus any ``sm_margin``). Chosen with ``tools/invariance_model.py wave`` (DAG model, paper
-grid, c = 1, r = 0.3; benchmarks/results/model/invariance_wave.csv): against the
+grid, c = 1, r = 0.3; benchmarks/results/model/invariance_wave.csv.gz): against the
 worker-dependent tables, WAVE 8, 16, 32 and 64 lose nothing at 132 workers (48: up to 25%,
 96: up to 25%); at 114 workers 8 and 16 lose least (geometric mean 5.5%, at most 11%: a round
 of 16 units leaves 114 mod 16 = 2 workers per level to the next round), 32 loses 11.7% (at

@@ -431,3 +431,55 @@ def test_read_csv_reads_gzipped_result_files(tmp_path: Path) -> None:
     rows = report.read_csv(packed)
     assert rows == report.read_csv(plain) and len(rows) > 0
     assert isinstance(rows[0]["seqlen"], int) and isinstance(rows[0]["ms"], float)
+
+
+def test_session54_ncu_tables_are_generated_from_their_raw_columns() -> None:
+    """Session 54's profiles of the three short 1.10x cells (H100, NOTES item 297): each
+    committed table and busiest-units list is what ncu_summary.py makes of the raw columns
+    committed beside it, and the main-kernel times NOTES quotes are the tables' first row."""
+    repo = Path(__file__).resolve().parents[2]
+    run = repo / "benchmarks/results/h100/session54-0085cec"
+    if not run.is_dir():
+        pytest.skip("not a source checkout")
+    ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
+    notes = (repo / "benchmarks" / "NOTES.md").read_text()
+    item = notes[notes.index("297. **Nsight Compute at the three") :]
+    for call, tag, cell in [
+        ("call5", "2048_64", "d64 full 2k (b8 h32)"),
+        ("call4", "4096_64", "d64 full 4k (b4 h32)"),
+        ("call5", "4096_128", "d128 full 4k (b4 h16)"),
+    ]:
+        raw = run / call / f"raw_{tag}_cols.csv.gz"
+        labels = [f"{tag} {who}" for who in ("ours det", "ours nondet", "fa4 det", "fa4 nondet")]
+        table = (run / call / f"table_{tag}.txt").read_text()
+        assert table.strip() == ncu.metric_table(raw, labels, memory=True).strip()
+        busiest = (run / call / f"busiest_{tag}.txt").read_text()
+        assert busiest.strip() == ncu.busiest_table(raw, labels, 15).strip()
+        times = table.splitlines()[2].strip("|").split("|")[1:]
+        assert f"| {cell} | " + " | ".join(t.strip() for t in times) + " |" in item
+
+
+def test_session54_pre_beside_table_is_the_committed_ab() -> None:
+    """NOTES item 296's table (the beside preprocess against the shipped launch, H100): each row
+    holds the times and the two ratios printed in the committed A/B output."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    ab = repo / "benchmarks/results/h100/session54-0085cec/call3/pre_ab.txt"
+    if not ab.is_file():
+        pytest.skip("not a source checkout")
+    notes = (repo / "benchmarks" / "NOTES.md").read_text()
+    item = notes[notes.index("296. **The preprocess beside") :]
+    text = ab.read_text()
+    times = re.findall(
+        r"^d(\d+) full (\d+) \S+ \S+ \(ms per backward\): after ([\d.]+) ms  beside ([\d.]+) ms"
+        r"  pre ([\d.]+) ms  F ([\d.]+) ms",
+        text, flags=re.M,
+    )  # fmt: skip
+    beside = re.findall(r"after/beside \(>1: beside faster\) ([\d.]+)", text)
+    pre = re.findall(r"after/pre \(>1: pre faster\) ([\d.]+)", text)
+    assert len(times) == len(beside) == len(pre) == 3
+    for (hd, seqlen, *ms), r_beside, r_pre in zip(times, beside, pre, strict=True):
+        cells = [f"d{hd} full {int(seqlen) // 1024}k", *ms, f"{float(r_beside):.3f}"]
+        cells.append(f"{float(r_pre):.3f}")
+        assert "| " + " | ".join(cells) + " |" in item

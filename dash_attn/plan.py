@@ -583,11 +583,11 @@ def _leave_sms_to_the_cast(sched: Schedule, max_extra_steps: int = 0) -> tuple[S
     """``(schedule, free SMs)`` for a dQ cast beside the main kernel: ``sched`` where its grid
     already leaves ``POLLED_CAST_SMS`` of its workers idle, else ``sched`` made again on that
     many workers fewer where no worker then gets more steps (the same length, the same bits),
-    or at most ``max_extra_steps`` more than ``sched``'s busiest (0 for plans; the A/B probe
-    ``tools/hopper/polled_cast_ab.py --lean`` times more). Only for order-invariant tables
-    (others change bits with the worker count) with static dispatch (dynamic tickets measured
-    slower on fewer workers) and no in-kernel dK/dV sums (whose semaphores the cast's counter
-    would overlap). ``(sched, 0)`` where none applies."""
+    or at most ``max_extra_steps`` more than ``sched``'s busiest (0 for plans: more measured
+    slower on the H200, session 55). Only for order-invariant tables (others change bits with
+    the worker count) with static dispatch (dynamic tickets measured slower on fewer workers)
+    and no in-kernel dK/dV sums (whose semaphores the cast's counter would overlap).
+    ``(sched, 0)`` where none applies."""
     spec = sched.spec
     fewer = spec.workers - POLLED_CAST_SMS
     if not (

@@ -341,7 +341,7 @@ def test_the_dq_cast_keeps_its_place_elsewhere() -> None:
     assert gqa.dkv_sum and gqa.cast_sms == 0
     assert cast_sms(Problem(16, 1024, 1024, 32, 32, 96, FULL)) == 4
     assert cast_sms(_sweep_problem(256, False, 1024)) == 0
-    # With extra steps allowed (the A/B probe's --lean) those tables move to 4 workers fewer.
+    # With extra steps allowed those tables move to 4 workers fewer.
     plan = make_backward_plan(_sweep_problem(256, True, 2048), device=H200, backend="hopper")
     lean, free = dash_attn.plan._leave_sms_to_the_cast(plan.schedule, max_extra_steps=2)
     assert plan.cast_sms == 0 and free == 4 and lean.spec.workers == 128

@@ -25,9 +25,6 @@ def test_bad_configs_are_refused(text: str) -> None:
 def test_arguments() -> None:
     args = polled_cast_ab.parse_args(["--rounds", "5", "96:1024:full", "192:8192:causal"])
     assert args.rounds == 5 and args.repeats == 3
-    assert not (args.tail or args.lean or args.pre)
-    both = polled_cast_ab.parse_args(["--tail", "--lean", "--pre", "64:16384:full"])
-    assert both.tail and both.lean and both.pre
     assert [c.label for c in args.configs] == ["d96 full 1024 b16 h32", "d192 causal 8192 b2 h16"]
 
 

@@ -72,15 +72,3 @@ def dq_counts(schedule: Schedule, device: torch.device) -> torch.Tensor:
         lambda: {"dq_counts": schedule.dq_tile_counts()},
         owner=schedule,
     )["dq_counts"]
-
-
-def pre_order(schedule: Schedule, device: torch.device) -> torch.Tensor:
-    """The schedule's ``dq_tiles_by_first_step`` (int32) on ``device``, uploaded once per
-    schedule object as ``device_tables``: the order the preprocess beside the hopper backward
-    takes the Q tiles in."""
-    return upload_once(
-        ("pre_order", id(schedule)),
-        device,
-        lambda: {"pre_order": schedule.dq_tiles_by_first_step()},
-        owner=schedule,
-    )["pre_order"]

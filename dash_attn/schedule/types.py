@@ -546,42 +546,6 @@ class Schedule:
         tiles = spec.batch * spec.q_heads * spec.q_tiles
         return np.bincount(self.step_dq_tile(), minlength=tiles).astype(np.int32)
 
-    def dq_tiles_by_first_step(self) -> np.ndarray:
-        """``[batch * q_heads * q_tiles]`` int32: every dQ tile once, ordered by when a step of
-        it first starts: the step's place in its worker's list (static dispatch), or the steps
-        of the tickets before its chain shared over ``spec.workers`` (dynamic), in steps; ties
-        and tiles no step reads in index order. The order a preprocess running beside the
-        backward makes each Q tile's rows ready in.
-
-        >>> from dash_attn.schedule import FULL, ScheduleSpec, make_schedule
-        >>> spec = ScheduleSpec(batch=1, q_heads=2, kv_heads=2, q_tiles=2, kv_tiles=2, mask=FULL,
-        ...                     workers=2)
-        >>> sched = make_schedule("shift", spec)
-        >>> [sched.worker_chains(w) for w in (0, 1)]
-        [[0, 2], [1, 3]]
-        >>> [sched.chain_steps(c)[0][:2] for c in range(4)]  # (q head, q tile) of first steps
-        [(0, 0), (0, 1), (1, 0), (1, 1)]
-        >>> sched.dq_tiles_by_first_step().tolist()  # head 0's tiles at step 0, head 1's at 2
-        [0, 1, 2, 3]
-        """
-        spec = self.spec
-        tiles = spec.batch * spec.q_heads * spec.q_tiles
-        lengths = np.diff(self.chain_start).astype(np.int64)
-        # Steps before each ticket (entry of ``order``), over all workers' lists.
-        before = np.concatenate(([0], np.cumsum(lengths[self.order])))[:-1]
-        if self.dispatch is Dispatch.STATIC:
-            worker = np.repeat(np.arange(len(self.worker_start) - 1), np.diff(self.worker_start))
-            start = before - before[self.worker_start[worker]] if len(before) else before
-        else:
-            start = before // max(spec.workers, 1)
-        chain_start_step = np.full(self.num_chains, np.iinfo(np.int64).max // 2, np.int64)
-        chain_start_step[self.order] = start
-        chain = self.step_chain()
-        when = chain_start_step[chain] + (np.arange(self.num_steps) - self.chain_start[chain])
-        first = np.full(tiles, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, self.step_dq_tile(), when)
-        return np.argsort(first, kind="stable").astype(np.int32)
-
     def busiest_worker_steps(self) -> int:
         """Static dispatch: the most steps any worker's chains have (a lower bound of the
         launch's length in steps).

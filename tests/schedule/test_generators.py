@@ -319,47 +319,6 @@ def test_starts_every_dq_tile() -> None:
     assert not make_schedule("descending", spec).starts_every_dq_tile()
 
 
-def _first_steps_by_walking(schedule) -> dict[int, int]:
-    """Each dQ tile's first step time, by walking the chains as the kernel's workers take them:
-    a static worker's list from its step 0; dynamic tickets in order, each starting at the
-    steps drawn before it shared over the workers."""
-    spec = schedule.spec
-    first: dict[int, int] = {}
-    tickets = (
-        [(w, schedule.worker_chains(w)) for w in range(len(schedule.worker_start) - 1)]
-        if schedule.dispatch is Dispatch.STATIC
-        else [(None, schedule.order.tolist())]
-    )
-    for _, chains in tickets:
-        clock = 0
-        for chain in chains:
-            batch = chain // (spec.kv_tiles * spec.kv_heads)
-            start = clock if schedule.dispatch is Dispatch.STATIC else clock // spec.workers
-            for i, (q_head, q_tile, _) in enumerate(schedule.chain_steps(chain)):
-                tile = spec.dq_tile_id(batch, q_head, q_tile)
-                first[tile] = min(first.get(tile, start + i), start + i)
-            clock += len(schedule.chain_steps(chain))
-    return first
-
-
-@pytest.mark.parametrize("invariant", [False, True], ids=["paper", "invariant"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_dq_tiles_by_first_step(causal: bool, invariant: bool) -> None:
-    """Every dQ tile once, in the order of its first step as the workers take the chains (a
-    walk of the tables beside it), ties and unread tiles by index."""
-    spec = make_spec(q_tiles=5, kv_tiles=5, workers=7, q_heads=4, kv_heads=2, causal=causal,
-                     batch=2, invariant=invariant)  # fmt: skip
-    for name in applicable_schedules(spec):
-        schedule = make_schedule(name, spec)
-        order = schedule.dq_tiles_by_first_step()
-        tiles = spec.batch * spec.q_heads * spec.q_tiles
-        assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(tiles)), name
-        first = _first_steps_by_walking(schedule)
-        never = np.iinfo(np.int64).max
-        expected = sorted(range(tiles), key=lambda t: (first.get(t, never), t))
-        assert order.tolist() == expected, name
-
-
 def test_mask_specific_schedules_reject_the_other_mask() -> None:
     with pytest.raises(ValueError, match="shift.*full mask"):
         make_schedule("shift", make_spec(causal=True, q_tiles=4, kv_tiles=4, workers=4))

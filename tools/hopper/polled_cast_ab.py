@@ -6,38 +6,20 @@ once with it out ("after"). Their gradients are compared with ``torch.equal`` (t
 order-invariant, so fewer workers keep the bits), both repeat bitwise, and both are timed in
 interleaved rounds beside FA4-det (``fwd_probe.time_contenders``).
 
-``--tail`` adds a third side: the plan on every worker (the "after" plan) with the polled cast
-all the same. The cast's CTAs then find no free SM until the main kernel's CTAs end (the
-programmatic launch waits for every main CTA to have started, so none of them can be kept off
-an SM by a waiting cast CTA); they cast the tiles done by then in the main kernel's tail, where
-a static schedule's shorter workers or dynamic dispatch's last tickets leave SMs idle. A
-question for the plans that leave no SMs free (dynamic dispatch; hd 192 and 256 at short
-lengths).
-
-``--lean`` adds, where the plan keeps every worker, its tables made on 4 workers fewer with the
-cast beside them all the same, and prints how many steps the busiest worker gains (a step or
-two of 700-1500 at some hd-192 and hd-256 shapes: less than the cast's time?).
-
-``--pre`` adds, where the plan leaves SMs to the cast, the same plan with the preprocess beside
-the main kernel too (``hopper/bwd_pre_beside.py``, session 52: on the free SMs, each Q tile's
-rows published by a ready flag that the main kernel's producer waits for), as "pre": against
-"beside" it times the ~40 us preprocess moved off the main kernel's start.
-
 A config is ``headdim:seqlen:full|causal``, on the sweep's grid (16384 tokens, the heads of
 ``targets_table.SWEEP_HEADS``). A config whose plan leaves no SMs to the cast even with its head
 dim listed (its busiest worker would get more steps, or the schedule is dynamic) is reported and
-skipped without ``--tail`` or ``--lean``. On the GPU machine, from the repository root (the
-CuTe-DSL/FA4 kit sourced):
+skipped. On the GPU machine, from the repository root (the CuTe-DSL/FA4 kit sourced):
 
     python3 -m tools.hopper.polled_cast_ab --rounds 15 96:2048:full 128:16384:causal
-    python3 -m tools.hopper.polled_cast_ab --tail 256:1024:full 64:16384:full
-    python3 -m tools.hopper.polled_cast_ab --pre 64:2048:full 128:4096:full
+
+(The probe's other sides, sessions 51-52's, lost in session 55's H200 run and were removed; they
+are in git history at f076920.)
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,38 +74,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("configs", nargs="+", type=parse_config, help="headdim:seqlen:mask")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=3, help="bitwise repeats of each side")
-    parser.add_argument(
-        "--tail", action="store_true",
-        help="also time the plan on every worker with the polled cast launched beside it",
-    )  # fmt: skip
-    parser.add_argument(
-        "--lean", action="store_true",
-        help="where the plan keeps every worker, also time its tables on 4 workers fewer with "
-        "the cast beside them",
-    )  # fmt: skip
-    parser.add_argument(
-        "--pre", action="store_true",
-        help="where the plan leaves SMs to the cast, also time it with the preprocess beside "
-        "the main kernel too",
-    )  # fmt: skip
     return parser.parse_args(argv)
 
 
-def run_config(  # pragma: no cover - GPU
-    cfg: Config,
-    rounds: int,
-    repeats: int,
-    tail: bool = False,
-    lean: bool = False,
-    pre: bool = False,
-) -> None:
+def run_config(cfg: Config, rounds: int, repeats: int) -> None:  # pragma: no cover - GPU
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
     from dash_attn import last_launch_info
     from dash_attn import plan as plan_module
     from dash_attn.backends.hopper import launch as hopper_launch
-    from dash_attn.schedule import Dispatch
     from tools.hopper.bwd_probe import capture
     from tools.hopper.fwd_probe import time_contenders
 
@@ -151,41 +111,10 @@ def run_config(  # pragma: no cover - GPU
     name = beside.plan.schedule.name
     print(f"== {cfg.label}: {name}, cast_sms {beside.plan.cast_sms} / {after.plan.cast_sms}, "
           f"grids {beside.plan.grid} / {after.plan.grid}", flush=True)  # fmt: skip
-    sides = {"after": after}
-    if tail:
-        # The plan on every worker with the polled cast launched as its programmatic dependent:
-        # the cast's CTAs get an SM only as the main kernel's CTAs end, so they cast the tiles
-        # done by then in the main kernel's tail instead of all after it.
-        polled = dataclasses.replace(after.plan, cast_sms=1)
-        prepared = hopper_launch._prepare(polled, after.leaves[0], pre_beside=False)
-        sides["tail"] = after.with_launch(prepared, polled)
-    if beside.plan.cast_sms:
-        # The preprocess before the main kernel on every side but "pre", whatever
-        # PRE_BESIDE_HEADDIMS lists.
-        prepared = hopper_launch._prepare(beside.plan, beside.leaves[0], pre_beside=False)
-        sides["beside"] = beside.with_launch(prepared)
-        if pre:
-            # The same plan and kernels but for pre_beside, the preprocess on the free SMs.
-            prepared = hopper_launch._prepare(beside.plan, beside.leaves[0], pre_beside=True)
-            sides["pre"] = beside.with_launch(prepared)
-    elif lean and after.plan.dispatch is Dispatch.STATIC:
-        # The plan's own rule with any number of extra steps allowed: the tables on 4 workers
-        # fewer even though the busiest worker gets more steps there (how many is printed),
-        # the cast beside them on the SMs left free.
-        busiest = after.plan.schedule.busiest_worker_steps()
-        tables, cast_sms = plan_module._leave_sms_to_the_cast(
-            after.plan.schedule, max_extra_steps=busiest
-        )
-        grown = tables.busiest_worker_steps() - busiest
-        print(f"   lean: busiest worker {grown:+d} steps (of {busiest})", flush=True)
-        plan = dataclasses.replace(
-            after.plan, schedule=tables, grid=plan_module._grid(tables), cast_sms=cast_sms
-        )
-        prepared = hopper_launch._prepare(plan, after.leaves[0], pre_beside=False)
-        sides["lean"] = after.with_launch(prepared, plan)
-    if len(sides) == 1:
+    if beside.plan.cast_sms == 0:
         print("   skipped: the plan leaves no SMs to the cast", flush=True)
         return
+    sides = {"after": after, "beside": beside}
     first = after.backward()
     # Each side must run its own captured launch, not one the backward prepared afresh.
     own = True
@@ -211,7 +140,7 @@ def run_config(  # pragma: no cover - GPU
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an sm_90 GPU
     args = parse_args(argv)
     for cfg in args.configs:
-        run_config(cfg, args.rounds, args.repeats, args.tail, args.lean, args.pre)
+        run_config(cfg, args.rounds, args.repeats)
     return 0
 
 

@@ -223,13 +223,6 @@ NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256
 # and causal 4k and 16k at 256 on the sweep's grid.)
 POLLED_CAST_HEADDIMS = (64, 96, 128, 192, 256)
 POLLED_CAST_SMS = 4
-# Where the dQ cast runs beside the main kernel (a plan with cast_sms), at these head dims the
-# preprocess runs beside it too, on the same free SMs before the cast (bwd_pre_beside's
-# BwdPreprocessBeside, the main kernel compiled with pre_beside): the main kernel's producer
-# waits for each Q tile's ready flag instead of the whole preprocess (~40 us per backward of
-# 16k tokens x hidden 2048) before its first step. The same bits. Session 52 built it on the
-# CPU; none until an A/B on the GPU (tools/hopper/polled_cast_ab.py --pre) shows it faster.
-PRE_BESIDE_HEADDIMS: tuple[int, ...] = ()
 
 
 # CUDA's limit on a grid's second and third axes.

@@ -92,8 +92,7 @@ fits at 80-row tiles); ``ds_guard`` orders the warpgroups' use of the single dS 
 barrier; ``exp_poly`` computes a share of the exponentials by a polynomial on the FMA pipe;
 ``dkv_smem`` takes the chain's dK/dV through shared memory (full sectors); ``dq_first_store`` copies
 each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a programmatic
-dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``pre_beside`` waits per Q
-tile for the preprocess running beside it (``bwd_pre_beside``); ``drain_ticket`` has the
+dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
 
@@ -177,7 +176,6 @@ class HopperAttnBwd(
         kv_prefetch: int | None = None,
         dkv_stage: bool = False,
         cast_trigger: bool = False,
-        pre_beside: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -367,23 +365,6 @@ class HopperAttnBwd(
         #   fewer workers than SMs leaves free, each of its CTAs waiting for its tile's last
         #   turn. Nothing of this kernel's work changes.
         self.cast_trigger = cast_trigger and deterministic
-        # pre_beside (with cast_trigger): the preprocess runs beside this kernel on the
-        #   SMs the plan leaves free (bwd_pre_beside.BwdPreprocessBeside, launched before it;
-        #   a programmatic launch starts only once all of its CTAs run, so they always get
-        #   their SMs), publishing each Q tile's LSE2 and delta with a ready flag
-        #   (``flags[3 + tiles + tile]``, after the polled cast's counter; then its count of tiles
-        #   done, after which the producer checks no flag again). No thread waits for
-        #   the preprocess's end before its work (the flags and the accumulator were zeroed
-        #   before it by the host's fill); the producer waits, bounded, for a step's ready flag
-        #   before it loads the step's LSE2 and delta rows, and thread 0 waits for the
-        #   preprocess's end (griddepcontrol.wait) only after its loop, so that the kernel never
-        #   ends before it (the stream's next work must find it done). Launched as the
-        #   preprocess's programmatic dependent (as with pdl). The same rows, so the same bits.
-        if pre_beside and not self.cast_trigger:
-            raise ValueError("pre_beside needs cast_trigger (deterministic)")
-        if pre_beside and dkv_sum:
-            raise ValueError("pre_beside: the ready flags would sit where dkv_sum's start")
-        self.pre_beside = pre_beside
         # drain_ticket (deterministic only): under dynamic dispatch the producer takes the next
         #   ticket only once the dQ writer has released the chain's last dQ turn, not as soon as
         #   the MMA warpgroups are done with it. Otherwise a chain whose last partial waits long
@@ -717,7 +698,7 @@ class HopperAttnBwd(
             stream=stream,
             # setmaxnreg is only honoured with .minnctapersm (ptxas C7508 otherwise).
             min_blocks_per_mp=1,
-            use_pdl=self.pdl or self.pre_beside,
+            use_pdl=self.pdl,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ device code
@@ -800,7 +781,7 @@ class HopperAttnBwd(
         cute.arch.barrier()
         if const_expr(self.cast_trigger):
             cute.arch.griddepcontrol_launch_dependents()
-        if const_expr(self.pdl and not self.pre_beside):
+        if const_expr(self.pdl):
             # Everything above touches only shared memory and the kernel's parameters; from
             # here on the preprocess's outputs are read (and the accumulator written).
             cute.arch.griddepcontrol_wait()
@@ -823,14 +804,8 @@ class HopperAttnBwd(
                     mQ, mK, mV, mdO, mLSE, mDelta, tma_q, tma_k, tma_v, tma_do, tma_lse,
                     tma_delta, mFlags, mChainStart, mStepHead, mStepTile, mStepRank, mOrder,
                     mWorkerStart, kv_tiles, num_chains, dynamic, heads, kv_heads, kv_group,
-                    batch, q_tiles, timeout_ns, sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
+                    sQ, sK, sV, sdO, sLSE, sDelta, sInfo, storage,
                 )  # fmt: skip
-                if const_expr(self.pre_beside):  # noqa: SIM102 (compile-time, then runtime)
-                    if tidx == 0:
-                        # Not before the preprocess beside this kernel has ended (the stream's
-                        # next work waits for this grid, not for it). It has by now but for
-                        # its last tiles.
-                        cute.arch.griddepcontrol_wait()
             if warp_idx == 1:
                 self.dq_writer(
                     mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,

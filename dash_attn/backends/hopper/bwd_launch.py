@@ -347,12 +347,10 @@ def compile_bwd(
     variant: str | None = None,
     dkv_sum: bool = False,
     cast_trigger: bool = False,
-    pre_beside: bool = False,
 ) -> Any:
     """Compile (or fetch) the kernel for q's ``dtype`` and ``head_dim``, the mask and the mode
     (``dkv_sum``: the GQA split's in-kernel dK/dV sums; ``cast_trigger``: the polled dQ cast
-    may start beside it; ``pre_beside``: the preprocess runs beside it; all
-    ``HopperAttnBwd``'s options, added to the variant's).
+    may start beside it; both ``HopperAttnBwd``'s options, added to the variant's).
 
     Shapes, strides and schedule tables are runtime values, so the same kernel serves every
     problem; it is compiled from symbolic stand-ins, without a GPU. ``variant`` defaults to the
@@ -372,8 +370,6 @@ def compile_bwd(
         options["dkv_sum"] = True
     if cast_trigger:
         options["cast_trigger"] = True
-    if pre_beside:
-        options["pre_beside"] = True
     key = (
         "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
         extra_options, tuple(sorted(options.items())),
@@ -507,7 +503,6 @@ class BwdLaunch:
     dkv_heads: int  # of the chains: k's, or q's (GQA split)
     dkv_sum: bool  # a split whose kernel adds dK/dV per group (dk/dv with k's heads)
     cast_trigger: bool = False  # its CTAs let the polled dQ cast start beside it
-    pre_beside: bool = False  # its producer waits for the preprocess beside it, tile by tile
 
     def __call__(
         self,
@@ -590,7 +585,6 @@ def prepare_bwd(
     kv_heads: int = 0,
     seqlen_k: int = 0,
     cast_trigger: bool = False,
-    pre_beside: bool = False,
 ) -> BwdLaunch:
     """The ``BwdLaunch`` of q's shape (b, s, h, d) and dtype: the table sizes and counts
     checked, the kernel compiled (or fetched). ``dkv_heads``, ``dkv_sum``: as
@@ -619,15 +613,9 @@ def prepare_bwd(
             f"(got {seqlen_k}; {kv_tiles} KV tiles of {block_n})"
         )
     cast_trigger = bool(cast_trigger and deterministic)  # non-det kernels take no turns
-    if pre_beside and not cast_trigger:
-        raise ValueError(
-            "pre_beside: the preprocess runs beside a deterministic main kernel that lets the "
-            "polled cast start (cast_trigger)"
-        )
     compiled = compile_bwd(
         dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
         block_n=block_n, variant=variant, dkv_sum=dkv_sum, cast_trigger=cast_trigger,
-        pre_beside=pre_beside,
     )  # fmt: skip
     # The kernel's trailing scalars in order; the softmax scale (scalars[5]) comes with each call.
     scalars = _scalar_args(q_tiles, kv_tiles, num_chains, num_workers, dynamic, 1.0, timeout_ns)
@@ -642,7 +630,6 @@ def prepare_bwd(
         dkv_heads=int(dkv_heads),
         dkv_sum=bool(dkv_sum),
         cast_trigger=cast_trigger,
-        pre_beside=bool(pre_beside),
     )
 
 
@@ -651,8 +638,7 @@ class FullBackward:
     """A whole hopper backward as three TVM-FFI launches (``bwd_pre_post``'s preprocess, the
     main kernel, the dQ cast) on one fp32 allocation for LSE2, delta, the dQ accumulator and the
     flags: what ``launch.run_backward`` runs per call for the fragment-order variants (all the
-    shipped ones). With ``pre_order`` the preprocess is ``bwd_pre_beside``'s, beside the main
-    kernel, and a zero fill of the flags comes first. Made by ``prepare_full``."""
+    shipped ones). Made by ``prepare_full``."""
 
     main: BwdLaunch
     preprocess: Any
@@ -668,13 +654,6 @@ class FullBackward:
     # device), or None for the cast after the main kernel; with them the flags have one more
     # word, the polled cast's CTA counter.
     dq_counts: torch.Tensor | None = None
-    # The preprocess beside the main kernel (``bwd_pre_beside``): the dQ tiles in the order the
-    # schedule first needs them (int32 on the device) and its CTAs (the plan's free SMs), or
-    # None for the preprocess before the main kernel. With them the flags end with a ready
-    # flag per dQ tile and the count of tiles done, and the host zeroes the flags (and the
-    # accumulator where needed) before the preprocess instead of the preprocess itself.
-    pre_order: torch.Tensor | None = None
-    pre_ctas: int = 0
     # The polled cast's bound on each tile's wait (ns).
     cast_timeout_ns: int = 0
 
@@ -703,18 +682,9 @@ class FullBackward:
         lse2 = lse2.view(-1, self.rows_pad)
         delta = delta.view(-1, self.rows_pad)
         flags = flags.view(torch.int32)
-        if self.pre_order is None:
-            self.preprocess(
-                tma_view(out), tma_view(dout), lse, lse2, delta, buf[self.zero_start :].view(-1, 4)
-            )  # fmt: skip
-        else:
-            buf[self.zero_start :].zero_()
-            start = self.main.flag_count + 1  # after the polled cast's counter
-            ready = flags[start : start + self.pre_order.numel() + 1]  # and the count
-            self.preprocess(
-                tma_view(out), tma_view(dout), lse, lse2, delta, ready, self.pre_order,
-                self.pre_ctas,
-            )  # fmt: skip
+        self.preprocess(
+            tma_view(out), tma_view(dout), lse, lse2, delta, buf[self.zero_start :].view(-1, 4)
+        )
         dq_acc = dq_acc.view(self.main.dq_shape)
         dk, dv = self.main.launch(q, k, v, dout, lse2, delta, dq_acc, flags, softmax_scale)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # contiguous, as the fake op's
@@ -736,8 +706,6 @@ def prepare_full(
     *,
     zero_acc: bool = True,
     dq_counts: torch.Tensor | None = None,
-    pre_order: torch.Tensor | None = None,
-    pre_ctas: int = 0,
     cast_timeout_ns: int = 0,
 ) -> FullBackward:
     """The ``FullBackward`` around ``main`` for q's shape and dtype.
@@ -747,21 +715,11 @@ def prepare_full(
     rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first.
     ``dq_counts`` (int32 on the device, each dQ tile's contributions: the schedule's
     ``dq_tile_counts``) runs the polled cast beside the main kernel: only for a deterministic
-    kernel prepared with ``cast_trigger``, whose CTAs let it start. ``pre_order`` (int32 on the
-    device, every dQ tile once: the schedule's ``dq_tiles_by_first_step``) and ``pre_ctas``
-    (>= 1, the SMs the plan leaves free) run the preprocess beside the main kernel: only with
-    ``dq_counts`` and a main kernel prepared with ``pre_beside``. ``cast_timeout_ns`` bounds
+    kernel prepared with ``cast_trigger``, whose CTAs let it start. ``cast_timeout_ns`` bounds
     each of the polled cast's waits for a tile (0: the main kernel's per-wait timeout). Its
     CTAs start with the main kernel and a tile the tables finish last is waited for about as
     long as the whole main kernel, so ``launch._prepare`` gives it the plan's timeout plus a
     bound of the main kernel's length."""
-    if (pre_order is not None) != main.pre_beside:
-        raise ValueError("pre_order: give it exactly where the main kernel has pre_beside")
-    if pre_order is not None and (dq_counts is None or pre_ctas < 1):
-        raise ValueError(
-            f"pre_order: the preprocess beside needs the polled cast (dq_counts) and "
-            f"pre_ctas >= 1 (got {pre_ctas})"
-        )
     if dq_counts is not None and not main.cast_trigger:
         raise ValueError("dq_counts: the main kernel does not let the polled cast start")
     if dq_counts is not None and main.dkv_sum:
@@ -771,7 +729,6 @@ def prepare_full(
         # There the main kernel lets its dependent start before it waits for the preprocess,
         # which zeroes the flags: the cast could read the last call's semaphores.
         raise ValueError(f"dq_counts: the polled cast does not run after a pdl variant ({variant})")
-    from .bwd_pre_beside import compile_preprocess_beside
     from .bwd_pre_post import compile_dq_cast, compile_preprocess
 
     batch, _, heads, head_dim = q_shape
@@ -785,28 +742,15 @@ def prepare_full(
     # rows_pad is a multiple of block_m and dq_size of block_m * head_dim: the accumulator and
     # the flags start on 16-byte boundaries, and the zeroed region is whole 16-byte rows.
     polled = dq_counts is not None
-    beside = pre_order is not None
-    if beside and pre_order.numel() != batch * heads * q_tiles:
-        raise ValueError(
-            f"pre_order must list the {batch * heads * q_tiles} dQ tiles, got {pre_order.numel()}"
-        )
-    # The ready flags (pre_order) and the count of tiles done follow the polled cast's counter:
-    # HopperAttnBwd reads them at flags[3 + tiles + tile] and flags[3 + 2 tiles].
-    flag_words = main.flag_count + polled + (batch * heads * q_tiles + 1 if beside else 0)
+    flag_words = main.flag_count + polled
     padding = -flag_words % 4
-    if beside:
-        preprocess = compile_preprocess_beside(cutlass_dtype, head_dim, block_m)
-    else:
-        preprocess = compile_preprocess(cutlass_dtype, head_dim, pdl=pdl)
     return FullBackward(
         main=main,
-        preprocess=preprocess,
+        preprocess=compile_preprocess(cutlass_dtype, head_dim, pdl=pdl),
         cast=compile_dq_cast(cutlass_dtype, head_dim, block_m, pdl=pdl, poll=polled),
         rows_pad=rows_pad,
         parts=(rows, rows, main.dq_size, flag_words, padding),
         zero_start=2 * rows + (0 if zero_acc else main.dq_size),
         dq_counts=dq_counts,
-        pre_order=pre_order,
-        pre_ctas=int(pre_ctas),
         cast_timeout_ns=int(cast_timeout_ns or main.timeout_ns),
     )

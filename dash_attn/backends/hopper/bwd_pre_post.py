@@ -77,7 +77,7 @@ def row_dot(o_vecs: list, do_vecs: list, valid, lanes: cutlass.Constexpr[int]) -
     """delta of one row from its ``lanes`` adjacent lanes' vectors (``load_row_vectors``):
     each lane sums its products in order (0 where not ``valid``), then a butterfly over the
     lanes leaves the row's sum in each of them. A fixed order: the same bits wherever a row is
-    computed (``BwdPreprocess``, ``bwd_pre_beside``)."""
+    computed."""
     total = Float32(0.0)
     if valid:
         for v in cutlass.range_constexpr(len(o_vecs)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, const_expr
+from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from .bwd_sync import (
@@ -21,7 +21,6 @@ from .bwd_sync import (
     I_QH,
     I_QT,
     I_RANK,
-    wait_value,
 )
 
 
@@ -56,9 +55,6 @@ class ProducerMixin:
         heads: Int32,
         kv_heads: Int32,
         kv_group: Int32,
-        batch: Int32,
-        q_tiles: Int32,
-        timeout_ns: Int64,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
@@ -87,10 +83,6 @@ class ProducerMixin:
         kv_phase = Int32(0)
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         drain_phase = Int32(0)  # of the chains' "drained" mbarrier (drain_ticket)
-        # pre_beside: the ready flags follow the polled cast's counter, then the preprocess's
-        # count of tiles done; once that has reached all tiles, no step checks again.
-        tiles = batch * heads * q_tiles
-        all_ready = Int32(0)
         while ticket < end:
             chain = mOrder[ticket]
             b, kvh, kvt = self._chain_coords(chain, kv_tiles, kv_heads)
@@ -106,14 +98,6 @@ class ProducerMixin:
                 qh = mStepHead[step]
                 qt = mStepTile[step]
                 rank = mStepRank[step]
-                if const_expr(self.pre_beside):  # noqa: SIM102 (compile-time, then runtime)
-                    # The step's LSE2/delta rows come from the preprocess beside this kernel:
-                    # wait (bounded) for the tile's ready flag before the free stage.
-                    if all_ready == 0:
-                        all_ready = self._wait_ready(
-                            mFlags, 3 + tiles, tiles, (b * heads + qh) * q_tiles + qt,
-                            timeout_ns, lane,
-                        )  # fmt: skip
                 cute.arch.mbarrier_wait(storage.empty_bar.data_ptr() + stage, phase ^ 1)
                 if lane == 0:
                     flags = Int32(0)
@@ -202,40 +186,6 @@ class ProducerMixin:
         if const_expr(self.pdl):
             # The dQ cast may launch (it waits for this grid's end before reading anything).
             cute.arch.griddepcontrol_launch_dependents()
-
-    @cute.jit
-    def _wait_ready(
-        self, mFlags: cute.Tensor, base: Int32, tiles: Int32, tile: Int32, timeout_ns: Int64,
-        lane: Int32,
-    ) -> Int32:  # fmt: skip
-        """pre_beside: 1 if the preprocess has counted all ``tiles`` done (``mFlags[base +
-        tiles]``; each count is released after its tile's rows), else 0 once ``tile``'s ready
-        flag ``mFlags[base + tile]`` is 1. Lane 0 reads the count and lane 1 the flag, both
-        acquire loads at once (one L2 round trip on the producer's path, not two in turn);
-        where neither says ready, lane 0 waits for the flag (bounded, ended early by a raised
-        error flag), raising the error flag if it is not 1 by then (the backward is then an
-        error; its loads go on). The warp barrier orders every lane after those acquires, and
-        the proxy fence orders each lane's TMA loads (async proxy) after them."""
-        seen = Int32(0)
-        if lane == 0:
-            seen = cute.arch.load(mFlags.iterator + base + tiles, Int32, sem="acquire",
-                                  scope="gpu")  # fmt: skip
-        if lane == 1:
-            seen = cute.arch.load(mFlags.iterator + base + tile, Int32, sem="acquire",
-                                  scope="gpu")  # fmt: skip
-        counted = cute.arch.shuffle_sync(seen, 0)
-        ready = cute.arch.shuffle_sync(seen, 1)
-        done = Int32(0)
-        if counted == tiles:
-            done = Int32(1)
-        elif ready != 1 and lane == 0:
-            late = wait_value(mFlags.iterator + base + tile, Int32(1), timeout_ns,
-                              mFlags.iterator + 1)  # fmt: skip
-            if late != 0:
-                mFlags[1] = Int32(1)
-        cute.arch.sync_warp()
-        cute.arch.fence_proxy("async.global")
-        return done
 
     @cute.jit
     def _chain_coords(self, chain: Int32, kv_tiles: Int32, kv_heads: Int32):

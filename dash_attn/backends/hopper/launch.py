@@ -16,14 +16,13 @@ from ...errors import check_errors, mapped_launch, record_status
 from ...plan import BackwardPlan
 from ...schedule import Dispatch
 from .. import backward
-from ..tables import device_tables, dq_counts, pre_order
+from ..tables import device_tables, dq_counts
 from ..triton.group_sum import sum_kv_groups
 from . import (
     FWD_3WG_MIN_SEQLEN,
     FWD_LPT_ORDER_MAX_SEQLEN_K,
     FWD_P_SMEM_HEADDIMS,
     FWD_PERSISTENT_MAX_SEQLEN_K,
-    PRE_BESIDE_HEADDIMS,
     bwd_variant,
 )
 from .bwd_launch import (
@@ -120,9 +119,7 @@ def run_backward(
     # (Its first call per plan checks the mask: full or causal.)
     launch = _launch(plan, q, captured=captured)
     if not isinstance(launch, FullBackward):
-        cast = functools.partial(
-            cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m
-        )
+        cast = functools.partial(cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m)
         return backward.run_backward(
             plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
             cast_dq=cast,
@@ -195,14 +192,10 @@ def _main(
     return main(q, k, v, dout, lse2, delta, softmax_scale)
 
 
-def _prepare(
-    plan: BackwardPlan, q: torch.Tensor, *, pre_beside: bool | None = None
-) -> BwdLaunch | FullBackward:
+def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     """The plan's launch. The tensors' shapes, dtype and alignment are not checked again: the
     plan was made for them (dispatch checked them, the preprocess makes lse2/delta for its
-    tiles, the tables are its own). ``pre_beside`` (None: where the head dim is in
-    ``PRE_BESIDE_HEADDIMS``; an A/B probe may force it) runs the preprocess beside the main
-    kernel on the SMs the plan leaves free, where the polled cast runs too."""
+    tiles, the tables are its own)."""
     backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
@@ -210,9 +203,6 @@ def _prepare(
     # dQ cast runs beside the main kernel, waiting for each tile's last turn
     # (bwd_pre_post.DqFragmentCastPolled).
     polled = plan.cast_sms > 0
-    if pre_beside is None:
-        pre_beside = plan.problem.headdim in PRE_BESIDE_HEADDIMS
-    pre_beside = bool(pre_beside and polled and CUTE_PRE_POST)
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
@@ -221,7 +211,7 @@ def _prepare(
         dynamic=plan.dispatch is Dispatch.DYNAMIC, timeout_ns=int(plan.timeout_s * 1e9),
         variant=variant, dkv_heads=spec.kv_heads, dkv_sum=plan.dkv_sum,
         kv_heads=plan.problem.kv_heads, seqlen_k=plan.problem.seqlen_k,
-        cast_trigger=polled and CUTE_PRE_POST, pre_beside=pre_beside,
+        cast_trigger=polled and CUTE_PRE_POST,
     )  # fmt: skip
     if not CUTE_PRE_POST:
         return main
@@ -243,6 +233,5 @@ def _prepare(
         cast_timeout_ns = int(plan.timeout_s * 1e9) + steps * CAST_WAIT_PER_STEP_NS
     return prepare_full(
         main, tuple(q.shape), q.dtype, variant, zero_acc=not first_stores, dq_counts=counts,
-        pre_order=pre_order(plan.schedule, q.device) if pre_beside else None,
-        pre_ctas=plan.cast_sms if pre_beside else 0, cast_timeout_ns=cast_timeout_ns,
+        cast_timeout_ns=cast_timeout_ns,
     )  # fmt: skip

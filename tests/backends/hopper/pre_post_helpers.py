@@ -1,6 +1,6 @@
 """What the tests of the hopper backward's kernels around the main one share
-(``test_bwd_pre_post.py``, ``test_bwd_pre_beside.py``): the skip markers, the dtypes and the
-(head dim, block_m) of every shipped backward variant."""
+(``test_bwd_pre_post.py``): the skip markers, the dtypes and the (head dim, block_m) of every
+shipped backward variant."""
 
 from __future__ import annotations
 
@@ -58,20 +58,19 @@ def assert_repeats_and_replays(grads, first, attention, inputs, dout) -> None:
 
 
 def record_kernel_calls(monkeypatch) -> list[tuple[str, tuple]]:
-    """The kernels of a ``FullBackward`` (the main kernel, either preprocess and the dQ cast)
+    """The kernels of a ``FullBackward`` (the main kernel, the preprocess and the dQ cast)
     replaced by stand-ins that append ``(name, args)`` to the returned list at each launch:
-    ``main``, ``pre``, ``beside`` (the preprocess beside the main kernel), ``cast``."""
+    ``main``, ``pre``, ``cast``."""
     from dash_attn.backends.hopper import bwd_launch
 
     calls: list[tuple[str, tuple]] = []
     recorder = {name: (lambda *args, name=name: calls.append((name, args)))
-                for name in ("pre", "beside", "main", "cast")}  # fmt: skip
+                for name in ("pre", "main", "cast")}  # fmt: skip
     monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: recorder["main"])
     hopper = "dash_attn.backends.hopper"
     for target, name in (
         ("bwd_pre_post.compile_preprocess", "pre"),
         ("bwd_pre_post.compile_dq_cast", "cast"),
-        ("bwd_pre_beside.compile_preprocess_beside", "beside"),
     ):
         monkeypatch.setattr(f"{hopper}.{target}", lambda *a, name=name, **kw: recorder[name])
     return calls

@@ -215,20 +215,30 @@ def test_readme_results_are_generated_from_the_committed_files(
         # with dK/dV staged too (both in the history since session 50's run).
         (results / "session47-54b87c1" / "call3" / "bwd64" / "bench.csv", text),
         (results / "session48-06c1ec2" / "call1" / "r" / "bwd64" / "bench.csv", text),
-        # Session 50: head dims 64 and 128 with the dQ cast beside the main kernel.
-        (results / "session50-5723982" / "call3" / "bwd64" / "bench.csv", readme_text),
-        (results / "session50-5723982" / "call3" / "bwd128" / "bench.csv", readme_text),
+        # Session 50: head dims 64 and 128 with the dQ cast beside the main kernel (in the
+        # history since session 55's run).
+        (results / "session50-5723982" / "call3" / "bwd64" / "bench.csv", text),
+        (results / "session50-5723982" / "call3" / "bwd128" / "bench.csv", text),
         # Session 51: head dims 96 and 128 with the dQ cast beside the main kernel everywhere.
         (results / "session51-8c102d0" / "call3" / "bwd96" / "bench.csv", readme_text),
         (results / "session51-8c102d0" / "call3" / "bwd128" / "bench.csv", readme_text),
+        # Session 55: head dims 64 and 128 on the kernels shipped now (call 9: the first three
+        # hd-128 configs again with eight rounds).
+        (results / "session55-73abb0b" / "call7" / "bwd64" / "bench.csv", readme_text),
+        (results / "session55-73abb0b" / "call8" / "bwd128" / "bench.csv", readme_text),
+        (results / "session55-73abb0b" / "call9" / "bwd128_head" / "bench.csv", readme_text),
     ):
         rows = _read_committed(path)
         assert report.readme_table(rows).strip() in doc
         assert report.summary_table(rows, markdown=True, only_measured=True).strip() in doc
     orders = _read_committed(session29 / "call4-c34fc73" / "orders" / "determinism.csv")
     assert report.determinism_table(orders, markdown=True).strip() in text
-    e2e = report.e2e_table(_read_committed(session28 / "e2e" / "e2e.csv"), markdown=True)
+    # Session 55: the end-to-end blocks on the kernels shipped now (session 28's before).
+    session55_e2e = results / "session55-73abb0b" / "call3" / "e2e" / "e2e.csv"
+    e2e = report.e2e_table(_read_committed(session55_e2e), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme_text
+    e2e = report.e2e_table(_read_committed(session28 / "e2e" / "e2e.csv"), markdown=True)
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in text
     # Session 23: the GQA split's probe table and end-to-end blocks.
     session23 = results / "session23-87322f7"
     e2e = _read_committed(session23 / "call3-87322f7-wip" / "e2e" / "e2e.csv")

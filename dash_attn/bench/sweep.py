@@ -27,7 +27,16 @@ from .timing import (
     repeat_diffs,
     short_reason,
     tflops,
+    warm_up_gpu,
 )
+
+# A case whose providers took longer than this to prime (their first calls compile kernels, on
+# the CPU, while the GPU idles) gets REWARM_S of GPU warm-up before its first round. Without it
+# the first rounds after a compile could run slow: H200, session 55, call 8, the run's first
+# config (hd 128 causal 512): three of four dash_hopper_auto rounds 1.5-1.7x slower than the
+# fourth, FA4 non-det's first two rounds too (benchmarks/NOTES.md item 302).
+PRIME_IDLE_S = 1.0
+REWARM_S = 1.0
 
 
 @dataclass
@@ -89,7 +98,9 @@ def _time_case(
 ) -> tuple[list[tuple[Provider, Measurement]], bool]:
     """The providers of one case in ``rounds`` interleaved rounds (every other one in reverse
     order; the GPU idle for ``idle_s`` before each provider's turn, then ``settle_ms`` of the
-    provider's own untimed calls), then each one's repeat check.
+    provider's own untimed calls), then each one's repeat check. Before the rounds each
+    provider is made and called once (``ProviderTiming.prime``: its compiles), and where that
+    took over ``PRIME_IDLE_S`` the GPU is warmed up for ``REWARM_S``.
     Returns the measurements (in provider order) and False if the CUDA context broke (the
     caller stops); a provider that fails is skipped with its reason."""
     timings: dict[str, ProviderTiming] = {}
@@ -102,6 +113,20 @@ def _time_case(
         cleanup(device)
         return isinstance(exc, ProviderUnavailable) or gpu_alive(device)
 
+    # Every provider made and called once before the rounds, so no round times a GPU that sat
+    # idle while a provider compiled; after a long priming the GPU is warmed up again.
+    primed_at = time.perf_counter()
+    for provider in providers:
+        try:
+            timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
+            timing.prime()
+            timings[provider.name] = timing
+        except Exception as exc:  # noqa: BLE001 - a failing provider never stops the sweep
+            if not skip(provider, exc):
+                return [], False
+    if time.perf_counter() - primed_at > PRIME_IDLE_S:
+        warm_up_gpu(device, REWARM_S)
+
     for round_index in range(rounds):
         # Every other round in reverse order, so that no provider always comes first: our
         # providers' first round read 2-6% faster than their later ones while FA4's, timed
@@ -112,10 +137,7 @@ def _time_case(
             if provider.name in failed:
                 continue
             try:
-                timing = timings.get(provider.name)
-                if timing is None:
-                    timing = ProviderTiming(provider, case, inputs, mode=mode, device=device)
-                    timings[provider.name] = timing
+                timing = timings[provider.name]
                 idle_gpu(device, idle_s)
                 # The settling calls are the timer's warm-up (back to back, untimed).
                 timing.time(timer, warmup / rounds + settle_ms, rep / rounds)

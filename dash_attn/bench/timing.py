@@ -290,6 +290,18 @@ class ProviderTiming:
         self.schedule: str | None = None
         self.kernel: str | None = None
 
+    def prime(self) -> None:
+        """One untimed step, waited for: whatever the provider compiles or caches on its first
+        call happens here, before any round, instead of inside the first round's warm-up."""
+        if self.step is None:
+            raise RuntimeError(f"{self.provider.name}: primed after finish()")
+        with self.provider.context():
+            self.step()
+            if self.leaves[0].is_cuda:
+                import torch
+
+                torch.cuda.synchronize(self.leaves[0].device)
+
     def time(self, timer: Timer, warmup: float, rep: float) -> float:
         """One round: ``timer``'s ms for the step; the first round also records what ran."""
         if self.step is None:

@@ -188,3 +188,69 @@ def test_settle_must_not_be_negative() -> None:
             repeats=0, seed=0, device="cpu", timer=wall_clock_ms,
             deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), settle_ms=-1.0,
         )  # fmt: skip
+
+
+def test_providers_are_primed_before_the_first_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every provider is made and called once, untimed, before round one (its compiles happen
+    there, not inside a timed round's warm-up), and a priming pass longer than ``PRIME_IDLE_S``
+    warms the GPU up again before the rounds."""
+    events: list[str] = []
+    current: list[str] = []
+
+    def make(name: str):
+        provider = next(p for p in fakes(Case(2, 32, 2, 2, 16, True)) if p.name == name)
+
+        def build(case: Case, device: object):
+            fn = provider.make(case, device)
+
+            def tagged(*args):
+                current[:] = [name]
+                events.append(f"call {name}")
+                return fn(*args)
+
+            return tagged
+
+        return sweep.Provider(name, provider.family, provider.deterministic, build,
+                              layout=provider.layout)  # fmt: skip
+
+    def timer(step, warmup: float, rep: float, grad_to_none) -> float:
+        step()
+        events.append(f"timed {current[0]}")
+        return 1.0
+
+    names = ["eager_det", "eager_bhsd"]
+    warmed: list[float] = []
+    monkeypatch.setattr(sweep, "warm_up_gpu", lambda device, seconds: warmed.append(seconds))
+    for idle_s, want_warmed in ((3600.0, []), (-1.0, [sweep.REWARM_S])):
+        events.clear()
+        warmed.clear()
+        monkeypatch.setattr(sweep, "PRIME_IDLE_S", idle_s)
+        rows = sweep.run_sweep(
+            [Case(2, 32, 2, 2, 16, True)], lambda case: [make(n) for n in names], meta=META,
+            mode="fwd", warmup=0.0, rep=1.0, repeats=0, seed=0, device="cpu", timer=timer,
+            deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2,
+        )  # fmt: skip
+        assert [r["provider"] for r in rows] == names
+        assert events == [
+            "call eager_det", "call eager_bhsd",  # primed, untimed
+            "call eager_det", "timed eager_det", "call eager_bhsd", "timed eager_bhsd",
+            "call eager_bhsd", "timed eager_bhsd", "call eager_det", "timed eager_det",
+        ]  # fmt: skip
+        assert warmed == want_warmed
+
+
+def test_a_provider_failing_its_priming_call_is_skipped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The fakes' ``broken`` provider raises when it is made, now in the priming pass: it is
+    skipped with its reason, once, and the others are timed in both rounds."""
+    skips = sweep.Skips([], set())
+    rows = sweep.run_sweep(
+        [Case(2, 32, 2, 2, 16, True)], fakes, meta=META, mode="bwd", warmup=0.0, rep=1.0,
+        repeats=0, seed=0, device="cpu", timer=wall_clock_ms, deadline=runinfo.Deadline(None),
+        skips=skips, rounds=2,
+    )  # fmt: skip
+    assert "broken" not in {r["provider"] for r in rows} and len(rows) == 3
+    assert all(len(r["ms_rounds"].split()) == 2 for r in rows)
+    assert [s["provider"] for s in skips.items] == ["broken"]
+    assert "RuntimeError: kernel exploded" in capsys.readouterr().out

@@ -195,6 +195,11 @@ for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
     VARIANTS[_name + "_st"] = {**VARIANTS[_name], "dkv_stage": True}
     # With the next chain's K/V prefetched too (neutral at hd 96 alone, session 47).
     VARIANTS[_name + "_st_kp"] = {**VARIANTS[_name + "_st"], "kv_prefetch": 0}
+# Session 55 (prepared, not timed): the shipped hd-128 full kernels with every exponential on
+# MUFU ("_mufu", exp_poly off), to time session 22's exp_poly (1, 4) again on the kernels
+# shipped now: their exponentials' FFMAs wait on the LSE2 loads (benchmarks/NOTES.md item 300).
+for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs"):
+    VARIANTS[_name + "_mufu"] = {**VARIANTS[_name], "exp_poly": (0, 1)}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

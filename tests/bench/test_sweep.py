@@ -13,6 +13,25 @@ from dash_attn.bench.timing import attention_flops, wall_clock_ms
 from .helpers import META, fakes
 
 
+def _logged(name: str, log: list[str]) -> sweep.Provider:
+    """The fake provider ``name``, appending its name to ``log`` at every call (in forward mode
+    the timed step calls the provider, so a timer sees which one it times)."""
+    provider = next(p for p in fakes(Case(2, 32, 2, 2, 16, True)) if p.name == name)
+
+    def build(case: Case, device: object):
+        fn = provider.make(case, device)
+
+        def logged(*args):
+            log.append(name)
+            return fn(*args)
+
+        return logged
+
+    return sweep.Provider(
+        name, provider.family, provider.deterministic, build, layout=provider.layout
+    )
+
+
 @pytest.mark.parametrize("mode", ["bwd", "fwd", "fwd_bwd"])
 def test_sweep_loop_on_cpu(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cases = [Case(2, 32, 2, 2, 16, True), Case(1, 64, 2, 2, 16, False)]
@@ -72,31 +91,16 @@ def test_rounds_interleave_providers_and_take_the_median() -> None:
     calls: list[tuple[str, float, float]] = []
     times = {"eager_det": iter([3.0, 1.0, 2.0]), "eager_bhsd": iter([5.0, 9.0, 4.0]),
              "eager_noisy": iter([1.0, 1.0, 7.0])}  # fmt: skip
-    current: list[str] = []
-
-    def make(name: str):
-        provider = next(p for p in fakes(Case(2, 32, 2, 2, 16, True)) if p.name == name)
-
-        def build(case: Case, device: object):
-            fn = provider.make(case, device)
-
-            def tagged(*args):
-                current[:] = [name]
-                return fn(*args)
-
-            return tagged
-
-        return sweep.Provider(name, provider.family, provider.deterministic, build,
-                              layout=provider.layout)  # fmt: skip
+    called: list[str] = []
 
     def timer(step, warmup: float, rep: float, grad_to_none) -> float:
         step()
-        calls.append((current[0], warmup, rep))
-        return next(times[current[0]])
+        calls.append((called[-1], warmup, rep))
+        return next(times[called[-1]])
 
     names = ["eager_det", "eager_bhsd", "eager_noisy"]
     rows = sweep.run_sweep(
-        [Case(2, 32, 2, 2, 16, True)], lambda case: [make(n) for n in names], meta=META,
+        [Case(2, 32, 2, 2, 16, True)], lambda case: [_logged(n, called) for n in names], meta=META,
         mode="fwd", warmup=3.0, rep=6.0, repeats=2, seed=0, device="cpu", timer=timer,
         deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=3,
     )  # fmt: skip
@@ -195,27 +199,10 @@ def test_providers_are_primed_before_the_first_round(monkeypatch: pytest.MonkeyP
     there, not inside a timed round's warm-up), and a priming pass longer than ``PRIME_IDLE_S``
     warms the GPU up again before the rounds."""
     events: list[str] = []
-    current: list[str] = []
-
-    def make(name: str):
-        provider = next(p for p in fakes(Case(2, 32, 2, 2, 16, True)) if p.name == name)
-
-        def build(case: Case, device: object):
-            fn = provider.make(case, device)
-
-            def tagged(*args):
-                current[:] = [name]
-                events.append(f"call {name}")
-                return fn(*args)
-
-            return tagged
-
-        return sweep.Provider(name, provider.family, provider.deterministic, build,
-                              layout=provider.layout)  # fmt: skip
 
     def timer(step, warmup: float, rep: float, grad_to_none) -> float:
         step()
-        events.append(f"timed {current[0]}")
+        events.append(f"timed {events[-1]}")
         return 1.0
 
     names = ["eager_det", "eager_bhsd"]
@@ -226,15 +213,15 @@ def test_providers_are_primed_before_the_first_round(monkeypatch: pytest.MonkeyP
         warmed.clear()
         monkeypatch.setattr(sweep, "PRIME_IDLE_S", idle_s)
         rows = sweep.run_sweep(
-            [Case(2, 32, 2, 2, 16, True)], lambda case: [make(n) for n in names], meta=META,
-            mode="fwd", warmup=0.0, rep=1.0, repeats=0, seed=0, device="cpu", timer=timer,
-            deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2,
+            [Case(2, 32, 2, 2, 16, True)], lambda case: [_logged(n, events) for n in names],
+            meta=META, mode="fwd", warmup=0.0, rep=1.0, repeats=0, seed=0, device="cpu",
+            timer=timer, deadline=runinfo.Deadline(None), skips=sweep.Skips([], set()), rounds=2,
         )  # fmt: skip
         assert [r["provider"] for r in rows] == names
         assert events == [
-            "call eager_det", "call eager_bhsd",  # primed, untimed
-            "call eager_det", "timed eager_det", "call eager_bhsd", "timed eager_bhsd",
-            "call eager_bhsd", "timed eager_bhsd", "call eager_det", "timed eager_det",
+            "eager_det", "eager_bhsd",  # primed, untimed
+            "eager_det", "timed eager_det", "eager_bhsd", "timed eager_bhsd",
+            "eager_bhsd", "timed eager_bhsd", "eager_det", "timed eager_det",
         ]  # fmt: skip
         assert warmed == want_warmed
 

@@ -579,15 +579,14 @@ def make_backward_plan(
     )
 
 
-def _leave_sms_to_the_cast(sched: Schedule, max_extra_steps: int = 0) -> tuple[Schedule, int]:
+def _leave_sms_to_the_cast(sched: Schedule) -> tuple[Schedule, int]:
     """``(schedule, free SMs)`` for a dQ cast beside the main kernel: ``sched`` where its grid
     already leaves ``POLLED_CAST_SMS`` of its workers idle, else ``sched`` made again on that
-    many workers fewer where no worker then gets more steps (the same length, the same bits),
-    or at most ``max_extra_steps`` more than ``sched``'s busiest (0 for plans: more measured
-    slower on the H200, session 55). Only for order-invariant tables (others change bits with
-    the worker count) with static dispatch (dynamic tickets measured slower on fewer workers)
-    and no in-kernel dK/dV sums (whose semaphores the cast's counter would overlap).
-    ``(sched, 0)`` where none applies."""
+    many workers fewer where no worker then gets more steps (the same length, the same bits;
+    tables a step or more longer with the cast beside them measured slower, H200, session 55).
+    Only for order-invariant tables (others change bits with the worker count) with static
+    dispatch (dynamic tickets measured slower on fewer workers) and no in-kernel dK/dV sums
+    (whose semaphores the cast's counter would overlap). ``(sched, 0)`` where none applies."""
     spec = sched.spec
     fewer = spec.workers - POLLED_CAST_SMS
     if not (
@@ -604,7 +603,7 @@ def _leave_sms_to_the_cast(sched: Schedule, max_extra_steps: int = 0) -> tuple[S
             # A group's lanes do not fit on that many workers (a GPU of few SMs, e.g. a MIG
             # slice of 16): the tables keep every worker and the cast runs after them.
             return sched, 0
-        if lean.busiest_worker_steps() > sched.busiest_worker_steps() + max_extra_steps:
+        if lean.busiest_worker_steps() > sched.busiest_worker_steps():
             return sched, 0
         sched = lean
     return sched, spec.workers - _grid(sched)

@@ -198,8 +198,17 @@ for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
 # Session 55 (prepared, not timed): the shipped hd-128 full kernels with every exponential on
 # MUFU ("_mufu", exp_poly off), to time session 22's exp_poly (1, 4) again on the kernels
 # shipped now: their exponentials' FFMAs wait on the LSE2 loads (benchmarks/NOTES.md item 300).
-for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs"):
+for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     VARIANTS[_name + "_mufu"] = {**VARIANTS[_name], "exp_poly": (0, 1)}
+# Session 56 (timed in call 4): options the shipped hd-128 full kernels do not take, each alone
+# on top of them, again on the kernels shipped now: the next chain's K/V prefetched ("_kp"), the
+# step's tile indices read before the GEMMs ("_em"), the last 16 / 32 exponentials after the
+# dP^T wait ("_xt16", "_xt32").
+for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
+    VARIANTS[_name + "_kp"] = {**VARIANTS[_name], "kv_prefetch": 0}
+    VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
+    for _tail in (16, 32):
+        VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

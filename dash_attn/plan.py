@@ -287,6 +287,31 @@ class BackwardPlan:
     gqa_split: bool = False
     cast_sms: int = 0
 
+    def __post_init__(self) -> None:
+        # A plan made by hand (experiments, tests) gets the checks make_backward_plan's own
+        # plans pass by construction: the polled cast waits on per-tile counts of static
+        # deterministic tables and on SMs the grid leaves free.
+        if self.cast_sms < 0:
+            raise ValueError(f"cast_sms must be >= 0, got {self.cast_sms}")
+        if self.cast_sms == 0:
+            return
+        why = None
+        if not self.deterministic:
+            why = "the plan is non-deterministic (no turns to wait for)"
+        elif self.backend != "hopper":
+            why = f"backend {self.backend!r} runs its cast after the kernel"
+        elif self.schedule.dispatch is not Dispatch.STATIC:
+            why = f"schedule {self.schedule.name!r} dispatches dynamically"
+        elif self.spec.dkv_sum_group > 1:
+            why = "the kernel sums dk/dv itself (gqa_split): the cast's counters would overlap"
+        elif self.grid + self.cast_sms > self.device.sm_count:
+            why = (
+                f"grid {self.grid} + {self.cast_sms} cast SMs exceed the device's "
+                f"{self.device.sm_count} SMs"
+            )
+        if why is not None:
+            raise ValueError(f"cast_sms={self.cast_sms} needs a polled dQ cast, but {why}")
+
     @property
     def spec(self) -> ScheduleSpec:
         return self.schedule.spec

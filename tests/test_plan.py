@@ -354,6 +354,28 @@ def test_the_dq_cast_keeps_its_place_elsewhere() -> None:
     assert small.workers == 132 and small.cast_sms == 132 - small.grid > 4
 
 
+def test_a_hand_built_plan_with_cast_sms_it_cannot_poll_is_refused() -> None:
+    """``cast_sms`` on a plan whose dQ cast cannot run beside the kernel (dynamic tickets,
+    non-det, the Triton backend, in-kernel dK/dV sums, more SMs than the GPU has) raises
+    ValueError naming the field when the plan is made, not deep in the launch (before session
+    56 a dynamic plan failed in ``busiest_worker_steps`` at its first call)."""
+    long_full = make_backward_plan(_sweep_problem(128, False, 16384), device=H200, backend="hopper")
+    short = make_backward_plan(_sweep_problem(64, False, 1024), device=H200, backend="hopper")
+    gqa = make_backward_plan(Problem(4, 1024, 1024, 32, 8, 64, FULL), device=H200, backend="hopper")
+    assert short.cast_sms == 4 and dataclasses.replace(short, cast_sms=4) == short
+    bad = {
+        "dispatches dynamically": lambda: dataclasses.replace(long_full, cast_sms=4),
+        "non-deterministic": lambda: dataclasses.replace(short, deterministic=False),
+        "runs its cast after": lambda: dataclasses.replace(short, backend="triton"),
+        "sums dk/dv": lambda: dataclasses.replace(gqa, cast_sms=4),
+        "exceed the device's 132 SMs": lambda: dataclasses.replace(short, cast_sms=5),
+        ">= 0": lambda: dataclasses.replace(long_full, cast_sms=-1),
+    }
+    for reason, make in bad.items():
+        with pytest.raises(ValueError, match=f"cast_sms.*{reason}"):
+            make()
+
+
 @pytest.mark.parametrize("sm_count", [16, 17])
 @pytest.mark.parametrize("seqlen,causal", [(2048, False), (4096, False), (4096, True)])
 def test_a_gpu_of_few_sms_keeps_the_dq_cast_after(sm_count: int, seqlen: int, causal: bool) -> None:

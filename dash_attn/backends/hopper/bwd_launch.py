@@ -203,12 +203,14 @@ for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
 # Session 56 (timed in call 4): options the shipped hd-128 full kernels do not take, each alone
 # on top of them, again on the kernels shipped now: the next chain's K/V prefetched ("_kp"), the
 # step's tile indices read before the GEMMs ("_em"), the last 16 / 32 exponentials after the
-# dP^T wait ("_xt16", "_xt32").
+# dP^T wait ("_xt16", "_xt32"); "_kf" below.
 for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     VARIANTS[_name + "_kp"] = {**VARIANTS[_name], "kv_prefetch": 0}
     VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
     for _tail in (16, 32):
         VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
+    # K/V on the chain's first ring barrier, each step's S^T GEMM before its flags are read.
+    VARIANTS[_name + "_kf"] = {**VARIANTS[_name], "kv_on_full": True}
 # Launcher-level keys of a variant (not kernel options).
 _LAUNCH_KEYS = ("tiles",)
 DEFAULT_TILES = (64, 128)

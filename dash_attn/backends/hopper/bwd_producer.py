@@ -113,7 +113,11 @@ class ProducerMixin:
                     sInfo[I_RANK, stage] = rank
                     sInfo[I_FLAGS, stage] = flags
                     # The arrive releases the metadata stores above to the consumers.
-                    cute.arch.mbarrier_arrive_and_expect_tx(full, self.bytes_step)
+                    tx_bytes = Int32(self.bytes_step)
+                    if const_expr(self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
+                        if step == lo:
+                            tx_bytes = tx_bytes + self.bytes_kv
+                    cute.arch.mbarrier_arrive_and_expect_tx(full, tx_bytes)
                 cute.arch.sync_warp()
                 gQ = cute.local_tile(mQ[None, None, qh, b], (bm, hd), (qt, 0))
                 gdO = cute.local_tile(mdO[None, None, qh, b], (bm, hd), (qt, 0))
@@ -137,10 +141,14 @@ class ProducerMixin:
                     # K/V after the first Q/dO of the chain, so that those are not queued
                     # behind the wait for the previous chain to end.
                     cute.arch.mbarrier_wait(storage.kv_empty.data_ptr(), kv_phase ^ 1)
-                    kv_full = storage.kv_full.data_ptr()
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive_and_expect_tx(kv_full, self.bytes_kv)
-                    cute.arch.sync_warp()
+                    if const_expr(self.kv_on_full):
+                        # Their bytes were counted into this step's barrier above.
+                        kv_full = full
+                    else:
+                        kv_full = storage.kv_full.data_ptr()
+                        if lane == 0:
+                            cute.arch.mbarrier_arrive_and_expect_tx(kv_full, self.bytes_kv)
+                        cute.arch.sync_warp()
                     kv_in = kvh // kv_group
                     gK = cute.local_tile(mK[None, None, kv_in, b], (bn, hd), (kvt, 0))
                     gV = cute.local_tile(mV[None, None, kv_in, b], (bn, hd), (kvt, 0))

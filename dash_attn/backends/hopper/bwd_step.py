@@ -109,6 +109,11 @@ class StepMixin:
             )
         while done == 0:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+            if const_expr(self.kv_on_full):
+                # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
+                # first step's barrier); at the terminator the result is dropped.
+                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
             flags = sInfo[I_FLAGS, stage]
             done = flags & F_DONE
             # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
@@ -117,22 +122,25 @@ class StepMixin:
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
+                if const_expr(self.kv_on_full):
+                    warpgroup.wait_group(0)
                 self._stop_dq_writer(buf, wg, self.ds_guard)
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
                 if flags & F_FIRST != 0:
-                    cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                    kv_phase = kv_phase ^ 1
+                    if const_expr(not self.kv_on_full):
+                        cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                        kv_phase = kv_phase ^ 1
                     acc_dK.fill(0.0)
                     acc_dV.fill(0.0)
 
                 if const_expr(self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                # S^T = K Q^T, dP^T = V dO^T (two commit groups).
-                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                # S^T = K Q^T (issued above with kv_on_full), dP^T = V dO^T (two commit groups).
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                if const_expr(not self.kv_on_full):
+                    wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)

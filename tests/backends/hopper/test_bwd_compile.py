@@ -641,6 +641,25 @@ def test_variants_resolve() -> None:
         bwd_launch.variant_tiles("nope", 64)
 
 
+@pytest.mark.parametrize("det", [True, False], ids=["det", "nondet"])
+def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: Path) -> None:
+    """``kv_on_full`` (the ``_kf`` variants): the chain's K/V bytes are counted into its first
+    step's ring barrier, so the producer arms one mbarrier fewer and the MMA warpgroups wait on
+    one fewer; and in their step loop the first GEMM comes before the step's flag read."""
+    config = (128, torch.bfloat16, False, det)
+    base_ptx, _ = _check_kernel_code(config, "t80_wgr_p14_sm2_fs", tmp_path / "base")
+    kf_ptx, kf_sass = _check_kernel_code(config, "t80_wgr_p14_sm2_fs_kf", tmp_path / "kf")
+    armed = "mbarrier.arrive.expect_tx"
+    assert kf_ptx.count(armed) == base_ptx.count(armed) - 1
+    waits = r"mbarrier\.try_wait\.parity"
+    assert len(re.findall(waits, kf_ptx)) == len(re.findall(waits, base_ptx)) - 1
+    # The MMA warpgroups' step loop starts at their first ring wait; its flags are the first
+    # shared load there (an LDS of the slot's flags word).
+    mma_code = kf_sass[kf_sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
+    loop = mma_code[mma_code.find("SYNCS.PHASECHK.TRANS64.TRYWAIT") :]
+    assert 0 <= loop.find("HGMMA") < loop.find("LDS")
+
+
 def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
     """One kernel per configuration: the same configuration (the shipped variant and its tiles
     by default) comes from the in-memory cache."""
@@ -694,6 +713,11 @@ def test_bad_kernel_options_raise() -> None:
         )  # fmt: skip
     with pytest.raises(ValueError, match="kv_prefetch"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
+    with pytest.raises(NotImplementedError, match="kv_on_full"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
+            dq_wg=True, do_single=True, dkv_swap=True, kv_on_full=True,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -177,6 +177,7 @@ class HopperAttnBwd(
         dkv_stage: bool = False,
         cast_trigger: bool = False,
         kv_on_full: bool = False,
+        gemm_before_flags: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -470,15 +471,19 @@ class HopperAttnBwd(
         self.kv_prefetch = kv_prefetch
         self.kv_prefetch_ahead = kv_prefetch or 0  # (a plain int for the traced code)
         # kv_on_full: a chain's K/V tiles arrive on its first step's ring barrier (FA4 counts
-        #   them into its first Q stage), not on a barrier of their own; the MMA warpgroups then
-        #   issue each step's S^T GEMM right after that barrier, before they read the step's
-        #   flags from shared memory (the read, its conversion to a uniform register and two
-        #   branches otherwise run between the wait and the first GEMM of every step). At the
-        #   terminator slot that GEMM reads stale tiles and its result is dropped. The same
-        #   arithmetic: the bits do not change. Not with the swapped dK/dV layout (hd 192/256).
+        #   them into its first Q stage), not on a barrier of their own. gemm_before_flags
+        #   (needs kv_on_full, which makes K ready with every step's barrier): the MMA
+        #   warpgroups issue each step's S^T GEMM right after that barrier, before they read
+        #   the step's flags from shared memory (the read, its conversion to a uniform register
+        #   and two branches otherwise run between the wait and the first GEMM of every step);
+        #   at the terminator slot that GEMM reads stale tiles and its result is dropped. The
+        #   same arithmetic: the bits do not change. Not with the swapped dK/dV layout.
         if kv_on_full and dkv_swap:
             raise NotImplementedError("kv_on_full: not with the swapped dK/dV layout (dkv_swap)")
+        if gemm_before_flags and not kv_on_full:
+            raise ValueError("gemm_before_flags needs kv_on_full (K ready at every step's barrier)")
         self.kv_on_full = kv_on_full
+        self.gemm_before_flags = gemm_before_flags
 
     # ------------------------------------------------------------------ host-side setup
 

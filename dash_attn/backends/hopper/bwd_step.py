@@ -110,7 +110,7 @@ class StepMixin:
         while done == 0:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-            if const_expr(self.kv_on_full):
+            if const_expr(self.gemm_before_flags):
                 # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
                 # first step's barrier); at the terminator the result is dropped.
                 wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
@@ -122,7 +122,7 @@ class StepMixin:
             # dO's buffer: its one buffer with do_single, the step's ring stage else.
             do_stage = Int32(0) if const_expr(self.do_single) else stage
             if done != 0:
-                if const_expr(self.kv_on_full):
+                if const_expr(self.gemm_before_flags):
                     warpgroup.wait_group(0)
                 self._stop_dq_writer(buf, wg, self.ds_guard)
             else:
@@ -137,9 +137,10 @@ class StepMixin:
 
                 if const_expr(self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                # S^T = K Q^T (issued above with kv_on_full), dP^T = V dO^T (two commit groups).
+                # S^T = K Q^T (issued above with gemm_before_flags), dP^T = V dO^T (two commit
+                # groups).
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                if const_expr(not self.kv_on_full):
+                if const_expr(not self.gemm_before_flags):
                     wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)

@@ -213,8 +213,15 @@ for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     # flags are read ("_kf": 0.95-1.00x det, 0.95-0.97x non-det, call 4 on an H100).
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
-# Launcher-level keys of a variant (not kernel options).
-_LAUNCH_KEYS = ("tiles",)
+# Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
+# --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
+# same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976
+# instructions against 1832 / 1912, no spills), 4-5 the default's, 6-10 one that spills
+# (20 / 26 local-memory instructions). "_ru0" times the first.
+for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
+    VARIANTS[_name + "_ru0"] = {**VARIANTS[_name], "ptxas": "--register-usage-level=0"}
+# Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
+_LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)
 
 
@@ -388,10 +395,14 @@ def compile_bwd(
         options["dkv_sum"] = True
     if cast_trigger:
         options["cast_trigger"] = True
+    ptxas = VARIANTS[variant].get("ptxas", "")
     key = (
         "bwd", head_dim, dtype, bool(causal), bool(deterministic), block_m, block_n, arch,
-        extra_options, tuple(sorted(options.items())),
+        extra_options, tuple(sorted(options.items())), ptxas,
     )  # fmt: skip
+    flags = f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip()
+    if ptxas:
+        flags += f" --ptxas-options '{ptxas}'"
 
     # The tensors are fake (symbolic shapes and strides), the scalars typed placeholders and the
     # stream the caller's current one, read by TVM-FFI at every call (torch's current stream of
@@ -416,7 +427,7 @@ def compile_bwd(
                 *_fake_kernel_args(kernel.dtype, head_dim, block_m * head_dim),
                 Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Float32(1.0), Int64(1),
                 make_fake_stream(use_tvm_ffi_env_stream=True),
-                options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip(),
+                options=flags,
             )  # fmt: skip
 
     # Through the disk cache, except for compiles that keep PTX/SASS for inspection.

@@ -210,14 +210,16 @@ for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     for _tail in (16, 32):
         VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
     # K/V on the chain's first ring barrier ("_kf0"), and each step's S^T GEMM before its
-    # flags are read ("_kf": 0.95-1.00x det, 0.95-0.97x non-det, call 4 on an H100).
+    # flags are read ("_kf"). Slower, on an H100 (calls 4-5, NOTES item 308): "_kf" 0.95-1.00x
+    # det and 0.95-0.99x non-det at full 2k-8k, "_kf0" 0.93-1.02x and 0.93-0.96x.
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
 # same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976
 # instructions against 1832 / 1912, no spills), 4-5 the default's, 6-10 one that spills
-# (20 / 26 local-memory instructions). "_ru0" times the first.
+# (20 / 26 local-memory instructions). "_ru0", the first: det 0.98-0.99x, non-det 0.98-1.00x
+# the shipped kernels at full 2k-16k (session56-644086d call6, an H100; NOTES item 309).
 for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     VARIANTS[_name + "_ru0"] = {**VARIANTS[_name], "ptxas": "--register-usage-level=0"}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.

@@ -10,13 +10,16 @@ Each shape is ``batch:seqlen:heads:head_dim:mask`` (mask ``full`` or ``causal``)
 by its seqlen. Needs a GPU, FA4 (``flash_attn.cute``) and the CuTe-DSL kit.
 
 ``--ours det:auto,nondet:auto`` (the default) names our runs per shape, each ``mode:schedule``
-(``det`` or ``nondet``, a schedule name or ``auto``), in that order; ``--no-fa4`` leaves FA4's
-two out (then only ours run, and FA4 need not be installed).
+(``det`` or ``nondet``, a schedule name or ``auto``), in that order, optionally
+``mode:schedule:SUFFIX`` to run the kernel variant ``<shipped variant>SUFFIX`` of
+``bwd_launch.VARIANTS`` instead of the shipped one (``nondet:auto:_kf0``); ``--no-fa4`` leaves
+FA4's two out (then only ours run, and FA4 need not be installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -33,21 +36,23 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
     return batch, seqlen, heads, head_dim, parts[4] == "causal"
 
 
-def parse_runs(text: str) -> list[tuple[bool, str]]:
-    """``det:auto,nondet:descending`` -> [(True, "auto"), (False, "descending")]."""
+def parse_runs(text: str) -> list[tuple[bool, str, str]]:
+    """``det:auto,nondet:descending:_kf0`` -> [(True, "auto", ""), (False, "descending",
+    "_kf0")]: mode, schedule and kernel-variant suffix ("" for the shipped kernel)."""
     runs = []
     for item in text.split(","):
-        mode, _, schedule = item.partition(":")
-        if mode not in ("det", "nondet") or not schedule:
-            raise ValueError(f"run {item!r}: want det:SCHEDULE or nondet:SCHEDULE")
-        runs.append((mode == "det", schedule))
+        mode, _, rest = item.partition(":")
+        schedule, _, suffix = rest.partition(":")
+        if mode not in ("det", "nondet") or not schedule or ":" in suffix:
+            raise ValueError(f"run {item!r}: want det|nondet:SCHEDULE[:VARIANT_SUFFIX]")
+        runs.append((mode == "det", schedule, suffix))
     return runs
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shapes", nargs="+", help="batch:seqlen:heads:head_dim:full|causal")
-    parser.add_argument("--ours", default="det:auto,nondet:auto", help="mode:schedule,...")
+    parser.add_argument("--ours", default="det:auto,nondet:auto", help="mode:schedule[:suffix],...")
     parser.add_argument("--fa4", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     shapes = [parse_shape(text) for text in args.shapes]
@@ -56,9 +61,25 @@ def main(argv: list[str]) -> int:
     import torch
 
     from dash_attn import dash_attn_func
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    @contextlib.contextmanager
+    def kernel_variant(suffix: str):
+        """The backward prepared afresh (the launch cache would give the shipped kernel) for
+        the variant ``<shipped>suffix``, the backend's choice restored after."""
+        shipped = hopper_launch.bwd_variant
+        if suffix:
+            hopper_launch._launches.clear()
+            hopper_launch.bwd_variant = lambda *a, **kw: shipped(*a, **kw) + suffix
+        try:
+            yield
+        finally:
+            if suffix:
+                hopper_launch.bwd_variant = shipped
+                hopper_launch._launches.clear()
 
     def ours(q, k, v, causal, run):
-        det, schedule = run
+        det, schedule, _ = run
         return dash_attn_func(
             q, k, v, causal=causal, deterministic=det, schedule=schedule, backend="hopper"
         )
@@ -76,14 +97,18 @@ def main(argv: list[str]) -> int:
                         generator=gen)
             for _ in range(4)
         )  # fmt: skip
-        calls = [(f"ours {'det' if run[0] else 'non-det'} {run[1]}", ours, run) for run in runs]
+        calls = [
+            (f"ours {'det' if run[0] else 'non-det'} {run[1]}{run[2]}", ours, run, run[2])
+            for run in runs
+        ]
         if args.fa4:
-            calls += [("fa4 det", theirs, True), ("fa4 non-det", theirs, False)]
-        for label, attention, option in calls:
+            calls += [("fa4 det", theirs, True, ""), ("fa4 non-det", theirs, False, "")]
+        for label, attention, option, suffix in calls:
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            out = attention(*leaves, causal, option)
-            torch.autograd.grad(out, leaves, dout)
-            torch.cuda.synchronize()
+            with kernel_variant(suffix):
+                out = attention(*leaves, causal, option)
+                torch.autograd.grad(out, leaves, dout)
+                torch.cuda.synchronize()
             print(label, text, flush=True)
     print("done")
     return 0

@@ -18,12 +18,12 @@ def test_parse_shape_names_what_is_wrong(text: str) -> None:
         backwards_for_ncu.parse_shape(text)
 
 
-def test_parse_runs_reads_mode_and_schedule_pairs() -> None:
-    runs = backwards_for_ncu.parse_runs("det:auto,nondet:descending")
-    assert runs == [(True, "auto"), (False, "descending")]
+def test_parse_runs_reads_mode_schedule_and_variant_suffix() -> None:
+    runs = backwards_for_ncu.parse_runs("det:auto,nondet:descending,nondet:auto:_kf0")
+    assert runs == [(True, "auto", ""), (False, "descending", ""), (False, "auto", "_kf0")]
 
 
-@pytest.mark.parametrize("text", ["det", "maybe:auto", "nondet:", "det:auto,,"])
+@pytest.mark.parametrize("text", ["det", "maybe:auto", "nondet:", "det:auto,,", "det:auto:_a:_b"])
 def test_parse_runs_names_what_is_wrong(text: str) -> None:
     with pytest.raises(ValueError, match="run"):
         backwards_for_ncu.parse_runs(text)

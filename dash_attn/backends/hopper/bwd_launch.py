@@ -210,8 +210,10 @@ for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
     for _tail in (16, 32):
         VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
     # K/V on the chain's first ring barrier ("_kf0"), and each step's S^T GEMM before its
-    # flags are read ("_kf"). Slower, on an H100 (calls 4-5, NOTES item 308): "_kf" 0.95-1.00x
-    # det and 0.95-0.99x non-det at full 2k-8k, "_kf0" 0.93-1.02x and 0.93-0.96x.
+    # flags are read ("_kf"). Calls 4-5 (an H100, NOTES item 308) timed them slower, "_kf"
+    # 0.95-1.00x det and 0.95-0.99x non-det at full 2k-8k, "_kf0" 0.93-1.02x and 0.93-0.96x,
+    # with the chain's dK/dV zeroing if-converted into 128 selects in every step (fixed since,
+    # not timed again: next-not-run/kf_ab.sh).
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as

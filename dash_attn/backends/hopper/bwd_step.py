@@ -82,6 +82,11 @@ class StepMixin:
         shape_st = (bn, bm)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
+        if const_expr(self.kv_on_full):
+            # Zeroed here and after each chain's epilogue, not at a chain's first step: a
+            # branch holding only the zeroing is if-converted, 128 selects in every step.
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
@@ -128,12 +133,12 @@ class StepMixin:
             else:
                 # Step metadata is read from the stage's slot where it is used (it stays valid
                 # until this stage is released), so it does not occupy registers across the MMAs.
-                if flags & F_FIRST != 0:
-                    if const_expr(not self.kv_on_full):
+                if const_expr(not self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
+                    if flags & F_FIRST != 0:
                         cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
                         kv_phase = kv_phase ^ 1
-                    acc_dK.fill(0.0)
-                    acc_dV.fill(0.0)
+                        acc_dK.fill(0.0)
+                        acc_dV.fill(0.0)
 
                 if const_expr(self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
@@ -233,6 +238,7 @@ class StepMixin:
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
                             softmax_scale, seqlen_k, dkv_sums, tidx, wg,
                         )  # fmt: skip
+                        self._zero_for_next_chain(acc_dK, acc_dV)
                 elif const_expr(self.dkv_row_ptr):
                     # The chain's (batch, kv head, kv tile) are read at its last step only:
                     # read at every step, ptxas moves them into uniform registers before the
@@ -245,6 +251,7 @@ class StepMixin:
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
                             softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
                         )  # fmt: skip
+                        self._zero_for_next_chain(acc_dK, acc_dV)
                 else:
                     b = sInfo[I_BATCH, stage]
                     kvh = sInfo[I_KVH, stage]
@@ -264,8 +271,16 @@ class StepMixin:
                         # holds column pairs), rows past seqlen_k dropped.
                         self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
                         self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._zero_for_next_chain(acc_dK, acc_dV)
 
                 stage, phase = self._next_stage(stage, phase)
+
+    def _zero_for_next_chain(self, acc_dK: cute.Tensor, acc_dV: cute.Tensor) -> None:
+        """With kv_on_full, the accumulators of the next chain, zeroed in the branch of the
+        chain's last step (which stores them) instead of at its first step."""
+        if const_expr(self.kv_on_full):
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
 
     def _mma_slices(
         self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, tidx: Int32

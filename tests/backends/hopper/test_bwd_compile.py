@@ -645,10 +645,14 @@ def test_variants_resolve() -> None:
 def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: Path) -> None:
     """``kv_on_full`` (the ``_kf`` variants): the chain's K/V bytes are counted into its first
     step's ring barrier, so the producer arms one mbarrier fewer and the MMA warpgroups wait on
-    one fewer; and in their step loop the first GEMM comes before the step's flag read."""
+    one fewer; in their step loop the first GEMM comes before the step's flag read, and no
+    select is added."""
     config = (128, torch.bfloat16, False, det)
-    base_ptx, _ = _check_kernel_code(config, "t80_wgr_p14_sm2_fs", tmp_path / "base")
+    base_ptx, base_sass = _check_kernel_code(config, "t80_wgr_p14_sm2_fs", tmp_path / "base")
     kf_ptx, kf_sass = _check_kernel_code(config, "t80_wgr_p14_sm2_fs_kf", tmp_path / "kf")
+    # The accumulators are zeroed in the branch of a chain's epilogue: a branch at the first
+    # step holding only the zeroing became 128 selects in every step (session 56, item 308).
+    assert kf_sass.count("FSEL") == base_sass.count("FSEL")
     armed = "mbarrier.arrive.expect_tx"
     assert kf_ptx.count(armed) == base_ptx.count(armed) - 1
     waits = r"mbarrier\.try_wait\.parity"

@@ -64,4 +64,3 @@ def load_f32_cg(addr: Int64, *, loc: Any = None, ip: Any = None) -> Float32:
             ip=ip,
         )
     )
-

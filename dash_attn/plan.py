@@ -300,10 +300,8 @@ class BackwardPlan:
             why = "the plan is non-deterministic (no turns to wait for)"
         elif self.backend != "hopper":
             why = f"backend {self.backend!r} runs its cast after the kernel"
-        elif self.schedule.dispatch is not Dispatch.STATIC:
-            why = f"schedule {self.schedule.name!r} dispatches dynamically"
-        elif self.spec.dkv_sum_group > 1:
-            why = "the kernel sums dk/dv itself (gqa_split): the cast's counters would overlap"
+        elif (tables := _why_tables_cannot_poll(self.schedule)) is not None:
+            why = tables
         elif self.grid + self.cast_sms > self.device.sm_count:
             why = (
                 f"grid {self.grid} + {self.cast_sms} cast SMs exceed the device's "
@@ -604,6 +602,17 @@ def make_backward_plan(
     )
 
 
+def _why_tables_cannot_poll(sched: Schedule) -> str | None:
+    """Why a polled dQ cast cannot run beside ``sched``'s tables, or None: it counts each
+    tile's turns from static tables, and its counters would overlap the semaphores of
+    in-kernel dK/dV sums."""
+    if sched.dispatch is not Dispatch.STATIC:
+        return f"schedule {sched.name!r} dispatches dynamically"
+    if sched.spec.dkv_sum_group > 1:
+        return "the kernel sums dk/dv itself (gqa_split): the cast's counters would overlap"
+    return None
+
+
 def _leave_sms_to_the_cast(sched: Schedule) -> tuple[Schedule, int]:
     """``(schedule, free SMs)`` for a dQ cast beside the main kernel: ``sched`` where its grid
     already leaves ``POLLED_CAST_SMS`` of its workers idle, else ``sched`` made again on that
@@ -614,12 +623,7 @@ def _leave_sms_to_the_cast(sched: Schedule) -> tuple[Schedule, int]:
     (whose semaphores the cast's counter would overlap). ``(sched, 0)`` where none applies."""
     spec = sched.spec
     fewer = spec.workers - POLLED_CAST_SMS
-    if not (
-        spec.invariant
-        and sched.dispatch is Dispatch.STATIC
-        and spec.dkv_sum_group == 1
-        and fewer >= 1
-    ):
+    if not (spec.invariant and _why_tables_cannot_poll(sched) is None and fewer >= 1):
         return sched, 0
     if _grid(sched) > fewer:
         try:

@@ -62,21 +62,21 @@ def main(argv: list[str]) -> int:
 
     from dash_attn import dash_attn_func
     from dash_attn.backends.hopper import launch as hopper_launch
+    from tools.hopper.bwd_probe import kernel_variant
 
     @contextlib.contextmanager
-    def kernel_variant(suffix: str):
-        """The backward prepared afresh (the launch cache would give the shipped kernel) for
-        the variant ``<shipped>suffix``, the backend's choice restored after."""
-        shipped = hopper_launch.bwd_variant
-        if suffix:
-            hopper_launch._launches.clear()
-            hopper_launch.bwd_variant = lambda *a, **kw: shipped(*a, **kw) + suffix
-        try:
+    def shipped_or_variant(suffix: str):
+        """The shipped kernel, or with ``suffix`` the variant ``<shipped>suffix``, prepared
+        afresh (the launch cache would give the kernel prepared before)."""
+        if not suffix:
             yield
+            return
+        hopper_launch._launches.clear()
+        try:
+            with kernel_variant(lambda name: name + suffix):
+                yield
         finally:
-            if suffix:
-                hopper_launch.bwd_variant = shipped
-                hopper_launch._launches.clear()
+            hopper_launch._launches.clear()
 
     def ours(q, k, v, causal, run):
         det, schedule, _ = run
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
             calls += [("fa4 det", theirs, True, ""), ("fa4 non-det", theirs, False, "")]
         for label, attention, option, suffix in calls:
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            with kernel_variant(suffix):
+            with shipped_or_variant(suffix):
                 out = attention(*leaves, causal, option)
                 torch.autograd.grad(out, leaves, dout)
                 torch.cuda.synchronize()

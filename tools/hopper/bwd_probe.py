@@ -13,8 +13,9 @@ once and replayed with other tables or another kernel variant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -105,15 +106,24 @@ def capture(leaves: Sequence[torch.Tensor], dout: torch.Tensor, **kwargs: Any) -
     return Captured(out, tuple(leaves), dout, key, plan, prepared)
 
 
-def variant_launch(plan: Any, q: torch.Tensor, variant_of: Callable[[str], str]) -> Any:
-    """``plan`` prepared for the kernel variant ``variant_of(shipped variant)`` (a name in
-    ``bwd_launch.VARIANTS``) instead of the shipped one; the backend's choice is restored
-    after."""
+@contextlib.contextmanager
+def kernel_variant(variant_of: Callable[[str], str]) -> Iterator[None]:
+    """Within it the hopper backend runs the kernel variant ``variant_of(shipped variant)`` (a
+    name in ``bwd_launch.VARIANTS``) instead of the shipped one; its choice is restored after."""
     from dash_attn.backends.hopper import launch as hopper_launch
 
     shipped = hopper_launch.bwd_variant
     hopper_launch.bwd_variant = lambda *args, **kwargs: variant_of(shipped(*args, **kwargs))
     try:
-        return hopper_launch._prepare(plan, q)
+        yield
     finally:
         hopper_launch.bwd_variant = shipped
+
+
+def variant_launch(plan: Any, q: torch.Tensor, variant_of: Callable[[str], str]) -> Any:
+    """``plan`` prepared for the kernel variant ``variant_of(shipped variant)`` instead of the
+    shipped one (``kernel_variant``)."""
+    from dash_attn.backends.hopper import launch as hopper_launch
+
+    with kernel_variant(variant_of):
+        return hopper_launch._prepare(plan, q)

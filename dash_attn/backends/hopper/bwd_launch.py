@@ -198,13 +198,15 @@ for _name in ("t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2"):
 # Session 55 (prepared, not timed): the shipped hd-128 full kernels with every exponential on
 # MUFU ("_mufu", exp_poly off), to time session 22's exp_poly (1, 4) again on the kernels
 # shipped now: their exponentials' FFMAs wait on the LSE2 loads (benchmarks/NOTES.md item 300).
-for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
+# The shipped hd-128 full kernels: below 8k keys, from 8k non-det, from 8k det (its twin).
+_D128_FULL = ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2")
+for _name in _D128_FULL:
     VARIANTS[_name + "_mufu"] = {**VARIANTS[_name], "exp_poly": (0, 1)}
 # Session 56 (timed in call 4): options the shipped hd-128 full kernels do not take, each alone
 # on top of them, again on the kernels shipped now: the next chain's K/V prefetched ("_kp"), the
 # step's tile indices read before the GEMMs ("_em"), the last 16 / 32 exponentials after the
 # dP^T wait ("_xt16", "_xt32"); "_kf" below.
-for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
+for _name in _D128_FULL:
     VARIANTS[_name + "_kp"] = {**VARIANTS[_name], "kv_prefetch": 0}
     VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
     for _tail in (16, 32):
@@ -222,7 +224,7 @@ for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
 # instructions against 1832 / 1912, no spills), 4-5 the default's, 6-10 one that spills
 # (20 / 26 local-memory instructions). "_ru0", the first: det 0.98-0.99x, non-det 0.98-1.00x
 # the shipped kernels at full 2k-16k (session56-644086d call6, an H100; NOTES item 309).
-for _name in ("t80_wgr_p14_sm2_fs", "t80_wg2r_p14_fs", "t80_wg2r_p14_fs_w2"):
+for _name in _D128_FULL:
     VARIANTS[_name + "_ru0"] = {**VARIANTS[_name], "ptxas": "--register-usage-level=0"}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")

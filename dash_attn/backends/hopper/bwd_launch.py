@@ -218,6 +218,18 @@ for _name in _D128_FULL:
     # not timed again: next-not-run/kf_ab.sh).
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
+# Session 57: "_kf" on the hd-64 full kernels (base, det twin, non-det twin); at hd 128 it
+# measured 1.006-1.018x det after the fix above (session57-2a889b2 call1, an H100).
+_D64_FULL = (
+    "t128_xm24r_sm2_fs_dq2_kp_st", "t128_xm24r_sm2_fs_dq2_kp_w2_st", "t128_xm24r_sm2_fs_kp_st",
+)  # fmt: skip
+# And on the causal kernels of hd 64 and hd 128 (with their det twins).
+_CAUSAL = (
+    "t128_xm24r_sm2_fs_dq2_dt_kp_st", "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
+    "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
+)  # fmt: skip
+for _name in _D64_FULL + _CAUSAL:
+    VARIANTS[_name + "_kf"] = {**VARIANTS[_name], "kv_on_full": True, "gemm_before_flags": True}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
 # same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976

@@ -100,13 +100,18 @@ _BWD_TILES = {
 # then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
 # at full 1k-8k and causal 1k-4k in 11 of 12 interleaved A/Bs (0.997x causal 4k), non-det
 # 0.989-1.008x (calls 5-6, st_ab.txt).
+# And ("_kf", session 57) at hd 64 and 128 full: the chain's K/V arrive on its first step's ring
+# barrier (kv_on_full, no barrier of their own to wait for), so each step issues its S^T GEMM
+# right after the ring wait, before its flags are read (gemm_before_flags). Bits equal; det
+# 1.018-1.051x at hd 64 full 2k-16k, 1.006-1.018x at hd 128 full 2k-16k, non-det 1.013-1.029x
+# and 0.991-1.019x, in interleaved rounds on an H100 (session57-2a889b2 calls 1-2, ab_kf*).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
-    (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st",
+    (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st_kf",
     (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt_kp_st",
     (96, "full"): "t128_wg2gr_sm2_fs_dt",
     (96, "causal"): "t128_wg2gr_sm2_fs_dt",
-    (128, "full"): "t80_wgr_p14_sm2_fs",
+    (128, "full"): "t80_wgr_p14_sm2_fs_kf",
     (128, "causal"): "t128_wg2gr_sm2_fs_dt",
     (192, "full"): "sw_fs",
     (192, "causal"): "sw_fs",
@@ -115,12 +120,19 @@ BWD_VARIANT = {
 }
 # From this many key tokens on, per (head dim, mask kind), the backward runs this variant
 # instead: the same tiles and arithmetic (gradients bitwise equal to BWD_VARIANT's for every
-# schedule, checked), only where a dQ partial waits for its turn differs. At hd 128 full, two
+# schedule, checked), only the kernels' waits differ. At hd 128 full, two
 # dQ staging buffers, dO and dS single-buffered to make room (t80_wg2): det 1.03-1.04x t80_wg
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
-# 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs).
-BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
+# 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs);
+# with "_kf" as BWD_VARIANT's. On causal masks from 4k keys, the shipped kernels with "_kf":
+# det 1.014-1.030x at hd 64 and 1.017-1.030x at hd 128 causal 4k and 16k, non-det 1.001-1.047x;
+# at 1k 0.947x and 0.976x, in rounds spread over 0.89-1.06 (session57-2a889b2 call2).
+BWD_VARIANT_LONG = {
+    (64, "causal"): (4096, "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf"),
+    (128, "full"): (8192, "t80_wg2r_p14_fs_kf"),
+    (128, "causal"): (4096, "t128_wg2gr_sm2_fs_dt_kf"),
+}
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and
 # takes every other step's turn). Same tiles and arithmetic: gradients bitwise equal for every
@@ -131,10 +143,12 @@ BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs")}
 # non-deterministic backwards keep one dQ warp. Only variants with two staging buffers have a
 # twin (hd 128 full below 8k keys has one).
 BWD_DET_TWIN = {
-    "t128_xm24r_sm2_fs_dq2_kp_st": "t128_xm24r_sm2_fs_dq2_kp_w2_st",
+    "t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf",
     "t128_xm24r_sm2_fs_dq2_dt_kp_st": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
-    "t80_wg2r_p14_fs": "t80_wg2r_p14_fs_w2",
+    "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
+    "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
+    "t128_wg2gr_sm2_fs_dt_kf": "t128_wg2gr_sm2_fs_dt_w2_kf",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
     # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
     # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;
@@ -150,7 +164,7 @@ BWD_DET_TWIN = {
 # call2/call3, median of 24-30 per-triple ratios): 1.015x / 1.001x / 1.016x / 1.020x / 1.004x
 # at full 1k / 2k / 4k / 8k / 16k (ranges above 1.0 at 4k and 8k). Causal: 1.010x and 1.015x
 # at 8k and 16k but 0.973x and 0.993x at 2k and 4k (ranges +-8%), so it keeps the shipped one.
-BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp_st": "t128_xm24r_sm2_fs_kp_st"}
+BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_kp_st_kf"}
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row

@@ -285,9 +285,9 @@ def test_variant_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
 # twin, the hd-128 full kernel, and a non-det one (no trigger there: no turns to count); the
 # det kernels of head dims 96 (causal) and 256 (192 runs the same variant).
 CAST_TRIGGER_CONFIGS = [
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st", (64, torch.bfloat16, False, True)),
-    ("t80_wgr_p14_sm2_fs", (128, torch.float16, False, True)),
-    ("t128_xm24r_sm2_fs_kp_st", (64, torch.bfloat16, False, False)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", (64, torch.bfloat16, False, True)),
+    ("t80_wgr_p14_sm2_fs_kf", (128, torch.float16, False, True)),
+    ("t128_xm24r_sm2_fs_kp_st_kf", (64, torch.bfloat16, False, False)),
     # Session 51: every head dim takes the polled cast (POLLED_CAST_HEADDIMS).
     ("t128_wg2gr_sm2_fs_dt_w2", (96, torch.bfloat16, True, True)),
     ("sw_w2_fs", (256, torch.bfloat16, False, True)),
@@ -613,10 +613,10 @@ def test_variants_resolve() -> None:
     for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, kind == "causal", min_seqlen_k, True) == twin
-    assert bwd_variant(64, False, deterministic=True).endswith("_w2_st")
+    assert bwd_variant(64, False, deterministic=True).endswith("_w2_st_kf")
     assert bwd_variant(256, True, deterministic=True) == "sw_w2_fs"
     assert bwd_variant(256, True, deterministic=False) == "sw_fs"
-    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st"
+    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st_kf"
     assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st"
     # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
     for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:

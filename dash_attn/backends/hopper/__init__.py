@@ -125,13 +125,15 @@ BWD_VARIANT = {
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
 # 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs);
-# with "_kf" as BWD_VARIANT's. On causal masks from 4k keys, the shipped kernels with "_kf":
-# det 1.014-1.030x at hd 64 and 1.017-1.030x at hd 128 causal 4k and 16k, non-det 1.001-1.047x;
-# at 1k 0.947x and 0.976x, in rounds spread over 0.89-1.06 (session57-2a889b2 call2).
+# with "_kf" as BWD_VARIANT's. At hd 64 causal from 4k keys, the shipped kernel with "_kf": det
+# 1.014x / 1.030x at 4k / 16k, non-det 1.009x / 1.047x; at 1k 0.947x, rounds spread over
+# 0.89-1.06 (session57-2a889b2 call2). Not at hd 128 causal (1.017x / 1.030x det there): under
+# a GQA split (in-kernel dK/dV sums) "_kf" changes a few dK elements by an ulp at hd 128 (call
+# 4, kf_bits.txt), so a long "_kf" beside a short kernel without it would make the bits depend
+# on the key length. (At hd 128 full both take "_kf"; at hd 64 the bits are equal.)
 BWD_VARIANT_LONG = {
     (64, "causal"): (4096, "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf"),
     (128, "full"): (8192, "t80_wg2r_p14_fs_kf"),
-    (128, "causal"): (4096, "t128_wg2gr_sm2_fs_dt_kf"),
 }
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and
@@ -148,7 +150,6 @@ BWD_DET_TWIN = {
     "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
     "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
-    "t128_wg2gr_sm2_fs_dt_kf": "t128_wg2gr_sm2_fs_dt_w2_kf",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
     # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
     # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;

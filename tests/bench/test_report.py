@@ -181,6 +181,7 @@ def test_readme_results_are_generated_from_the_committed_files(
     # The README has the current runs; the earlier ones are in the history, by session.
     readme_text = readme.read_text()
     text = (repo / "benchmarks" / "HISTORY.md").read_text()
+    h100 = repo / "benchmarks" / "results" / "h100"
     session28 = results / "session28-96f6fcc" / "call4-96f6fcc"
     session29 = results / "session29-01bb4dd"
     session39 = results / "session39-20fa759"
@@ -229,6 +230,9 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session55-73abb0b" / "call9" / "bwd128_head" / "bench.csv", readme_text),
         # Session 56: head dim 256 on the kernels shipped now.
         (results / "session56-644086d" / "call3" / "bwd256" / "bench.csv", readme_text),
+        # Session 57: head dims 64 and 128 with "_kf", on an H100.
+        (h100 / "session57-2a889b2" / "call3" / "bwd64" / "bench.csv", readme_text),
+        (h100 / "session57-2a889b2" / "call5" / "bwd128" / "bench.csv", readme_text),
     ):
         rows = _read_committed(path)
         assert report.readme_table(rows).strip() in doc

@@ -69,7 +69,7 @@ _BWD_TILES = {
 # Everywhere, deterministic kernels store each dQ tile's rank-0 partial instead of adding it
 # (dq_first_store, "_fs"), so the preprocess zeroes only the flags: GPU time of the whole
 # backward at a fixed clock 1.06-1.08x at 512 tokens, 1.01-1.07x at 1k-2k, 1.00-1.01x from 8k
-# (det; non-det unchanged), the same values (session26-851077a call2 fs_ab.txt; fs_check.txt in
+# (det; non-det unchanged), the same values (session26-851077a call2 fs_ab.txt.gz; fs_check.txt in
 # git history at bdb8aa2).
 # On causal masks a CTA under dynamic dispatch takes its next ticket only once its chain's last
 # dQ turn is released (drain_ticket, "_dr"): the fa3 order at 2k 6.3x (hd 64) and 5.0x (hd 128)
@@ -88,7 +88,7 @@ _BWD_TILES = {
 # At hd 192 and 256 the swapped step (sw_fs: dkv_swap, FA4's tiles and layout there; one dQ
 # staging buffer per warpgroup half, dO in one buffer). The dQ turn taken while the step is
 # computed (early_turn) and the programmatic dependent launch (pdl) measured 0.96-1.02x of it,
-# det, bits equal (session40-19760df/call4/ab_det.txt), so neither (the det twin below takes
+# det, bits equal (session40-19760df/call4/ab_det.txt.gz), so neither (the det twin below takes
 # early_turn only because its two dQ warps share one buffer).
 # At hd 64 ("_kp", session 47) the producer prefetches the next chain's K/V into L2 with the
 # loads of a chain's last step (static dispatch): a chain's first step waited for K/V from HBM
@@ -99,7 +99,7 @@ _BWD_TILES = {
 # ("_st") the chain's dK/dV leave through a buffer of their own (dkv_stage: the hd-64 kernels
 # then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
 # at full 1k-8k and causal 1k-4k in 11 of 12 interleaved A/Bs (0.997x causal 4k), non-det
-# 0.989-1.008x (calls 5-6, st_ab.txt).
+# 0.989-1.008x (calls 5-6, st_ab.txt.gz).
 # And ("_kf", session 57) at hd 64 and 128 full: the chain's K/V arrive on its first step's ring
 # barrier (kv_on_full, no barrier of their own to wait for), so each step issues its S^T GEMM
 # right after the ring wait, before its flags are read (gemm_before_flags). Bits equal; det
@@ -125,16 +125,14 @@ BWD_VARIANT = {
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
 # 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs);
-# with "_kf" as BWD_VARIANT's. At hd 64 causal from 4k keys, the shipped kernel with "_kf": det
-# 1.014x / 1.030x at 4k / 16k, non-det 1.009x / 1.047x; at 1k 0.947x, rounds spread over
-# 0.89-1.06 (session57-2a889b2 call2). Not at hd 128 causal (1.017x / 1.030x det there): under
-# a GQA split (in-kernel dK/dV sums) "_kf" changes a few dK elements by an ulp at hd 128 (call
-# 4, kf_bits.txt), so a long "_kf" beside a short kernel without it would make the bits depend
-# on the key length. (At hd 128 full both take "_kf"; at hd 64 the bits are equal.)
-BWD_VARIANT_LONG = {
-    (64, "causal"): (4096, "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf"),
-    (128, "full"): (8192, "t80_wg2r_p14_fs_kf"),
-}
+# with "_kf" as BWD_VARIANT's. Causal masks keep their kernels without "_kf" at every length,
+# though with it they measured det 1.014x / 1.030x at hd 64 causal 4k / 16k and 1.017x / 1.030x
+# at hd 128 (0.947x / 0.976x at 1k; session57-2a889b2 call2): a long "_kf" kernel beside a short
+# one without it would make the bits depend on the key length, because under a GQA split (the
+# in-kernel dK/dV sums) the two round the last q head's dK add differently (one FFMA against an
+# FMUL and an FADD, ptxas's choice; a few dK elements differ at hd 128, call 4's kf_bits.txt).
+# At hd 128 full short and long both take "_kf" (bits equal, call 3).
+BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and
 # takes every other step's turn). Same tiles and arithmetic: gradients bitwise equal for every
@@ -147,14 +145,13 @@ BWD_VARIANT_LONG = {
 BWD_DET_TWIN = {
     "t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf",
     "t128_xm24r_sm2_fs_dq2_dt_kp_st": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
-    "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
     "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
     # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
     # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;
     # non-deterministic runs keep one dQ warp (two without turns: 0.975-1.024x of one at seven
-    # configs, session42-8a8b3d3 call3/ab_nondet_w2.txt).
+    # configs, session42-8a8b3d3 call3/ab_nondet_w2.txt.gz).
     "sw_fs": "sw_w2_fs",
 }
 # Non-deterministic backwards run, in place of these variants, these: at hd 64 full the
@@ -227,10 +224,10 @@ NONDET_DESCENDING_MIN_SEQLEN_K = {"full": {256: 1024}, "causal": {192: 8192, 256
 # DqFragmentCastPolled; in the session-50 A/B the "_ct" variant names), waiting for
 # each tile's last turn, instead of after it (~47 us per backward of 16k tokens x hidden 2048).
 # Whole backwards in interleaved rounds beside FA4, bits equal (session50-5723982 call2
-# ct64_ab.txt, ct128_ab.txt): det 1.042x / 1.031x / 1.013x at hd 64 full 1k / 2k / 4k,
+# ct64_ab.txt.gz, ct128_ab.txt.gz): det 1.042x / 1.031x / 1.013x at hd 64 full 1k / 2k / 4k,
 # 1.069x causal 1k, 1.055x / 1.028x / 1.015x / 1.011x at hd 128 full 1k-8k; the shipped kernels
 # on 4 SMs fewer alone 1.003x / 0.996x (aa_margin4.txt). Not under dynamic dispatch: hd 64 full
-# 16k (descending) read 0.973x. Session 51 (session51-8c102d0 call2 polled_ab.txt, the cast
+# 16k (descending) read 0.973x. Session 51 (session51-8c102d0 call2 polled_ab.txt.gz, the cast
 # beside / after, 15 rounds, bits equal): hd 128 causal 16k / 8k 1.010x / 1.016x, hd 64 causal
 # 16k 1.005x; hd 96 full 1k / 4k 1.044x / 1.018x, causal 2k / 16k 1.051x / 1.008x; hd 256 full
 # 4k / causal 4k 1.019x / 1.029x; hd 192 full 8k 1.001x. (At hd 192 and 256 fewer configs keep

@@ -62,7 +62,7 @@ _BWD_TILES = {
 # tiles, then 16-byte chunks of whole rows; the read-back loop unrolled by 2): kernel time at a
 # fixed clock 1.05-1.12x at hd 128 causal 512-2k, 1.01x at 8k-16k, 1.07x at hd 128 full 512,
 # 1.02-1.04x at 1k-4k, 1.03-1.10x at hd 64 to 4k and 1.01x at 16k (det; non-det up to 1.16x),
-# bits equal (session25-814acab call2/call3 ev_ab.txt; ev_check.txt in git history at bdb8aa2);
+# bits equal (session25-814acab call2/call3 ev_ab.txt.gz; ev_check.txt in git history at bdb8aa2);
 # at hd 64 with dkv_row_ptr, which it needs (one register then goes through local memory once
 # per step at hd 64 causal det, measured faster all the same). Not at hd 128 full from 8k keys
 # (0.94x).
@@ -129,9 +129,11 @@ BWD_VARIANT = {
 # though with it they measured det 1.014x / 1.030x at hd 64 causal 4k / 16k and 1.017x / 1.030x
 # at hd 128 (0.947x / 0.976x at 1k; session57-2a889b2 call2): a long "_kf" kernel beside a short
 # one without it would make the bits depend on the key length, because under a GQA split (the
-# in-kernel dK/dV sums) the two round the last q head's dK add differently (one FFMA against an
-# FMUL and an FADD, ptxas's choice; a few dK elements differ at hd 128, call 4's kf_bits.txt).
-# At hd 128 full short and long both take "_kf" (bits equal, call 3).
+# in-kernel dK/dV sums) the two rounded the last q head's dK add differently (one FMA against a
+# multiply and an add, the compiler's choice; a few dK elements differed at hd 128, call 4's
+# kf_bits.txt.gz). That add is an explicit FMA since (bwd_epilogue); "_kf" on causal masks
+# waits for a GPU check of the bits. At hd 128 full short and long both take "_kf" (bits equal,
+# call 3).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and

@@ -234,10 +234,16 @@ class EpilogueMixin:
                     addr_v = addr_k + dv_offset
                     if rank == last:
                         # The sum so far plus this chain's, rounded once (rank 0 only when
-                        # the group has one head, which a split never has).
+                        # the group has one head, which a split never has). dK's add is an
+                        # explicit FMA: left to the compiler, the scale's product fused into it
+                        # in some kernel variants and not in others, and a few dK elements
+                        # differed between variants that must give the same bits (the "_kf"
+                        # kernels; benchmarks/NOTES.md item 314).
                         if rank > 0:
-                            k0 = load_f32_cg(addr_k) + k0
-                            k1 = load_f32_cg(addr_k + 4) + k1
+                            k0 = cute.math.fma(softmax_scale, acc_dK[2 * j], load_f32_cg(addr_k))
+                            k1 = cute.math.fma(
+                                softmax_scale, acc_dK[2 * j + 1], load_f32_cg(addr_k + 4)
+                            )
                             v0 = load_f32_cg(addr_v) + v0
                             v1 = load_f32_cg(addr_v + 4) + v1
                         for out, lo, hi in ((dk_row, k0, k1), (dv_row, v0, v1)):

@@ -144,6 +144,9 @@ def test_dkv_sum_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path)
     assert ptx.count("st.global.v2.f32") == 2 * pairs
     assert ptx.count("red.relaxed.gpu.global.add.v2.f32") == 2 * pairs
     assert ptx.count("ld.global.cg.f32") == 4 * pairs
+    # The last rank's dK add, one explicit FMA per element (dV's a plain add): whether the
+    # compiler fuses the scale's product into it must not differ between variants (item 314).
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == 2 * pairs
     assert "fence.acq_rel.gpu" in ptx
     # Release sites: each dQ writer's and the chain epilogue's.
     writers = bwd_launch._variant_options(variant).get("dq_writers", 1)

@@ -214,23 +214,22 @@ for _name in _D128_FULL:
     # K/V on the chain's first ring barrier ("_kf0"), and each step's S^T GEMM before its
     # flags are read ("_kf"). Calls 4-5 (an H100, NOTES item 308) timed them slower, "_kf"
     # 0.95-1.00x det and 0.95-0.99x non-det at full 2k-8k, "_kf0" 0.93-1.02x and 0.93-0.96x,
-    # with the chain's dK/dV zeroing if-converted into 128 selects in every step (fixed since,
-    # not timed again: next-not-run/kf_ab.sh).
+    # with the chain's dK/dV zeroing if-converted into 128 selects in every step. Fixed, timed
+    # again in session 57 (call 1): "_kf" 1.006-1.018x det, "_kf0" 0.975-1.012x; "_kf" ships.
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
-# Session 57: "_kf" on the hd-64 full kernels (base, det twin, non-det twin); at hd 128 it
-# measured 1.006-1.018x det after the fix above (session57-2a889b2 call1, an H100). Shipped at
-# hd 64 and 128 full (hopper.BWD_VARIANT, which gives the measurements).
+# Session 57: "_kf" on the hd-64 full kernels (base, det twin, non-det twin). Shipped at hd 64
+# and 128 full (hopper.BWD_VARIANT, which gives the measurements).
 _D64_FULL = (
     "t128_xm24r_sm2_fs_dq2_kp_st", "t128_xm24r_sm2_fs_dq2_kp_w2_st", "t128_xm24r_sm2_fs_kp_st",
 )  # fmt: skip
 # And on the causal kernels of hd 64 and hd 128 (with their det twins): 1.4-3.0% faster det
 # from 4k keys, not shipped (hopper.BWD_VARIANT_LONG's comment says why).
-_CAUSAL = (
+_CAUSAL_64_128 = (
     "t128_xm24r_sm2_fs_dq2_dt_kp_st", "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
     "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
 )  # fmt: skip
-for _name in _D64_FULL + _CAUSAL:
+for _name in _D64_FULL + _CAUSAL_64_128:
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name], "kv_on_full": True, "gemm_before_flags": True}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the

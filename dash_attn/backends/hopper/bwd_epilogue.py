@@ -366,7 +366,8 @@ class EpilogueMixin:
                 v0 = acc_dV[i]
                 if rank == last:
                     if rank > 0:
-                        k0 = load_f32_cg(ptr_k.toint()) + k0
+                        # An explicit FMA, as in _sum_chain_epilogue.
+                        k0 = cute.math.fma(softmax_scale, acc_dK[i], load_f32_cg(ptr_k.toint()))
                         v0 = load_f32_cg(ptr_v.toint()) + v0
                     gdK[row, d] = k0.to(self.dtype)
                     gdV[row, d] = v0.to(self.dtype)

@@ -206,6 +206,8 @@ for _name in _D128_FULL:
 # on top of them, again on the kernels shipped now: the next chain's K/V prefetched ("_kp"), the
 # step's tile indices read before the GEMMs ("_em"), the last 16 / 32 exponentials after the
 # dP^T wait ("_xt16", "_xt32"); "_kf" below.
+# "_kf": K/V on the chain's first ring barrier, each step's S^T GEMM before its flags are read.
+_KF = {"kv_on_full": True, "gemm_before_flags": True}
 for _name in _D128_FULL:
     VARIANTS[_name + "_kp"] = {**VARIANTS[_name], "kv_prefetch": 0}
     VARIANTS[_name + "_em"] = {**VARIANTS[_name], "early_meta": True}
@@ -217,7 +219,7 @@ for _name in _D128_FULL:
     # with the chain's dK/dV zeroing if-converted into 128 selects in every step. Fixed, timed
     # again in session 57 (call 1): "_kf" 1.006-1.018x det, "_kf0" 0.975-1.012x; "_kf" ships.
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
-    VARIANTS[_name + "_kf"] = {**VARIANTS[_name + "_kf0"], "gemm_before_flags": True}
+    VARIANTS[_name + "_kf"] = {**VARIANTS[_name], **_KF}
 # Session 57: "_kf" on the hd-64 full kernels (base, det twin, non-det twin). Shipped at hd 64
 # and 128 full (hopper.BWD_VARIANT, which gives the measurements).
 _D64_FULL = (
@@ -230,7 +232,7 @@ _CAUSAL_64_128 = (
     "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",
 )  # fmt: skip
 for _name in _D64_FULL + _CAUSAL_64_128:
-    VARIANTS[_name + "_kf"] = {**VARIANTS[_name], "kv_on_full": True, "gemm_before_flags": True}
+    VARIANTS[_name + "_kf"] = {**VARIANTS[_name], **_KF}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
 # same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976

@@ -173,6 +173,8 @@ def test_dkv_sum_compiles_for_sm90a_swapped(config: tuple, tmp_path: Path) -> No
     assert len(re.findall(r"st\.global\.b32\s+\[[^\]]+\], %", ptx)) == 2 * elements
     assert ptx.count("red.relaxed.gpu.global.add.f32") == 2 * elements
     assert ptx.count("ld.global.cg.f32") == 2 * elements
+    # The last rank's dK add, one explicit FMA per element (as test_dkv_sum_compiles_for_sm90a).
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == elements
     assert "fence.acq_rel.gpu" in ptx
 
 

@@ -108,11 +108,11 @@ _BWD_TILES = {
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st_kf",
-    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt_kp_st",
+    (64, "causal"): "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf",
     (96, "full"): "t128_wg2gr_sm2_fs_dt",
     (96, "causal"): "t128_wg2gr_sm2_fs_dt",
     (128, "full"): "t80_wgr_p14_sm2_fs_kf",
-    (128, "causal"): "t128_wg2gr_sm2_fs_dt",
+    (128, "causal"): "t128_wg2gr_sm2_fs_dt_kf",
     (192, "full"): "sw_fs",
     (192, "causal"): "sw_fs",
     (256, "full"): "sw_fs",
@@ -146,9 +146,10 @@ BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # twin (hd 128 full below 8k keys has one).
 BWD_DET_TWIN = {
     "t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf",
-    "t128_xm24r_sm2_fs_dq2_dt_kp_st": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
+    "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
     "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
+    "t128_wg2gr_sm2_fs_dt_kf": "t128_wg2gr_sm2_fs_dt_w2_kf",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not
     # fit) and take their turns early. Det 1.05-1.25x sw_fs in interleaved rounds beside FA4
     # (session41-110f25b calls 3-4, nine configs, 192/256 x full/causal x 2k-16k), bits equal;

@@ -622,7 +622,7 @@ def test_variants_resolve() -> None:
     assert bwd_variant(256, True, deterministic=True) == "sw_w2_fs"
     assert bwd_variant(256, True, deterministic=False) == "sw_fs"
     assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st_kf"
-    assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st"
+    assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf"
     # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
     for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:
         options = bwd_launch.VARIANTS[name]

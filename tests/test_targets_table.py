@@ -92,6 +92,17 @@ def test_readme_table_is_generated_from_the_committed_runs() -> None:
     assert generated in readme.read_text()
 
 
+def test_readme_h100_table_is_generated_from_the_committed_runs() -> None:
+    """The README's H100 table (every call since session 57 got an H100): the 24 configs of
+    head dims 64 and 128, backward and forward."""
+    results, readme = REPO / "benchmarks" / "results" / "h100", REPO / "README.md"
+    if not (results.is_dir() and readme.is_file()):
+        pytest.skip("not a source checkout")
+    generated = targets_table.report(results)
+    assert generated.count("\n| 64 |") + generated.count("\n| 128 |") >= 48
+    assert generated in readme.read_text()
+
+
 def test_missing_results_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         targets_table.main(["--results", str(tmp_path / "absent")])

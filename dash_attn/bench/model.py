@@ -23,7 +23,7 @@ microseconds, ``model_ms`` (simulated makespan), ``measured_ms``, ``model_speedu
 ``measured_speedup_vs_fa3``, and the rank of the schedule among the config's schedules (1 =
 fastest) in the model and in the measurement.
 
-    python -m dash_attn.bench.model --csv benchmarks/results/h200/bench.csv
+    python -m dash_attn.bench.model --csv benchmarks/results/h200/bench.csv.gz
 """
 
 from __future__ import annotations

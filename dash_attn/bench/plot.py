@@ -1,6 +1,6 @@
 """Figures in the paper's form: TFLOPS vs sequence length, one panel per (mask, head dim).
 
-    python -m dash_attn.bench.plot --csv benchmarks/results/h200/bench.csv --out bench_bwd.png
+    python -m dash_attn.bench.plot --csv benchmarks/results/h200/bench.csv.gz --out bench_bwd.png
 
 Line styles carry the meaning, so that a figure with many providers stays readable: dash-attn
 solid, peers dashed, non-deterministic variants dotted; markers tell the schedules apart.

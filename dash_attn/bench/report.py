@@ -3,7 +3,7 @@
 Everything printed comes from rows measured in this run or read back from ``bench.csv``, so the
 README tables can be regenerated on any machine:
 
-    python -m dash_attn.bench.report --csv benchmarks/results/h200/bench.csv --readme-table
+    python -m dash_attn.bench.report --csv benchmarks/results/h200/bench.csv.gz --readme-table
 
 Output is deterministic for a given file: rows sorted by (mode, head dim, mask, seqlen), provider
 columns in the fixed table order of ``providers.provider_names()``, numbers with fixed precision.
@@ -358,11 +358,14 @@ def header_line(info: Mapping[str, Any]) -> str:
 
 
 def _readme_provenance(csv_path: Path, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The machine line and the command, from bench.json beside the CSV when it is there."""
-    meta = Path(csv_path).with_name("bench.json")
+    """The machine line and the command, from bench.json (or the committed bench.json.gz)
+    beside the CSV when it is there."""
+    metas = [Path(csv_path).with_name(name) for name in ("bench.json", "bench.json.gz")]
+    meta = next((path for path in metas if path.exists()), None)
     lines = []
-    if meta.exists():
-        payload = json.loads(meta.read_text())
+    if meta is not None:
+        text = gzip.decompress(meta.read_bytes()) if meta.suffix == ".gz" else meta.read_bytes()
+        payload = json.loads(text)
         header = payload.get("header", {})
         lines.append(f"Machine: {header_line(header)}.")
         argv = payload.get("argv")

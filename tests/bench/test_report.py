@@ -46,6 +46,26 @@ def test_readme_command_names_the_subcommand_once(
     assert "Command: `dash-attn bench --e2e --commit abc`" in capsys.readouterr().out
 
 
+def test_readme_provenance_reads_a_gzipped_bench_json(
+    bench_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Committed runs keep bench.json gzipped: the machine line and the command still come
+    from it, as from the plain file."""
+    import gzip
+
+    payload = {"header": META, "argv": ["bench", "--rounds", "2", "--commit", "abc"]}
+    report.write_json(bench_csv.with_name("bench.json"), payload)
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    plain = capsys.readouterr().out
+    meta = bench_csv.with_name("bench.json")
+    with meta.open("rb") as src, gzip.open(meta.with_name("bench.json.gz"), "wb") as dst:
+        dst.write(src.read())
+    meta.unlink()
+    assert report.main(["--csv", str(bench_csv), "--readme-table"]) == 0
+    packed = capsys.readouterr().out
+    assert packed == plain and "Command: `dash-attn bench --rounds 2 --commit abc`" in packed
+
+
 def test_readme_table_from_csv(bench_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report.write_json(
         bench_csv.with_name("bench.json"),
@@ -167,8 +187,8 @@ def test_readme_results_are_generated_from_the_committed_files(
     results, readme = repo / "benchmarks" / "results" / "h200", repo / "README.md"
     if not (results.is_dir() and readme.is_file()):
         pytest.skip("not a source checkout")
-    args = ["--csv", str(results / "bench.csv"), "--readme-table"]
-    args += ["--determinism", str(results / "determinism.csv")]
+    args = ["--csv", str(results / "bench.csv.gz"), "--readme-table"]
+    args += ["--determinism", str(results / "determinism.csv.gz")]
     assert report.main(args) == 0
     generated = capsys.readouterr().out.strip()
     assert generated.splitlines()[0].startswith("Machine: GPU NVIDIA H200")
@@ -230,9 +250,9 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session55-73abb0b" / "call9" / "bwd128_head" / "bench.csv", readme_text),
         # Session 56: head dim 256 on the kernels shipped now.
         (results / "session56-644086d" / "call3" / "bwd256" / "bench.csv", readme_text),
-        # Session 57: head dims 64 and 128 with "_kf", on an H100.
-        (h100 / "session57-2a889b2" / "call3" / "bwd64" / "bench.csv", readme_text),
-        (h100 / "session57-2a889b2" / "call5" / "bwd128" / "bench.csv", readme_text),
+        # Session 58: every provider with "_kf" on both masks, on an H100 (session 57's runs
+        # of four providers are in git history at 066a382).
+        (h100 / "session58-066a382" / "call4" / "sweep" / "bench.csv.gz", readme_text),
     ):
         rows = _read_committed(path)
         assert report.readme_table(rows).strip() in doc
@@ -243,6 +263,15 @@ def test_readme_results_are_generated_from_the_committed_files(
     session55_e2e = results / "session55-73abb0b" / "call3" / "e2e" / "e2e.csv"
     e2e = report.e2e_table(_read_committed(session55_e2e), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in readme_text
+    session58_e2e = h100 / "session58-066a382" / "call6" / "e2e" / "e2e.csv.gz"
+    e2e = report.e2e_table(_read_committed(session58_e2e), markdown=True)
+    assert "hopper vs fa4_det" in e2e and e2e.strip() in readme_text
+    session58 = h100 / "session58-066a382" / "call4" / "sweep"
+    args = ["--csv", str(session58 / "bench.csv.gz"), "--readme-table"]
+    args += ["--determinism", str(session58 / "determinism.csv.gz")]
+    assert report.main(args) == 0
+    generated = capsys.readouterr().out.strip()
+    assert generated.startswith("Machine: GPU NVIDIA H100") and generated in readme_text
     e2e = report.e2e_table(_read_committed(session28 / "e2e" / "e2e.csv"), markdown=True)
     assert "hopper vs fa4_det" in e2e and e2e.strip() in text
     # Session 23: the GQA split's probe table and end-to-end blocks.
@@ -438,11 +467,11 @@ def test_read_csv_reads_gzipped_result_files(tmp_path: Path) -> None:
     import shutil
 
     repo = Path(__file__).resolve().parents[2]
-    plain = repo / "benchmarks" / "results" / "h200" / "bench.csv"
-    if not plain.is_file():
+    packed = repo / "benchmarks" / "results" / "h200" / "bench.csv.gz"
+    if not packed.is_file():
         pytest.skip("not a source checkout")
-    packed = tmp_path / "bench.csv.gz"
-    with plain.open("rb") as src, gzip.open(packed, "wb") as dst:
+    plain = tmp_path / "bench.csv"
+    with gzip.open(packed, "rb") as src, plain.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     rows = report.read_csv(packed)
     assert rows == report.read_csv(plain) and len(rows) > 0

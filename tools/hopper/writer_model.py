@@ -29,7 +29,7 @@ z a standard normal clipped to +-3 (seeded, the same draws for every mode and bu
 that a late partial can hold a staging buffer while its worker's next step is ready (why a
 second buffer can pay off where the mean times say it cannot; NOTES item 135).
 
-Printed per measured config (``benchmarks/results/h200/bench.csv``, the hopper columns): the
+Printed per measured config (``benchmarks/results/h200/bench.csv.gz``, the hopper columns): the
 measured ms of ``fa3`` and ``descending`` beside the three models' makespans, with ``c`` from
 the non-deterministic time (as ``dash_attn.bench.model``) and ``r`` a fixed latency per
 reduction (``--r-us``). Pure CPU, from the repository root::
@@ -61,7 +61,7 @@ MODES = ("coupled", "early", "drain")
 # has two (t128_wg2*), and so has hd 64 since session 29 (_dq2), and hd 128 full from 8k keys.
 BUFFERS = {(64, False): 1, (64, True): 1, (128, False): 1, (128, True): 2}
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "benchmarks" / "results" / "h200" / "bench.csv"
+RESULTS = REPO / "benchmarks" / "results" / "h200" / "bench.csv.gz"
 
 
 class _Worker:

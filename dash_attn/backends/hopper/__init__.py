@@ -100,11 +100,12 @@ _BWD_TILES = {
 # then take all 227 KiB), so K/V are freed at the epilogue's start: bits equal, det 1.002-1.023x
 # at full 1k-8k and causal 1k-4k in 11 of 12 interleaved A/Bs (0.997x causal 4k), non-det
 # 0.989-1.008x (calls 5-6, st_ab.txt.gz).
-# And ("_kf", session 57) at hd 64 and 128 full: the chain's K/V arrive on its first step's ring
+# And ("_kf", sessions 57-58) at hd 64 and 128: the chain's K/V arrive on its first step's ring
 # barrier (kv_on_full, no barrier of their own to wait for), so each step issues its S^T GEMM
 # right after the ring wait, before its flags are read (gemm_before_flags). Bits equal; det
-# 1.018-1.051x at hd 64 full 2k-16k, 1.006-1.018x at hd 128 full 2k-16k, non-det 1.013-1.029x
-# and 0.991-1.019x, in interleaved rounds on an H100 (session57-2a889b2 calls 1-2, ab_kf*).
+# 1.018-1.051x at hd 64 full 2k-16k, 1.006-1.018x at hd 128 full 2k-16k, 1.014-1.030x causal
+# 4k-16k at both, non-det 0.991-1.029x, in interleaved rounds on an H100 (session57-2a889b2
+# calls 1-2, ab_kf*); causal 1k-2k 0.996-1.014x det (session58-066a382 call1, ab_nokf*).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st_kf",
@@ -125,15 +126,11 @@ BWD_VARIANT = {
 # at 8k-16k, 0.98-0.99x at 2k-4k (session20 call2 wg2_ab.txt, boost clock); det / non-det at
 # the sustained clock 0.969x at 8k and 0.972x at 16k (call3, session 19's t80_wg: 0.945x and
 # 0.935x); with dkv_row_ptr and exp_poly as BWD_VARIANT's, and dq_first_store (t80_wg2r_p14_fs);
-# with "_kf" as BWD_VARIANT's. Causal masks keep their kernels without "_kf" at every length,
-# though with it they measured det 1.014x / 1.030x at hd 64 causal 4k / 16k and 1.017x / 1.030x
-# at hd 128 (0.947x / 0.976x at 1k; session57-2a889b2 call2): a long "_kf" kernel beside a short
-# one without it would make the bits depend on the key length, because under a GQA split (the
-# in-kernel dK/dV sums) the two rounded the last q head's dK add differently (one FMA against a
-# multiply and an add, the compiler's choice; a few dK elements differed at hd 128, call 4's
-# kf_bits.txt.gz). That add is an explicit FMA since (bwd_epilogue); "_kf" on causal masks
-# waits for a GPU check of the bits. At hd 128 full short and long both take "_kf" (bits equal,
-# call 3).
+# with "_kf" as BWD_VARIANT's. Every variant of a (head dim, mask) must give the same bits: under
+# a GQA split (the in-kernel dK/dV sums) "_kf" and the kernels without it once rounded the last
+# q head's dK add differently (one FMA against a multiply and an add, the compiler's choice;
+# session57-2a889b2 call 4, kf_bits.txt.gz), so that add is an explicit FMA (bwd_epilogue), and
+# the two are equal for every schedule with and without GQA (session58-066a382 call1).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and

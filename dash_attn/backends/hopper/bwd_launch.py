@@ -221,12 +221,13 @@ for _name in _D128_FULL:
     VARIANTS[_name + "_kf0"] = {**VARIANTS[_name], "kv_on_full": True}
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name], **_KF}
 # Session 57: "_kf" on the hd-64 full kernels (base, det twin, non-det twin). Shipped at hd 64
-# and 128 full (hopper.BWD_VARIANT, which gives the measurements).
+# and 128 (hopper.BWD_VARIANT, which gives the measurements).
 _D64_FULL = (
     "t128_xm24r_sm2_fs_dq2_kp_st", "t128_xm24r_sm2_fs_dq2_kp_w2_st", "t128_xm24r_sm2_fs_kp_st",
 )  # fmt: skip
 # And on the causal kernels of hd 64 and hd 128 (with their det twins): 1.4-3.0% faster det
-# from 4k keys, not shipped (hopper.BWD_VARIANT_LONG's comment says why).
+# from 4k keys; shipped in session 58, once the GQA split's dK add was an explicit FMA
+# (hopper.BWD_VARIANT_LONG's comment says why that mattered).
 _CAUSAL_64_128 = (
     "t128_xm24r_sm2_fs_dq2_dt_kp_st", "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st",
     "t128_wg2gr_sm2_fs_dt", "t128_wg2gr_sm2_fs_dt_w2",

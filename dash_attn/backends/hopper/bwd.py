@@ -94,7 +94,8 @@ barrier; ``exp_poly`` computes a share of the exponentials by a polynomial on th
 each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel as a programmatic
 dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
-``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring.
+``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring;
+``lse_early`` reads the first LSE2 rows while S^T runs.
 
 (The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
@@ -178,6 +179,7 @@ class HopperAttnBwd(
         cast_trigger: bool = False,
         kv_on_full: bool = False,
         gemm_before_flags: bool = False,
+        lse_early: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -312,6 +314,17 @@ class HopperAttnBwd(
             )
         self.exp_poly = (count, period)
         self.exp_poly_degree = exp_poly_degree
+        # lse_early: the LSE2 rows of the first lse_early of the thread's query columns (in
+        #   fragment order) are read into registers right after S^T and dP^T are issued; the
+        #   others where they are used, after the S^T wait. The exponentials' first FFMAs then
+        #   do not wait for a shared load (short-scoreboard stalls on those FFMAs: 6% of our
+        #   samples at hd 128 full 4k, none in FA4's, which reads its LSE while S^T runs,
+        #   session 55 call 4). All of them early (session 22's early_lse, 16-20 registers
+        #   held across the wait) measured 0.92-0.97x det at hd 128; a few hold a few
+        #   registers. Same values, same arithmetic: the same bits.
+        if lse_early < 0:
+            raise ValueError(f"lse_early must be >= 0, got {lse_early}")
+        self.lse_early = lse_early
         # dkv_sum: a GQA split's chains (one per q head) add their dK/dV into fp32
         #   accumulators of the kv heads in q-head order (the chain epilogue in the module
         #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
@@ -444,7 +457,7 @@ class HopperAttnBwd(
             swap_needs = {"dq_wg": dq_wg, "do_single": do_single}
             swap_excludes = {
                 "dq_double": dq_double, "exp_tail": exp_tail, "exp_poly": exp_poly != (0, 1),
-                "dkv_smem": dkv_smem, "stages != 2": stages != 2,
+                "dkv_smem": dkv_smem, "stages != 2": stages != 2, "lse_early": lse_early,
             }  # fmt: skip
             missing = [k for k, v in swap_needs.items() if not v]
             extra = [k for k, v in swap_excludes.items() if v]

@@ -89,6 +89,10 @@ class StepMixin:
             acc_dV.fill(0.0)
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
+        # lse_early: the elements whose LSE2 rows are read right after the GEMMs are issued
+        # (one per row), and each element's register among them (trace time).
+        lse_reps = self._plan_lse_early(mma_sdp, shape_st)
+        rLSE = cute.make_rmem_tensor(cute.make_layout(max(len(lse_reps), 1)), Float32)
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
         # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
         # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
@@ -150,13 +154,15 @@ class StepMixin:
                 if const_expr(self.do_single):
                     cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
                 wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+                for r in cutlass.range_constexpr(len(lse_reps)):
+                    rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
                 warpgroup.wait_group(1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
                 # shared memory here.
                 if const_expr(not self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                probs_args = (acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
+                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
                 if const_expr(self.exp_tail > 0):
                     # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
                     # The wait sits in the block between the two branches: ptxas hoists a
@@ -319,6 +325,7 @@ class StepMixin:
         acc_S: cute.Tensor,
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
+        rLSE: cute.Tensor,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -333,12 +340,15 @@ class StepMixin:
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
         lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from the stage's
-        ``sLSE`` rows."""
+        ``sLSE`` rows, or from ``rLSE`` for the elements lse_early read before the S^T wait."""
         end = cute.size(acc_S) if const_expr(end is None) else end
         poly_count, poly_period = self.exp_poly
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
-            x = acc_S[i] * scale_log2 - sLSE[m, stage]
+            if const_expr(i in self._lse_slot):
+                x = acc_S[i] * scale_log2 - rLSE[self._lse_slot[i]]
+            else:
+                x = acc_S[i] * scale_log2 - sLSE[m, stage]
             if const_expr(i % poly_period >= poly_period - poly_count):
                 p = exp2_poly(x, self.exp_poly_degree)
             else:
@@ -346,6 +356,36 @@ class StepMixin:
             if const_expr(masked):
                 p = self._mask_prob(p, n, m, n0, m0, shift, seqlen_k)
             acc_S[i] = p
+
+    def _plan_lse_early(self, mma_sdp: cute.TiledMma, shape_st: tuple[int, int]) -> list[int]:
+        """Trace time (plain Python): for lse_early, one fragment element per LSE2 row read
+        early (the first lse_early distinct query columns in fragment order), and
+        ``self._lse_slot``, each element's register among them. The columns are read off the
+        MMA's thread-0 partition and checked to be the same pattern (shifted) for one thread
+        of each warp, as the kernel indexes them with its own thread's coordinates."""
+        self._lse_slot = {}
+        if self.lse_early == 0:
+            return []
+        ident = cute.make_identity_tensor(shape_st)
+
+        def columns(t: int) -> list[int]:
+            coords = mma_sdp.get_slice(t).partition_C(ident)
+            return [int(tuple(coords[i])[1]) for i in range(cute.size(coords))]
+
+        base = columns(0)
+        for t in range(0, self.num_mma_threads, 32):
+            shifted = columns(t)
+            if [c - shifted[0] for c in shifted] != [c - base[0] for c in base]:
+                raise AssertionError(f"S^T fragment columns of thread {t} are not thread 0's")
+        reps: list[int] = []
+        slot_of_column: dict[int, int] = {}
+        for i, column in enumerate(base):
+            if column not in slot_of_column and len(reps) < self.lse_early:
+                slot_of_column[column] = len(reps)
+                reps.append(i)
+            if column in slot_of_column:
+                self._lse_slot[i] = slot_of_column[column]
+        return reps
 
     @cute.jit
     def _mask_prob(

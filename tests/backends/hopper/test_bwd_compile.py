@@ -272,6 +272,10 @@ VARIANT_CONFIGS = [
     # non-det, which does not).
     ("t128_xm24r_sm2_fs_dq2_dt_w2", (64, torch.float16, True, False)),
     ("t80_wg2r_p14_fs_w2", (128, torch.bfloat16, False, False)),
+    # Session 58: the first LSE2 rows read while S^T runs (lse_early), on the hd-128 full
+    # kernel and its long det twin (not timed yet).
+    ("t80_wgr_p14_sm2_fs_kf_le4", (128, torch.bfloat16, False, True)),
+    ("t80_wg2r_p14_fs_w2_kf_le8", (128, torch.float16, False, True)),
 ]
 
 
@@ -408,6 +412,14 @@ def _check_kernel_code(
     on_mufu = [i % poly_period < poly_period - poly_count for i in range(per_thread)]
     assert mma_code.count("MUFU.EX2") == 2 * sum(on_mufu)
     assert ptx.count("add.rm.ftz.f32") == 2 * on_mufu.count(False)
+    if options.get("lse_early"):
+        # The LSE2 rows of the first lse_early query columns (two per LDS.64) are read between
+        # the step's first GEMM and the wait for S^T.
+        lines = mma_code.splitlines()
+        first_gemm = next(i for i, line in enumerate(lines) if "HGMMA" in line)
+        s_wait = next(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line)
+        early = [line for line in lines[first_gemm:s_wait] if re.search(r"\bLDS\.64\b", line)]
+        assert len(early) == options["lse_early"] // 2, early
     # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
     # exponentials of both copies but their last exp_tail each, which follow it.
     before, after = _exponentials_around_dp_wait(mma_code)
@@ -722,6 +734,13 @@ def test_bad_kernel_options_raise() -> None:
         )  # fmt: skip
     with pytest.raises(ValueError, match="kv_prefetch"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
+    with pytest.raises(ValueError, match="lse_early must be >= 0"):
+        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, lse_early=-2)
+    with pytest.raises(ValueError, match="lse_early"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
+            dq_wg=True, do_single=True, dkv_swap=True, lse_early=4,
+        )  # fmt: skip
     with pytest.raises(NotImplementedError, match="kv_on_full"):
         HopperAttnBwd(
             cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,

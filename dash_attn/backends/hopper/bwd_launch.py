@@ -237,9 +237,13 @@ for _name in _D64_FULL + _CAUSAL_64_128:
 # Session 58: the LSE2 rows of the first 2 / 4 / 8 query columns of each thread read while S^T
 # runs ("_le2", "_le4", "_le8", lse_early), on the shipped hd-128 full kernels (base, long, its
 # det twin): their first exponentials' FFMAs waited on those loads (NOTES item 326). Not timed.
+# And with the step's tile indices and edge test read before the S^T wait too ("_kf_em",
+# "_kf_eml4": early_meta; then no shared load sits between that wait and the first FFMA).
 for _name in _D128_FULL:
     for _rows in (2, 4, 8):
         VARIANTS[f"{_name}_kf_le{_rows}"] = {**VARIANTS[_name + "_kf"], "lse_early": _rows}
+    VARIANTS[_name + "_kf_em"] = {**VARIANTS[_name + "_kf"], "early_meta": True}
+    VARIANTS[_name + "_kf_eml4"] = {**VARIANTS[_name + "_kf_em"], "lse_early": 4}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
 # same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976

@@ -276,6 +276,7 @@ VARIANT_CONFIGS = [
     # kernel and its long det twin (not timed yet).
     ("t80_wgr_p14_sm2_fs_kf_le4", (128, torch.bfloat16, False, True)),
     ("t80_wg2r_p14_fs_w2_kf_le8", (128, torch.float16, False, True)),
+    ("t80_wgr_p14_sm2_fs_kf_eml4", (128, torch.bfloat16, False, False)),
 ]
 
 

@@ -19,7 +19,7 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..schedule.report import text_table
 from .providers import family_of, provider_names
@@ -139,10 +139,15 @@ def parse_value(key: str, text: str) -> Any:
 def read_csv(path: Path) -> list[Row]:
     """Rows of a file written by ``write_csv``, with typed values; a path ending in ``.gz`` is
     read through gzip (older result runs are committed compressed)."""
+    with _open_result(path) as f:
+        return [{k: parse_value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _open_result(path: Path) -> IO[str]:
+    """A result file opened as text, through gzip when its name ends in ``.gz``."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as f:
-        return [{k: parse_value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return opener(path, "rt", newline="")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -364,8 +369,8 @@ def _readme_provenance(csv_path: Path, rows: Sequence[Mapping[str, Any]]) -> lis
     meta = next((path for path in metas if path.exists()), None)
     lines = []
     if meta is not None:
-        text = gzip.decompress(meta.read_bytes()) if meta.suffix == ".gz" else meta.read_bytes()
-        payload = json.loads(text)
+        with _open_result(meta) as f:
+            payload = json.load(f)
         header = payload.get("header", {})
         lines.append(f"Machine: {header_line(header)}.")
         argv = payload.get("argv")

@@ -23,11 +23,9 @@ def cuda_tool(name: str) -> str | None:
 
 
 def disassemble(cubin: object) -> str | None:
-    """``nvdisasm -c`` of a cubin's bytes, or of the file a compile with ``--dump-dir`` names
-    instead; None without nvdisasm or without a cubin (a compile that did not keep it)."""
+    """``nvdisasm -c`` of a cubin's bytes; None without nvdisasm or without a cubin (a compile
+    that did not keep it)."""
     nvdisasm = cuda_tool("nvdisasm")
-    if isinstance(cubin, str) and cubin.endswith(".cubin") and Path(cubin).is_file():
-        cubin = Path(cubin).read_bytes()
     if nvdisasm is None or not isinstance(cubin, bytes):
         return None
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,6 +39,7 @@ from functools import lru_cache
 from .backends import BACKEND_NAMES, choose_backend
 from .backends.hopper import POLLED_CAST_HEADDIMS, POLLED_CAST_SMS
 from .backends.hopper import nondet_auto_schedule as hopper_nondet_auto_schedule
+from .backends.hopper import nondet_counts_adds as hopper_nondet_counts_adds
 from .backends.triton.tiles import BackwardTiles
 from .schedule import CAUSAL, FULL, Dispatch, Mask, Schedule, ScheduleSpec, make_schedule
 from .schedule.generators import auto_schedule_name
@@ -264,8 +265,10 @@ class BackwardPlan:
             each chain writes a 16-bit partial and a pass after the kernel sums each kv head's
             ``group`` partials in fp32 (``group`` times dK/dV's memory).
         cast_sms: SMs the main kernel leaves free to the dQ cast, which then runs beside it
-            instead of after it (0: after it). A deterministic hopper plan with static dispatch
-            and order-invariant tables at a head dim of ``hopper.POLLED_CAST_HEADDIMS``, made
+            instead of after it (0: after it). A deterministic hopper plan (or a
+            non-deterministic one whose kernel counts its dQ adds,
+            ``hopper.nondet_counts_adds``) with static dispatch and order-invariant tables at
+            a head dim of ``hopper.POLLED_CAST_HEADDIMS``, made
             with ``sm_margin=0``, runs on ``hopper.POLLED_CAST_SMS`` workers fewer where its
             busiest worker gets no more steps there (or its grid already leaves that many
             idle): the same bits (the tables do not depend on the worker count), the same
@@ -296,10 +299,13 @@ class BackwardPlan:
         if self.cast_sms == 0:
             return
         why = None
-        if not self.deterministic:
-            why = "the plan is non-deterministic (no turns to wait for)"
-        elif self.backend != "hopper":
+        p = self.problem
+        if self.backend != "hopper":
             why = f"backend {self.backend!r} runs its cast after the kernel"
+        elif not (
+            self.deterministic or hopper_nondet_counts_adds(p.headdim, p.mask.causal, p.seqlen_k)
+        ):
+            why = "the plan is non-deterministic and its kernel does not count its dQ adds"
         elif (tables := _why_tables_cannot_poll(self.schedule)) is not None:
             why = tables
         elif self.grid + self.cast_sms > self.device.sm_count:
@@ -582,8 +588,16 @@ def make_backward_plan(
                 "deterministic=False."
             )
     cast_sms = 0
-    # (Not where the caller keeps SMs for other kernels: the cast's CTAs would take them.)
-    polled = chosen == "hopper" and deterministic and sm_margin == 0
+    # (Not where the caller keeps SMs for other kernels: the cast's CTAs would take them.) The
+    # cast counts each tile's releases: det kernels and counted non-det ones give them.
+    polled = (
+        chosen == "hopper"
+        and sm_margin == 0
+        and (
+            deterministic
+            or hopper_nondet_counts_adds(problem.headdim, problem.mask.causal, problem.seqlen_k)
+        )
+    )
     if polled and problem.headdim in POLLED_CAST_HEADDIMS:
         sched, cast_sms = _leave_sms_to_the_cast(sched)
     return BackwardPlan(

@@ -376,6 +376,43 @@ def test_a_hand_built_plan_with_cast_sms_it_cannot_poll_is_refused() -> None:
             make()
 
 
+def test_counted_nondet_hopper_plans_leave_sms_to_the_dq_cast(monkeypatch) -> None:
+    """Where the non-deterministic hopper backward runs a counted kernel
+    (``hopper.counted_nondet_twins``, not shipped yet), its plan leaves SMs to the dQ cast as a
+    det plan does, on the same tables; a hand-built non-det plan may then carry ``cast_sms``.
+    With the shipped kernels neither (``test_the_dq_cast_keeps_its_place_elsewhere``)."""
+    from dash_attn.backends import hopper
+
+    short = _sweep_problem(64, False, 1024)
+    assert not hopper.nondet_counts_adds(64, False, 1024)
+    monkeypatch.setattr(hopper, "BWD_NONDET_TWIN", hopper.counted_nondet_twins())
+    make_backward_plan.cache_clear()
+    try:
+        for headdim, causal, seqlen in ((64, False, 1024), (128, False, 4096), (128, True, 8192)):
+            problem = _sweep_problem(headdim, causal, seqlen)
+            assert hopper.nondet_counts_adds(headdim, causal, seqlen)
+            nondet = make_backward_plan(problem, device=H200, backend="hopper", deterministic=False)
+            det = make_backward_plan(problem, device=H200, backend="hopper")
+            assert (nondet.cast_sms, nondet.grid) == (det.cast_sms, det.grid) == (4, 128)
+            assert nondet.schedule.order.tolist() == det.schedule.order.tolist()
+            assert nondet.schedule.worker_start.tolist() == det.schedule.worker_start.tolist()
+        det = make_backward_plan(short, device=H200, backend="hopper")
+        assert dataclasses.replace(det, deterministic=False).cast_sms == 4
+        # Still not beside a dynamic schedule, nor with sm_margin.
+        long_full = _sweep_problem(64, False, 16384)
+        plan = make_backward_plan(long_full, device=H200, backend="hopper", deterministic=False)
+        assert plan.dispatch is Dispatch.DYNAMIC and plan.cast_sms == 0
+        margin = make_backward_plan(
+            short, device=H200, backend="hopper", deterministic=False, sm_margin=4
+        )  # fmt: skip
+        assert margin.cast_sms == 0
+    finally:
+        monkeypatch.undo()
+        make_backward_plan.cache_clear()
+    with pytest.raises(ValueError, match="cast_sms.*non-deterministic and its kernel does not"):
+        dataclasses.replace(det, deterministic=False)
+
+
 @pytest.mark.parametrize("sm_count", [16, 17])
 @pytest.mark.parametrize("seqlen,causal", [(2048, False), (4096, False), (4096, True)])
 def test_a_gpu_of_few_sms_keeps_the_dq_cast_after(sm_count: int, seqlen: int, causal: bool) -> None:

@@ -44,6 +44,7 @@ def run_backward(
     cu_seqlens_k: torch.Tensor | None = None,
     sync_check: bool = False,
     cast_dq: Callable[[torch.Tensor, float, torch.dtype], torch.Tensor] = scale_cast,
+    reports_errors: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in q/k/v's dtype, by ``main`` running the plan's tables.
 
@@ -56,6 +57,10 @@ def run_backward(
     per-sequence lengths are the plan's (``plan.spec.seqlens``), which must be what the tensors
     hold (the caller validated them; reading them here would sync). The window is the plan's
     mask.
+
+    ``reports_errors`` (default: the plan's ``deterministic``): whether ``main``'s kernel
+    waits on the semaphores, so that its error flag is read (a counted non-deterministic
+    hopper kernel does too).
 
     ``sync_check`` waits for the kernel and raises at once on a timed-out wait (always so under
     the interpreter, where the launch has already run); otherwise the error surfaces at the next
@@ -86,7 +91,7 @@ def run_backward(
     tables = device_tables(plan.schedule, q.device)
     extra = {} if varlen is None else {"varlen": varlen}
     dq_acc, dk, dv, status = main(plan, q, k, v, dout, lse2, delta, tables, softmax_scale, **extra)
-    if plan.deterministic:
+    if plan.deterministic if reports_errors is None else reports_errors:
         description = functools.partial(timeout_error, plan)
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             # In a CUDA graph the queued flag copy would run at capture only (no host code at

@@ -237,6 +237,73 @@ def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
         torch.cuda.synchronize()
 
 
+def test_hopper_counted_nondet_kernels_are_correct() -> None:
+    """The counted non-deterministic kernels (``hopper.counted_nondet_twin``: the first dQ
+    store, the others added in arrival order once it has landed, every add counted for the dQ
+    cast beside the kernel; not shipped yet): for every head dim, mask and schedule, with GQA,
+    tails and seqlen_q != seqlen_k, dq, dk and dv are within the flash-attn rule of the fp32
+    reference, dk and dv (each chain's own order) equal the shipped non-det kernel's bit for
+    bit, also with another stream busy, and static plans leave SMs to the polled cast."""
+    from dash_attn.backends import hopper
+    from tools.hopper.bwd_probe import counted_nondet
+
+    for headdim, kind in hopper.BWD_VARIANT:
+        causal = kind == "causal"
+        q, k, v = make_qkv(1, 1000, 1100, 4, 2, headdim, torch.bfloat16, "cuda", 12)
+        _skip_if_uncovered("hopper", q, k, causal)
+        dout = torch.randn_like(q)
+        ref = _grads(functools.partial(_ref_out, causal=causal), q, k, v, dout)
+        same = _grads(functools.partial(_ref_out, causal=causal, upcast=False), q, k, v, dout)
+        for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
+            run = _dash(causal, "hopper", schedule, deterministic=False)
+            shipped = _grads(run, q, k, v, dout)
+            with counted_nondet():
+                counted = _grads(run, q, k, v, dout)
+                plan = last_launch_info()
+                assert hopper.nondet_counts_adds(headdim, causal, 1100)
+                static = plan.dispatch.name == "STATIC"
+                assert (plan.cast_sms > 0) == static, (headdim, kind, schedule)
+                if schedule == "auto":
+                    _busy_stream_matmuls(torch.cuda.Stream())
+                    busy = _grads(run, q, k, v, dout)
+                    torch.cuda.synchronize()
+                    for name in ("dk", "dv"):
+                        i = GRADS.index(name)
+                        assert torch.equal(busy[i], counted[i]), f"{name} busy [{headdim}]"
+            tag = f"hopper counted non-det, d{headdim} {kind} {schedule}"
+            for name, g, r, s in zip(GRADS, counted, ref, same, strict=True):
+                assert_close_to_ref(f"{name} [{tag}]", g, r, s, atol=1e-3)
+            for name in ("out", "dk", "dv"):
+                i = GRADS.index(name)
+                assert torch.equal(counted[i], shipped[i]), f"{name} differs [{tag}]"
+
+
+@pytest.mark.parametrize("headdim", [64, 256])
+def test_hopper_counted_nondet_broken_table_raises_instead_of_hanging(headdim: int) -> None:
+    """A counted non-det kernel waits for each dQ tile's first store: with every rank + 1 no
+    tile gets one, so its waits give up after the plan's bound and the backward raises, and
+    the GPU is still usable afterwards."""
+    from tools.hopper.bwd_probe import counted_nondet
+
+    q, k, v = make_qkv(1, 1024, 1024, 2, 2, headdim, torch.bfloat16, "cuda", 1)
+    _skip_if_uncovered("hopper", q, k, False)
+    with counted_nondet():
+        out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
+        good = make_backward_plan(
+            problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",
+            backend="hopper", timeout_s=0.2, deterministic=False,
+        )  # fmt: skip
+        assert good.cast_sms > 0
+        run_backward = backend_module("hopper").run_backward
+        with pytest.raises(RuntimeError, match="timed out.*'broken'"):
+            run_backward(
+                broken_ranks(good), torch.randn_like(q), q, k, v, out, lse, headdim**-0.5,
+                sync_check=True,
+            )  # fmt: skip
+        got = _grads(_dash(False, "hopper", deterministic=False), q, k, v, torch.randn_like(q))
+        assert all(torch.isfinite(g.float()).all() for g in got)
+
+
 @pytest.mark.parametrize("headdim", [96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", BACKENDS)

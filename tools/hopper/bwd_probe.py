@@ -120,6 +120,28 @@ def kernel_variant(variant_of: Callable[[str], str]) -> Iterator[None]:
         hopper_launch.bwd_variant = shipped
 
 
+@contextlib.contextmanager
+def counted_nondet() -> Iterator[None]:
+    """Within it non-deterministic hopper backwards run their counted kernels
+    (``hopper.counted_nondet_twins``: the first dQ store, the adds counted, the dQ cast beside
+    the kernel where the plan leaves it SMs). Plans and prepared launches are made anew on
+    entry and on exit, since a plan's ``cast_sms`` follows its kernel."""
+    from dash_attn.backends import hopper
+    from dash_attn.backends.hopper import launch as hopper_launch
+    from dash_attn.plan import make_backward_plan
+
+    shipped = hopper.BWD_NONDET_TWIN
+    hopper.BWD_NONDET_TWIN = hopper.counted_nondet_twins()
+    make_backward_plan.cache_clear()
+    hopper_launch._launches.clear()
+    try:
+        yield
+    finally:
+        hopper.BWD_NONDET_TWIN = shipped
+        make_backward_plan.cache_clear()
+        hopper_launch._launches.clear()
+
+
 def variant_launch(plan: Any, q: torch.Tensor, variant_of: Callable[[str], str]) -> Any:
     """``plan`` prepared for the kernel variant ``variant_of(shipped variant)`` instead of the
     shipped one (``kernel_variant``)."""

@@ -163,6 +163,17 @@ BWD_DET_TWIN = {
 # at full 1k / 2k / 4k / 8k / 16k (ranges above 1.0 at 4k and 8k). Causal: 1.010x and 1.015x
 # at 8k and 16k but 0.973x and 0.993x at 2k and 4k (ranges +-8%), so it keeps the shipped one.
 BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_kp_st_kf"}
+# The counted non-deterministic kernels (``HopperAttnBwd``'s nondet_first_store; session 59,
+# prepared, not timed yet, so no entry of BWD_NONDET_TWIN names one). Our non-det backward took
+# 1.03-1.31x the time of our det one at 512-2k tokens and 0.97-1.10x at 4k-16k (hd 64/128, H100,
+# session58-066a382 call4), since only the det kernel stores each dQ tile's first partial (no
+# zero fill of the accumulator) and has its dQ cast run beside it (POLLED_CAST_SMS): both need
+# the semaphores, which the non-det kernel did not touch. A counted kernel stores the first
+# partial too, lets the others add in arrival order once that store has landed, and counts every
+# add on the semaphore; the plan then leaves it SMs for the cast as for a det backward. Each is
+# a shipped variant's det twin (two dQ warps where it has them) with that option, named
+# ``counted_nondet_twin``: ``<det twin>_nc``.
+NONDET_COUNTED_SUFFIX = "_nc"
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
 # run (session14-034bb82/call2-5b20d68/fwd_variants.txt, git history at 70f1578): the 192-row
@@ -268,6 +279,35 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
     name = long[1] if long is not None and seqlen_k >= long[0] else BWD_VARIANT[key]
     twins = BWD_DET_TWIN if deterministic else BWD_NONDET_TWIN
     return twins.get(name, name)
+
+
+def counted_nondet_twin(variant: str) -> str:
+    """The counted non-deterministic kernel of a shipped ``variant`` (``BWD_VARIANT``'s or
+    ``BWD_VARIANT_LONG``'s): its ``BWD_DET_TWIN``'s kernel, or its own where it has none, with
+    ``nondet_first_store`` (``bwd_launch.VARIANTS`` registers one per shipped variant).
+
+    >>> counted_nondet_twin("t80_wgr_p14_sm2_fs_kf")
+    't80_wgr_p14_sm2_fs_kf_nc'
+    >>> counted_nondet_twin("sw_fs")
+    'sw_w2_fs_nc'
+    """
+    return BWD_DET_TWIN.get(variant, variant) + NONDET_COUNTED_SUFFIX
+
+
+def counted_nondet_twins() -> dict[str, str]:
+    """A ``BWD_NONDET_TWIN`` under which every non-deterministic backward runs its counted
+    kernel (what the A/B tools and the tests put in its place)."""
+    shipped = {*BWD_VARIANT.values(), *(name for _, name in BWD_VARIANT_LONG.values())}
+    return {name: counted_nondet_twin(name) for name in sorted(shipped)}
+
+
+def nondet_counts_adds(headdim: int, causal: bool, seqlen_k: int) -> bool:
+    """Whether the non-deterministic hopper backward of this head dim, mask and key length
+    runs a counted kernel (``counted_nondet_twin``): it needs no zero fill of the dQ
+    accumulator where every dQ tile has a first contribution, and its plan may leave SMs to a
+    dQ cast beside it (``BackwardPlan.cast_sms``)."""
+    variant = bwd_variant(headdim, causal, seqlen_k, deterministic=False)
+    return variant.endswith(NONDET_COUNTED_SUFFIX)
 
 
 def nondet_auto_schedule(headdim: int, causal: bool, seqlen_k: int) -> str | None:

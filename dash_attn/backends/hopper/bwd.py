@@ -34,9 +34,11 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              partial is copied instead, so dq_acc need not be zeroed), frees the buffer once
              it has been read, then waits for the adds' full completion and releases the
              semaphore (red.release.gpu). Non-deterministic mode skips the wait and the
-             release (and always adds). With ``dq_writers=2`` warp 2 is a second dQ writer:
-             each takes every other step (one ring stage and one staging buffer each, or,
-             without dq_double, the one buffer in turn).
+             release (and always adds), unless ``nondet_first_store``: then rank 0 stores,
+             the others wait for that store only, and every add releases. With
+             ``dq_writers=2`` warp 2 is a second dQ writer: each takes every other step (one
+             ring stage and one staging buffer each, or, without dq_double, the one buffer
+             in turn).
 warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
 WG 1, WG 2   MMA warpgroups (below: the usual step; hd 192/256 run ``mma_swapped``): each owns
              64 KV rows of the chain's tile. Per step
@@ -95,7 +97,8 @@ each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel 
 dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring;
-``lse_early`` reads the first LSE2 rows while S^T runs.
+``lse_early`` reads the first LSE2 rows while S^T runs; ``nondet_first_store`` gives the
+non-deterministic kernel the first store and the counting releases (only the first add ordered).
 
 (The next step's S^T issued inside this step measured 0.91-0.95x
 once this step's dQ GEMM is done, probably waiting for the next ring slot's load, and 0.98-0.99x
@@ -180,6 +183,7 @@ class HopperAttnBwd(
         kv_on_full: bool = False,
         gemm_before_flags: bool = False,
         lse_early: int = 0,
+        nondet_first_store: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -367,19 +371,34 @@ class HopperAttnBwd(
         #   zero (0 + -0 is +0). The caller must zero the accumulator where some dQ tile has no
         #   rank-0 step (``Schedule.starts_every_dq_tile``); non-deterministic kernels add
         #   every partial (no order says which is first).
-        self.dq_first_store = dq_first_store and deterministic
+        # nondet_first_store (non-deterministic mode, with dq_first_store): the rank-0 partial
+        #   of each dQ tile is still stored first, but every other partial waits only for that
+        #   store to land (the tile's semaphore >= 1, not == its rank) and then adds in arrival
+        #   order; every partial releases the semaphore once its adds have landed, as in
+        #   deterministic mode, so the semaphore counts them and the polled dQ cast can run
+        #   beside this kernel (cast_trigger). A non-deterministic kernel without it adds every
+        #   partial into a zero-filled accumulator, and its cast runs after it: ~40 us of zero
+        #   fill and ~47 us of cast per backward of 16k tokens x hidden 2048, which its
+        #   deterministic twin does not pay (that made our non-det backward 1.1-1.3x slower
+        #   than our det one up to 2k tokens; session58-066a382 call4). The waits are a subset
+        #   of the deterministic ones (a turn of rank r implies the rank-0 store), so every
+        #   table that is deadlock-free for the deterministic kernel is for this one; they are
+        #   bounded by the same timeout, error flag and NaN.
+        self.takes_turns = deterministic or (nondet_first_store and dq_first_store)
+        self.nondet_first_store = self.takes_turns and not deterministic
+        self.dq_first_store = dq_first_store and self.takes_turns
         # pdl: launched as a programmatic dependent of the preprocess (PDL, as FA4's backward):
         #   the grid may start while the preprocess finishes; every thread waits for the
         #   preprocess's completion (griddepcontrol.wait) after the prologue, before any read of
         #   LSE2, delta, the flags or the accumulator; the producer lets the dQ cast launch
         #   (launch_dependents) once it has issued its last loads. Saves the launch gaps.
         self.pdl = pdl
-        # cast_trigger (deterministic only): every CTA lets the programmatic dependents start
-        #   (launch_dependents) as soon as its prologue is done, so that the polled dQ cast
-        #   (bwd_pre_post.DqFragmentCastPolled) runs beside this kernel on the SMs a plan on
-        #   fewer workers than SMs leaves free, each of its CTAs waiting for its tile's last
-        #   turn. Nothing of this kernel's work changes.
-        self.cast_trigger = cast_trigger and deterministic
+        # cast_trigger (deterministic, or nondet_first_store): every CTA lets the programmatic
+        #   dependents start (launch_dependents) as soon as its prologue is done, so that the
+        #   polled dQ cast (bwd_pre_post.DqFragmentCastPolled) runs beside this kernel on the
+        #   SMs a plan on fewer workers than SMs leaves free, each of its CTAs waiting for its
+        #   tile's last release. Nothing of this kernel's work changes.
+        self.cast_trigger = cast_trigger and self.takes_turns
         # drain_ticket (deterministic only): under dynamic dispatch the producer takes the next
         #   ticket only once the dQ writer has released the chain's last dQ turn, not as soon as
         #   the MMA warpgroups are done with it. Otherwise a chain whose last partial waits long

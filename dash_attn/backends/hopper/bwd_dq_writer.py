@@ -1,7 +1,9 @@
 """The backward's dQ warps (warp 1, and warp 2 with ``dq_writers=2``, of
 ``bwd.HopperAttnBwd``): each step's fp32 dQ partial from shared memory into the accumulator by
 bulk reduce-add, in deterministic mode at the rank's turn of the dQ tile's semaphore (bounded
-wait, error flag and NaN on timeout) with the release after the adds have landed."""
+wait, error flag and NaN on timeout) with the release after the adds have landed; with
+``nondet_first_store`` the same, but a partial other than the first waits only for the first
+one's store (so the adds after it are in arrival order)."""
 
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ class DqWriterMixin:
                 if const_expr(two and not self.early_turn):
                     # The turn after the partial's first part is in, as with one warp.
                     self._dq_barrier(BAR_DQ_FULL, buf, Int32(0), wait=True)
-                if const_expr(self.deterministic):
+                if const_expr(self.takes_turns):
                     if lane == 0:
                         sDqFail[fail] = self._wait_turn(sem_ptr, rank, timeout_ns)
                         if const_expr(self.drain_at_turn):  # noqa: SIM102 (compile-time, then runtime)
@@ -117,7 +119,7 @@ class DqWriterMixin:
                 for p in cutlass.range_constexpr(parts):
                     if const_expr(p > 0 or self.early_turn):
                         self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
-                    if const_expr(self.deterministic):
+                    if const_expr(self.takes_turns):
                         if sDqFail[fail] != 0:
                             # Never a silent wrong result: poison what this step adds and
                             # raise the error flag (a plain store: every writer writes 1).
@@ -155,7 +157,7 @@ class DqWriterMixin:
                     self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(p), wait=False)
                 if const_expr(self.dq_double and not two):
                     buf = buf ^ 1
-                if const_expr(self.deterministic):
+                if const_expr(self.takes_turns):
                     # Release only once the adds have been performed in global memory (the wait
                     # for the shared-memory read alone is too weak), ordered before the
                     # generic-proxy release by the proxy fence. Every lane waits for its own

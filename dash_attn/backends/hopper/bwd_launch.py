@@ -22,7 +22,16 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from . import bwd_variant, kernel_cache
+from . import (
+    BWD_DET_TWIN,
+    BWD_NONDET_TWIN,
+    BWD_VARIANT,
+    BWD_VARIANT_LONG,
+    NONDET_COUNTED_SUFFIX,
+    bwd_variant,
+    counted_nondet_twin,
+    kernel_cache,
+)
 from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -252,6 +261,20 @@ for _name in _D128_FULL:
 # the shipped kernels at full 2k-16k (session56-644086d call6, an H100; NOTES item 309).
 for _name in _D128_FULL:
     VARIANTS[_name + "_ru0"] = {**VARIANTS[_name], "ptxas": "--register-usage-level=0"}
+# Session 59 (prepared, not timed): the counted non-deterministic kernels ("_nc",
+# nondet_first_store; ``hopper.counted_nondet_twin``), one per shipped variant: the kernel of its
+# det twin, whose options they keep (in deterministic mode the option changes nothing).
+_SHIPPED = {
+    *BWD_VARIANT.values(), *(name for _, name in BWD_VARIANT_LONG.values()),
+    *BWD_DET_TWIN.values(), *BWD_NONDET_TWIN.values(),
+}  # fmt: skip
+for _name in sorted(_SHIPPED):
+    if _name.endswith(NONDET_COUNTED_SUFFIX):
+        continue
+    _counted = counted_nondet_twin(_name)
+    VARIANTS.setdefault(
+        _counted, {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
+    )
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)
@@ -268,6 +291,20 @@ def dq_first_store(variant: str) -> bool:
     """Whether ``variant``'s deterministic kernel stores each dQ tile's rank-0 partial (so the
     accumulator needs no zero fill where every tile has a rank-0 step)."""
     return bool(VARIANTS[variant].get("dq_first_store"))
+
+
+def counts_nondet_adds(variant: str) -> bool:
+    """Whether ``variant``'s non-deterministic kernel stores each dQ tile's first partial and
+    counts every add on the tile's semaphore (``HopperAttnBwd``'s nondet_first_store): then,
+    as a deterministic kernel, it needs no zero fill where every tile has a rank-0 step, may
+    run with the polled dQ cast beside it, and reports a timed-out wait."""
+    options = VARIANTS[variant]
+    return bool(options.get("nondet_first_store") and options.get("dq_first_store"))
+
+
+def takes_turns(variant: str, deterministic: bool) -> bool:
+    """Whether ``variant``'s kernel in this mode waits on and releases the dQ semaphores."""
+    return deterministic or counts_nondet_adds(variant)
 
 
 def programmatic_launches(variant: str) -> bool:
@@ -564,6 +601,9 @@ class BwdLaunch:
     dkv_heads: int  # of the chains: k's, or q's (GQA split)
     dkv_sum: bool  # a split whose kernel adds dK/dV per group (dk/dv with k's heads)
     cast_trigger: bool = False  # its CTAs let the polled dQ cast start beside it
+    # Its dQ writers wait on and release the semaphores (deterministic, or a counted non-det
+    # kernel): a wait may time out, raising the error flag.
+    takes_turns: bool = False
 
     def __call__(
         self,
@@ -673,7 +713,9 @@ def prepare_bwd(
             f"dkv_sum needs k's kv_heads (got {kv_heads}, q has {heads} heads) and seqlen_k "
             f"(got {seqlen_k}; {kv_tiles} KV tiles of {block_n})"
         )
-    cast_trigger = bool(cast_trigger and deterministic)  # non-det kernels take no turns
+    # The polled cast counts the releases: kernels without turns give none.
+    turns = takes_turns(variant, deterministic)
+    cast_trigger = bool(cast_trigger and turns)
     compiled = compile_bwd(
         dtype, head_dim, causal=causal, deterministic=deterministic, block_m=block_m,
         block_n=block_n, variant=variant, dkv_sum=dkv_sum, cast_trigger=cast_trigger,
@@ -691,6 +733,7 @@ def prepare_bwd(
         dkv_heads=int(dkv_heads),
         dkv_sum=bool(dkv_sum),
         cast_trigger=cast_trigger,
+        takes_turns=turns,
     )
 
 
@@ -772,15 +815,15 @@ def prepare_full(
     """The ``FullBackward`` around ``main`` for q's shape and dtype.
 
     ``zero_acc=False`` leaves the dQ accumulator unzeroed (the flags are zeroed either way):
-    only for a deterministic ``dq_first_store`` kernel whose tables give every dQ tile a
-    rank-0 step (``Schedule.starts_every_dq_tile``), which then writes every tile first.
-    ``dq_counts`` (int32 on the device, each dQ tile's contributions: the schedule's
-    ``dq_tile_counts``) runs the polled cast beside the main kernel: only for a deterministic
-    kernel prepared with ``cast_trigger``, whose CTAs let it start. ``cast_timeout_ns`` bounds
-    each of the polled cast's waits for a tile (0: the main kernel's per-wait timeout). Its
-    CTAs start with the main kernel and a tile the tables finish last is waited for about as
-    long as the whole main kernel, so ``launch._prepare`` gives it the plan's timeout plus a
-    bound of the main kernel's length."""
+    only for a ``dq_first_store`` kernel that takes turns (deterministic, or a counted non-det
+    one) whose tables give every dQ tile a rank-0 step (``Schedule.starts_every_dq_tile``),
+    which then writes every tile first. ``dq_counts`` (int32 on the device, each dQ tile's
+    contributions: the schedule's ``dq_tile_counts``) runs the polled cast beside the main
+    kernel: only for a kernel prepared with ``cast_trigger``, whose CTAs let it start.
+    ``cast_timeout_ns`` bounds each of the polled cast's waits for a tile (0: the main kernel's
+    per-wait timeout). Its CTAs start with the main kernel and a tile the tables finish last is
+    waited for about as long as the whole main kernel, so ``launch._prepare`` gives it the
+    plan's timeout plus a bound of the main kernel's length."""
     if dq_counts is not None and not main.cast_trigger:
         raise ValueError("dq_counts: the main kernel does not let the polled cast start")
     if dq_counts is not None and main.dkv_sum:

@@ -65,22 +65,33 @@ class SyncMixin:
 
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
-        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first."""
+        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first. With
+        ``nondet_first_store`` only until the rank-0 store has landed: rank 0 takes no wait,
+        every other rank waits for *sem_ptr >= 1."""
+        if const_expr(self.nondet_first_store):
+            failed = Int32(0)
+            if rank != 0:
+                failed = wait_value(sem_ptr, Int32(1), timeout_ns, at_least=True)
+            return failed
         return wait_value(sem_ptr, rank, timeout_ns)
 
 
 @cute.jit
-def wait_value(sem_ptr, value: Int32, timeout_ns: Int64, abort_ptr=None) -> Int32:
-    """Spin (acquire loads at gpu scope) until ``*sem_ptr == value``; 1 if ``timeout_ns``
-    passed first or, with ``abort_ptr``, ``*abort_ptr`` became non-zero meanwhile, else 0."""
+def wait_value(
+    sem_ptr, value: Int32, timeout_ns: Int64, abort_ptr=None,
+    at_least: cutlass.Constexpr[bool] = False,
+) -> Int32:  # fmt: skip
+    """Spin (acquire loads at gpu scope) until ``*sem_ptr == value`` (``>= value`` with
+    ``at_least``); 1 if ``timeout_ns`` passed first or, with ``abort_ptr``, ``*abort_ptr``
+    became non-zero meanwhile, else 0."""
     seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
     failed = Int32(0)
-    if seen != value:
+    if _short_of(seen, value, at_least):
         start = cute.arch.globaltimer()
         waiting = Int32(1)
         while waiting != 0:
             seen = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-            if seen == value:
+            if _reached(seen, value, at_least):
                 waiting = Int32(0)
             else:
                 late = cute.arch.globaltimer() - start > timeout_ns
@@ -91,3 +102,20 @@ def wait_value(sem_ptr, value: Int32, timeout_ns: Int64, abort_ptr=None) -> Int3
                     failed = Int32(1)
                     waiting = Int32(0)
     return failed
+
+
+@cute.jit
+def _reached(seen: Int32, value: Int32, at_least: cutlass.Constexpr[bool]):
+    """Whether a semaphore read ``seen`` ends a wait for ``value``."""
+    if const_expr(at_least):
+        return seen >= value
+    return seen == value
+
+
+@cute.jit
+def _short_of(seen: Int32, value: Int32, at_least: cutlass.Constexpr[bool]):
+    """Whether a semaphore read ``seen`` has not reached ``value`` (``_reached``'s negation,
+    spelled as a comparison of its own)."""
+    if const_expr(at_least):
+        return seen < value
+    return seen != value

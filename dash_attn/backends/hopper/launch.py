@@ -32,6 +32,7 @@ from .bwd_launch import (
     dq_first_store,
     prepare_bwd,
     prepare_full,
+    takes_turns,
 )
 from .fwd_launch import hopper_fwd
 
@@ -118,21 +119,25 @@ def run_backward(
     captured = q.is_cuda and torch.cuda.is_current_stream_capturing()
     # (Its first call per plan checks the mask: full or causal.)
     launch = _launch(plan, q, captured=captured)
+    main = launch.main if isinstance(launch, FullBackward) else launch
+    # A kernel that waits on the semaphores (deterministic, or a counted non-det one) may time
+    # out: its error flag is reported.
+    reports = main.takes_turns
     if not isinstance(launch, FullBackward):
         cast = functools.partial(cast_dq, seqlen_q=q.shape[1], block_m=plan.tiles.block_m)
         return backward.run_backward(
             plan, _main, dout, q, k, v, out, lse, softmax_scale, sync_check=sync_check,
-            cast_dq=cast,
+            cast_dq=cast, reports_errors=reports,
         )  # fmt: skip
     error_addr, launch_id = 0, 0
-    if plan.deterministic:
+    if reports:
         error_text = functools.partial(backward.timeout_error, plan)
         # A launch captured in a CUDA graph reports under one number at every replay.
         error_addr, launch_id = mapped_launch(error_text, q.device.index, captured)
     dq, dk, dv, status = launch(dout, q, k, v, out, lse, softmax_scale, error_addr, launch_id)
     if plan.gqa_split and not plan.dkv_sum:
         dk, dv = sum_kv_groups(dk, dv, k.shape[2])
-    if plan.deterministic:
+    if reports:
         if launch_id == 0:  # no mapped word: the flag is copied and queued
             record_status(status[1], error_text, sync_check)
         elif sync_check:
@@ -199,10 +204,16 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     backward.check_padded_full_or_causal(plan, packed=False)
     spec, tiles = plan.spec, plan.tiles
     variant = _variant(plan)
-    # Where the plan left SMs to it (deterministic plans without in-kernel dK/dV sums only), the
-    # dQ cast runs beside the main kernel, waiting for each tile's last turn
+    # Where the plan left SMs to it (plans whose kernel takes turns, without in-kernel dK/dV
+    # sums), the dQ cast runs beside the main kernel, waiting for each tile's last release
     # (bwd_pre_post.DqFragmentCastPolled).
     polled = plan.cast_sms > 0
+    turns = takes_turns(variant, plan.deterministic)
+    if polled and not turns:
+        raise ValueError(
+            f"the plan leaves {plan.cast_sms} SMs to a polled dQ cast, but its kernel "
+            f"({variant}, non-deterministic) does not count its dQ adds"
+        )
     main = prepare_bwd(
         tuple(q.shape), q.dtype, device_tables(plan.schedule, q.device),
         block_m=tiles.block_m, block_n=tiles.block_n, num_workers=plan.grid,
@@ -215,11 +226,9 @@ def _prepare(plan: BackwardPlan, q: torch.Tensor) -> BwdLaunch | FullBackward:
     )  # fmt: skip
     if not CUTE_PRE_POST:
         return main
-    # A deterministic first-store kernel writes every dQ tile before adding to it, where the
-    # tables give each tile a rank-0 step; then only the flags need zeroing.
-    first_stores = (
-        plan.deterministic and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
-    )
+    # A first-store kernel that takes turns writes every dQ tile before adding to it, where
+    # the tables give each tile a rank-0 step; then only the flags need zeroing.
+    first_stores = turns and dq_first_store(variant) and plan.schedule.starts_every_dq_tile()
     counts = dq_counts(plan.schedule, q.device) if polled else None
     # The polled cast's CTAs start with the main kernel and wait for their tiles from then on:
     # a tile the tables finish last is waited for about as long as the whole main kernel, which

@@ -13,3 +13,13 @@ def cute_pre_post(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     monkeypatch.setattr(launch, "_launches", {})
+
+
+@pytest.fixture
+def counted_nondet():
+    """Non-deterministic hopper backwards run their counted kernels
+    (``tools.hopper.bwd_probe.counted_nondet``) for the test."""
+    from tools.hopper.bwd_probe import counted_nondet
+
+    with counted_nondet():
+        yield

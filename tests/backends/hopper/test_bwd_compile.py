@@ -19,6 +19,7 @@ import pytest
 cutlass = pytest.importorskip("cutlass")
 torch = pytest.importorskip("torch")
 
+from dash_attn.backends import hopper  # noqa: E402
 from dash_attn.backends.hopper import (  # noqa: E402
     BWD_HEADDIMS,
     BWD_VARIANT_LONG,
@@ -316,6 +317,72 @@ def test_cast_trigger_compiles_for_sm90a(variant: str, config: tuple, tmp_path: 
     check(config, variant, tmp_path, cast_trigger=True)
 
 
+# Session 59: the counted non-deterministic kernels (nondet_first_store, "_nc"; not shipped
+# yet): each shipped kernel's, non-det with the cast trigger, at every step layout and tile.
+COUNTED_CONFIGS = [
+    (hd, dtype, causal) for hd, dtype, causal in (
+        (64, torch.bfloat16, False), (64, torch.float16, True), (96, torch.bfloat16, True),
+        (128, torch.bfloat16, False), (128, torch.float16, True), (256, torch.bfloat16, False),
+    )
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config", COUNTED_CONFIGS, ids=[_config_id((*c, False)) for c in COUNTED_CONFIGS]
+)
+def test_counted_nondet_kernels_compile_for_sm90a(config: tuple, tmp_path: Path) -> None:
+    """A counted non-det kernel (``hopper.counted_nondet_twin`` of the shipped variant) has
+    the semaphore protocol of its det twin (the acquire loop, the first store beside each
+    reduce, a release per dQ warp, the cast trigger)."""
+    head_dim, dtype, causal = config
+    counted = hopper.counted_nondet_twin(bwd_variant(head_dim, causal))
+    assert bwd_launch.counts_nondet_adds(counted)
+    assert bwd_launch.takes_turns(counted, deterministic=False)
+    swapped = head_dim in SWAPPED_TILES
+    check = _check_swapped_kernel_code if swapped else _check_kernel_code
+    ptx, _ = check((*config, False), counted, tmp_path / "nondet", cast_trigger=True)
+    twin = bwd_variant(head_dim, causal, deterministic=True)
+    det = _compile((*config, True), tmp_path / "det", twin, cast_trigger=True).__ptx__
+    # (The compiler may fold the wait's first acquire load into its loop.)
+    writers = bwd_launch.VARIANTS[counted].get("dq_writers", 1)
+    assert writers <= ptx.count("ld.acquire.gpu") <= det.count("ld.acquire.gpu")
+    assert ptx != det  # the waits compare otherwise
+
+
+def test_counted_variant_in_det_mode_is_its_det_twin() -> None:
+    """In deterministic mode ``nondet_first_store`` changes nothing: a counted variant compiles
+    to its det twin's PTX (names masked)."""
+    from tools.hopper.ptx_digest import masked_ptx
+
+    name = bwd_variant(128, False)
+    twin = bwd_variant(128, False, deterministic=True)
+    counted = hopper.counted_nondet_twin(name)
+    assert counted == twin + hopper.NONDET_COUNTED_SUFFIX
+    assert masked_ptx(128, False, True, counted) == masked_ptx(128, False, True, twin)
+
+
+def test_counted_variants_are_registered_for_every_shipped_kernel() -> None:
+    """``bwd_launch.VARIANTS`` has the counted kernel of every shipped variant: its det twin's
+    options with ``nondet_first_store``; ``counted_nondet_twins`` maps each shipped variant
+    to it, and no other variant counts its adds."""
+    twins = hopper.counted_nondet_twins()
+    assert set(twins) == {
+        *hopper.BWD_VARIANT.values(), *(v for _, v in hopper.BWD_VARIANT_LONG.values())
+    }  # fmt: skip
+    for name, counted in twins.items():
+        det = hopper.BWD_DET_TWIN.get(name, name)
+        assert bwd_launch.VARIANTS[counted] == {
+            **bwd_launch.VARIANTS[det], "nondet_first_store": True
+        }  # fmt: skip
+    for name, options in bwd_launch.VARIANTS.items():
+        counts = bwd_launch.counts_nondet_adds(name)
+        assert counts == name.endswith(hopper.NONDET_COUNTED_SUFFIX), name
+        assert counts == bool(options.get("nondet_first_store")), name
+        assert bwd_launch.takes_turns(name, deterministic=True)
+        assert bwd_launch.takes_turns(name, deterministic=False) == counts
+
+
 def _check_kernel_code(
     config: tuple, variant: str, tmp_path: Path, dkv_sum: bool = False, cast_trigger: bool = False
 ) -> tuple[str, str]:
@@ -324,6 +391,8 @@ def _check_kernel_code(
     warpgroups' code, stmatrix dS, 32-bit dK/dV stores, two copies of the exponential loop
     and no local memory. Returns the PTX and the SASS (skips without nvdisasm)."""
     head_dim, _, _, det = config
+    # The semaphore protocol: deterministic kernels and counted non-det ones ("_nc").
+    turns = bwd_launch.takes_turns(variant, det)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     compiled = _compile(config, tmp_path, variant, dkv_sum, cast_trigger)
     ptx = compiled.__ptx__
@@ -334,16 +403,17 @@ def _check_kernel_code(
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert "cp.async.bulk.tensor" in ptx  # TMA loads
-    # The semaphore protocol exists in deterministic mode only.
-    assert ("ld.acquire.gpu" in ptx) == det
-    assert ("red.release.gpu" in ptx) == (det or dkv_sum)
-    assert ("%globaltimer" in ptx) == (det or dkv_sum)
-    assert ("fence.proxy.async.global" in ptx) == det
+    # The semaphore protocol exists in deterministic mode (and in counted non-det kernels) only.
+    assert ("ld.acquire.gpu" in ptx) == turns
+    assert ("red.release.gpu" in ptx) == (turns or dkv_sum)
+    assert ("%globaltimer" in ptx) == (turns or dkv_sum)
+    assert ("fence.proxy.async.global" in ptx) == turns
     options = bwd_launch._variant_options(variant)
     # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
-    # cast_trigger (det only): every thread lets it launch after the prologue.
+    # cast_trigger (kernels that take turns only): every thread lets it launch after the
+    # prologue.
     assert ("griddepcontrol.wait" in ptx) == bool(options.get("pdl"))
-    triggers = bool(options.get("pdl")) or (cast_trigger and det)
+    triggers = bool(options.get("pdl")) or (cast_trigger and turns)
     assert ("griddepcontrol.launch_dependents" in ptx) == triggers
     # kv_prefetch: the producer's two TMA prefetches of the next chain's K and V into L2.
     prefetches = ptx.count("cp.async.bulk.prefetch.tensor.4d.L2.global")
@@ -352,13 +422,13 @@ def _check_kernel_code(
     assert prefetches == (2 * boxes if options.get("kv_prefetch") is not None else 0)
     # No TMA stores: dK/dV leave by the MMA threads' own stores.
     assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
-    # dq_first_store: in det mode each reduce has a bulk copy beside it (rank 0's partial).
-    # Each dQ warp's loop has its own (dq_writers).
+    # dq_first_store: in det mode (and counted non-det) each reduce has a bulk copy beside it
+    # (rank 0's partial). Each dQ warp's loop has its own (dq_writers).
     writers = options.get("dq_writers", 1)
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
-    first_store = bool(options.get("dq_first_store")) and det
+    first_store = bool(options.get("dq_first_store")) and turns
     assert copies == ((2 if options.get("dq_wg") else 1) * writers if first_store else 0)
-    if det:
+    if turns:
         # One acquire loop and one release per dQ warp.
         assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
     # One flat fp32 bulk reduce of the whole tile per step (one per warpgroup half with dq_wg),
@@ -451,6 +521,7 @@ def _check_swapped_kernel_code(
     192, 16-bit stores at hd 256), the transposing stmatrix of the chain's dK/dV into the K/V
     tiles and 16-byte row chunks out, and no local memory in the MMA warpgroups."""
     head_dim, _, _, det = config
+    turns = bwd_launch.takes_turns(variant, det)
     block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
     assert (block_m, block_n) == SWAPPED_TILES[head_dim]
     options = bwd_launch._variant_options(variant)
@@ -458,7 +529,7 @@ def _check_swapped_kernel_code(
     compiled = _compile(config, tmp_path, variant, dkv_sum, cast_trigger)
     ptx = compiled.__ptx__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
-    triggers = bool(options.get("pdl")) or (cast_trigger and det)
+    triggers = bool(options.get("pdl")) or (cast_trigger and turns)
     assert ("griddepcontrol.launch_dependents" in ptx) == triggers
     # S and dP: hd/16 k-blocks each; dV^T and dK^T: block_m/16 k-blocks per 64 head-dim rows of
     # a warpgroup (all of them at hd 192, where the warpgroups split the KV rows, half at hd 256);
@@ -468,14 +539,14 @@ def _check_swapped_kernel_code(
     assert ptx.count("wgmma.mma_async") == gemms
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
-    assert ("ld.acquire.gpu" in ptx) == det
-    assert ("red.release.gpu" in ptx) == (det or dkv_sum)
+    assert ("ld.acquire.gpu" in ptx) == turns
+    assert ("red.release.gpu" in ptx) == (turns or dkv_sum)
     # Per dQ warp (dq_writers): a release, and a reduce (and a first store) per warpgroup half.
     writers = options.get("dq_writers", 1)
-    if det:
+    if turns:
         assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
-    assert copies == (2 * writers if options.get("dq_first_store") and det else 0)
+    assert copies == (2 * writers if options.get("dq_first_store") and turns else 0)
     reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
     assert reduces == 2 * writers
     # Two dQ warps sharing the staging buffer (dq_writers=2 without dq_double) hand it over on
@@ -583,7 +654,7 @@ def test_variants_resolve() -> None:
     from dash_attn.backends import hopper
 
     swapped = {n for n, o in bwd_launch.VARIANTS.items() if o.get("dkv_swap")}
-    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs"}
+    assert swapped == {"sw_fs", "sw_et_fs", "sw_w2_fs", "sw_w2_fs_nc"}
     for name in bwd_launch.VARIANTS:
         if name in swapped:
             for head_dim, tiles in SWAPPED_TILES.items():
@@ -956,21 +1027,27 @@ def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "deterministic,seqlen_q,zeroes_acc",
-    [(True, 300, False), (False, 300, True), (True, 700, True)],
-    ids=["det", "nondet", "det-rows-without-keys"],
-)
+    "deterministic,counted,seqlen_q,zeroes_acc",
+    [
+        (True, False, 300, False), (False, False, 300, True), (True, False, 700, True),
+        (False, True, 300, False), (False, True, 700, True),
+    ],
+    ids=["det", "nondet", "det-rows-without-keys", "counted", "counted-rows-without-keys"],
+)  # fmt: skip
 def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
-    deterministic: bool, seqlen_q: int, zeroes_acc: bool, monkeypatch
+    deterministic: bool, counted: bool, seqlen_q: int, zeroes_acc: bool, monkeypatch, request
 ) -> None:
     """The shipped kernels store each dQ tile's rank-0 partial in deterministic mode
     (``dq_first_store``), so the preprocess zeroes only the flags there; it zeroes the
     accumulator too in non-deterministic mode (every partial adds) and where some tile has no
-    rank-0 step (causal, 700 queries on 300 keys: the first 400 rows see no key). Kernels are
-    replaced by stand-ins (no compile)."""
+    rank-0 step (causal, 700 queries on 300 keys: the first 400 rows see no key). A counted
+    non-det kernel (``counted_nondet``) stores first as a det one. Kernels are replaced by
+    stand-ins (no compile)."""
     from dash_attn.backends.hopper import launch
     from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
 
+    if counted:
+        request.getfixturevalue("counted_nondet")
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
     pre_post = "dash_attn.backends.hopper.bwd_pre_post"
@@ -985,17 +1062,24 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
     assert prepared.zero_start == 2 * rows + (0 if zeroes_acc else prepared.main.dq_size)
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize(
+    "deterministic,counted", [(True, False), (False, False), (False, True)],
+    ids=["det", "nondet", "counted"],
+)  # fmt: skip
 def test_plan_launch_polls_the_cast_where_the_plan_left_it_sms(
-    deterministic: bool, monkeypatch
+    deterministic: bool, counted: bool, monkeypatch, request
 ) -> None:
     """A deterministic plan with ``cast_sms`` (the sweep's d64 full 1k) gets a main kernel
     compiled with ``cast_trigger`` and the polled cast with the schedule's per-tile counts;
-    non-det plans (no turns to count, no ``cast_sms``) the plain cast. Kernels are replaced by
+    non-det plans (no turns to count, no ``cast_sms``) the plain cast, unless their kernel
+    counts its adds (``counted_nondet``): then as a det plan. Kernels are replaced by
     stand-ins (no compile)."""
     from dash_attn.backends.hopper import launch
     from dash_attn.plan import FULL, H200, Problem, make_backward_plan
 
+    if counted:
+        request.getfixturevalue("counted_nondet")
+    polls = deterministic or counted
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     mains: list[dict] = []
     casts: list[dict] = []
@@ -1005,11 +1089,12 @@ def test_plan_launch_polls_the_cast_where_the_plan_left_it_sms(
     monkeypatch.setattr(f"{pre_post}.compile_dq_cast", lambda *a, **kw: casts.append(kw))
     problem = Problem(16, 1024, 1024, 32, 32, 64, FULL, "bfloat16")
     plan = make_backward_plan(problem, device=H200, deterministic=deterministic, backend="hopper")
-    assert (plan.cast_sms > 0) == deterministic
+    assert (plan.cast_sms > 0) == polls
     prepared = launch._prepare(plan, torch.zeros(16, 1024, 32, 64, dtype=torch.bfloat16))
-    assert mains[-1]["cast_trigger"] == casts[-1]["poll"] == deterministic
-    assert prepared.main.cast_trigger == deterministic
-    if deterministic:
+    assert mains[-1]["cast_trigger"] == casts[-1]["poll"] == polls
+    assert prepared.main.cast_trigger == prepared.main.takes_turns == polls
+    assert mains[-1]["variant"].endswith(hopper.NONDET_COUNTED_SUFFIX) == counted
+    if polls:
         assert prepared.dq_counts.tolist() == plan.schedule.dq_tile_counts().tolist()
         assert prepared.parts[3] == prepared.main.flag_count + 1
     else:

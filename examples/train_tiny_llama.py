@@ -162,7 +162,13 @@ def train(args: argparse.Namespace, env: Setup) -> RunResult:
     """One full training run from the seed."""
     model = build_model(args, env)
     vocab = (model.module if env.wrap == "ddp" else model).config.vocab_size
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # AdamW keeps its moments in the parameters' dtype: in fp16 its default eps (1e-8) is 0 and
+    # so are the tiny second moments, and 0 / 0 made every weight NaN after the first step. An
+    # eps fp16 can hold (its smallest normal is 6.1e-5) keeps a pure-fp16 model finite.
+    fp16 = next(model.parameters()).dtype == torch.float16
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=0.01, eps=1e-4 if fp16 else 1e-8
+    )
     losses = []
     for step in range(args.steps):
         ids = batch(args, env, vocab, step)

@@ -5,7 +5,9 @@ The dash-attn runs of the example are GPU runs (``tests/test_gpu_integrations.py
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +110,8 @@ def test_dash_runs_identical_in_the_interpreter(
     assert status == 0, out
     assert "attn=dash, single x1, 2 steps" in out
     assert "two runs: bitwise identical" in out
+    # fp16 weights stay finite through AdamW's steps (its eps is one fp16 can hold).
+    assert math.isfinite(_final_loss(out)), out
 
 
 @pytest.mark.interpreter
@@ -126,3 +130,11 @@ def test_dash_ddp_two_ranks_identical_in_the_interpreter(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert "attn=dash, ddp x2, 2 steps" in done.stdout
     assert "two runs: bitwise identical" in done.stdout
+    assert math.isfinite(_final_loss(done.stdout)), done.stdout
+
+
+def _final_loss(out: str) -> float:
+    """The loss of the last step, as the example prints it."""
+    found = re.search(r"final loss (\S+)", out)
+    assert found is not None, out
+    return float(found.group(1))

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
 
-from tools.hopper.variant_ab import Config, parse_config
+from tools.hopper.variant_ab import Config, config_inputs, parse_config, replay
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,21 +47,11 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
-    from tools.hopper.bwd_probe import capture, counted_nondet, grad_references, grad_verdict
+    from tools.hopper.bwd_probe import capture, counted_nondet, grad_verdict
     from tools.hopper.fwd_probe import time_contenders
 
-    dev, hd = torch.device("cuda", 0), args.headdim
-    gen = torch.Generator(device=dev).manual_seed(cfg.seqlen + hd + 59)
-    q, k, v = (
-        torch.randn((cfg.batch, cfg.seqlen, heads, hd), generator=gen, device=dev,
-                    dtype=torch.bfloat16)
-        for heads in (cfg.heads, cfg.kv_heads, cfg.kv_heads)
-    )  # fmt: skip
-    dout = torch.randn_like(q)
-    refs = None
-    if cfg.seqlen <= args.rule_max:
-        refs = grad_references(q, k, v, dout, causal=cfg.causal)
-    torch.cuda.empty_cache()
+    hd = args.headdim
+    q, k, v, dout, refs = config_inputs(cfg, hd, args.rule_max, seed=59)
 
     def leaves() -> list[torch.Tensor]:
         return [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -100,17 +89,10 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     out = fa4(*peer_leaves, causal=cfg.causal, deterministic=False)
     out = out[0] if isinstance(out, tuple) else out
     fns: dict[str, Callable[[], object]] = {tag: runs[tag].backward for tag in ("ND", "NC", "S")}
-    fns["FN"] = _replay(out, peer_leaves, dout)
+    fns["FN"] = replay(out, peer_leaves, dout)
     time_contenders(fns, args.rounds, f"ab counted d{hd} {cfg.label} (ms per backward)")
     del runs, fns
     torch.cuda.empty_cache()
-
-
-def _replay(out: Any, leaves: list[Any], dout: Any) -> Callable[[], object]:  # pragma: no cover
-    """A peer's backward, callable again (its graph kept)."""
-    import torch
-
-    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an sm_90 GPU

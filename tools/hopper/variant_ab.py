@@ -137,21 +137,11 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
-    from tools.hopper.bwd_probe import capture, grad_references, grad_verdict, variant_launch
+    from tools.hopper.bwd_probe import capture, grad_verdict, variant_launch
     from tools.hopper.fwd_probe import time_contenders
 
-    dev, hd = torch.device("cuda", 0), args.headdim
-    gen = torch.Generator(device=dev).manual_seed(cfg.seqlen + hd)
-    q, k, v = (
-        torch.randn((cfg.batch, cfg.seqlen, heads, hd), generator=gen, device=dev,
-                    dtype=torch.bfloat16)
-        for heads in (cfg.heads, cfg.kv_heads, cfg.kv_heads)
-    )  # fmt: skip
-    dout = torch.randn_like(q)
-    refs = None
-    if cfg.seqlen <= args.rule_max:
-        refs = grad_references(q, k, v, dout, causal=cfg.causal)
-    torch.cuda.empty_cache()
+    hd = args.headdim
+    q, k, v, dout, refs = config_inputs(cfg, hd, args.rule_max)
     runs = {}
     for base, det in (("S", True), ("ND", False)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -196,7 +186,7 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = fa4(*leaves, causal=cfg.causal, deterministic=det)
         out = out[0] if isinstance(out, tuple) else out
-        peers[tag] = _replay(out, leaves, dout)
+        peers[tag] = replay(out, leaves, dout)
     for mode, base, peer in (("det", "S", "F"), ("nondet", "ND", "FN")):
         fns = {base: runs[base].backward, base + "_v": runs[base + "_v"].backward}
         fns[peer] = peers[peer]
@@ -205,7 +195,32 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     torch.cuda.empty_cache()
 
 
-def _replay(out: Any, leaves: list[Any], dout: Any) -> Callable[[], object]:  # pragma: no cover
+def config_inputs(
+    cfg: Config, head_dim: int, rule_max: int, seed: int = 0
+) -> tuple[Any, Any, Any, Any, Any]:  # pragma: no cover - GPU
+    """q, k, v, dout of ``cfg`` in bf16 on the GPU (random, seeded by the config and ``seed``)
+    and the two sides of the flash-attn rule for them (``bwd_probe.grad_references``; None
+    past ``rule_max`` tokens)."""
+    import torch
+
+    from tools.hopper.bwd_probe import grad_references
+
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(cfg.seqlen + head_dim + seed)
+    q, k, v = (
+        torch.randn((cfg.batch, cfg.seqlen, heads, head_dim), generator=gen, device=dev,
+                    dtype=torch.bfloat16)
+        for heads in (cfg.heads, cfg.kv_heads, cfg.kv_heads)
+    )  # fmt: skip
+    dout = torch.randn_like(q)
+    refs = None
+    if cfg.seqlen <= rule_max:
+        refs = grad_references(q, k, v, dout, causal=cfg.causal)
+    torch.cuda.empty_cache()
+    return q, k, v, dout, refs
+
+
+def replay(out: Any, leaves: list[Any], dout: Any) -> Callable[[], object]:  # pragma: no cover
     """A peer's backward, callable again (its graph kept)."""
     import torch
 

@@ -105,7 +105,7 @@ class DqWriterMixin:
                     self._dq_barrier(BAR_DQ_FULL, buf, Int32(0), wait=True)
                 if const_expr(self.takes_turns):
                     if lane == 0:
-                        sDqFail[fail] = self._wait_turn(sem_ptr, rank, timeout_ns)
+                        sDqFail[fail] = self._wait_dq_turn(sem_ptr, rank, timeout_ns)
                         if const_expr(self.drain_at_turn):  # noqa: SIM102 (compile-time, then runtime)
                             if last != 0:
                                 cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())

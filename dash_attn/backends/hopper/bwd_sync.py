@@ -65,15 +65,20 @@ class SyncMixin:
 
     @cute.jit
     def _wait_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
-        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first. With
-        ``nondet_first_store`` only until the rank-0 store has landed: rank 0 takes no wait,
-        every other rank waits for *sem_ptr >= 1."""
+        """Spin (acquire loads) until *sem_ptr == rank; 1 if timeout_ns passed first."""
+        return wait_value(sem_ptr, rank, timeout_ns)
+
+    @cute.jit
+    def _wait_dq_turn(self, sem_ptr, rank: Int32, timeout_ns: Int64) -> Int32:
+        """A dQ partial's ``_wait_turn``; with ``nondet_first_store`` only until the tile's
+        rank-0 store has landed: rank 0 takes no wait, every other rank waits for *sem_ptr >= 1.
+        (The in-kernel dK/dV sums keep their strict turns: their last rank reads the sum.)"""
         if const_expr(self.nondet_first_store):
             failed = Int32(0)
             if rank != 0:
                 failed = wait_value(sem_ptr, Int32(1), timeout_ns, at_least=True)
             return failed
-        return wait_value(sem_ptr, rank, timeout_ns)
+        return self._wait_turn(sem_ptr, rank, timeout_ns)
 
 
 @cute.jit

@@ -362,6 +362,30 @@ def test_counted_variant_in_det_mode_is_its_det_twin() -> None:
     assert masked_ptx(128, False, True, counted) == masked_ptx(128, False, True, twin)
 
 
+def test_counted_kernel_keeps_strict_turns_for_the_dkv_sums() -> None:
+    """With the GQA split's in-kernel dK/dV sums (``dkv_sum``) a counted non-det kernel relaxes
+    only its dQ waits: each dQ acquire is compared with 0 (the first store landed), each dK/dV
+    one with the rank, as in the det kernel, since the sums' last rank reads the total."""
+    from tools.hopper.ptx_digest import masked_ptx
+
+    counted = hopper.counted_nondet_twin(bwd_variant(128, False))
+
+    def compares(deterministic: bool) -> list[str]:
+        lines = masked_ptx(128, False, deterministic, counted, dkv_sum=True).splitlines()
+        found = []
+        for i, line in enumerate(lines):
+            if "ld.acquire.gpu" in line:
+                setp = next(x for x in lines[i + 1 : i + 4] if "setp." in x).split()
+                found.append(f"{setp[0]} {'0' if setp[-1] == '0;' else 'rank'}")
+        return found
+
+    nondet, det = compares(False), compares(True)
+    dq = nondet.count("setp.gt.s32 0")  # the dQ writer's (its first load and its loop's)
+    assert dq >= bwd_launch.VARIANTS[counted].get("dq_writers", 1)
+    assert nondet[:dq] == ["setp.gt.s32 0"] * dq and det[:dq] == ["setp.eq.b32 rank"] * dq
+    assert nondet[dq:] == det[dq:] and set(det[dq:]) == {"setp.eq.b32 rank"}
+
+
 def test_counted_variants_are_registered_for_every_shipped_kernel() -> None:
     """``bwd_launch.VARIANTS`` has the counted kernel of every shipped variant: its det twin's
     options with ``nondet_first_store``; ``counted_nondet_twins`` maps each shipped variant

@@ -321,17 +321,22 @@ def test_deterministic_hopper_plans_leave_sms_to_the_dq_cast(
 def test_the_dq_cast_keeps_its_place_elsewhere() -> None:
     """No SMs are left to the cast where that would change bits or cost time, where the
     caller keeps SMs for other kernels, where the cast has nothing to wait for, or where it
-    was not measured: non-deterministic runs, worker-dependent tables, dynamic dispatch (d64
-    full 16k: descending), ``sm_margin``, in-kernel dK/dV sums (GQA), the Triton backend, and
-    where 4 workers fewer would give the busiest worker more steps (hd 256 full 1k). A small
-    shape whose grid leaves SMs idle anyway keeps its tables."""
+    was not measured: worker-dependent tables, dynamic dispatch (d64 full 16k: descending),
+    ``sm_margin``, in-kernel dK/dV sums (GQA), the Triton backend, a non-det kernel without
+    turns (hd 256 from the non-det auto's descending length on), and where 4 workers fewer
+    would give the busiest worker more steps (hd 256 full 1k). A small shape whose grid leaves
+    SMs idle anyway keeps its tables."""
     short = _sweep_problem(64, False, 1024)
 
     def cast_sms(problem: Problem, **options) -> int:
         return make_backward_plan(problem, device=H200, **{"backend": "hopper", **options}).cast_sms
 
     assert cast_sms(short) == 4
-    assert cast_sms(short, deterministic=False) == 0
+    # (Non-det plans count their adds since session 59: test_counted_nondet_hopper_plans_...)
+    assert cast_sms(short, deterministic=False) == 4
+    long_256 = _sweep_problem(256, False, 4096)
+    assert cast_sms(long_256) == 4
+    assert cast_sms(long_256, deterministic=False, schedule="shift") == 0
     assert cast_sms(short, invariant=False) == 0
     assert cast_sms(short, sm_margin=4) == 0
     assert cast_sms(short, backend="triton") == 0
@@ -362,10 +367,13 @@ def test_a_hand_built_plan_with_cast_sms_it_cannot_poll_is_refused() -> None:
     long_full = make_backward_plan(_sweep_problem(128, False, 16384), device=H200, backend="hopper")
     short = make_backward_plan(_sweep_problem(64, False, 1024), device=H200, backend="hopper")
     gqa = make_backward_plan(Problem(4, 1024, 1024, 32, 8, 64, FULL), device=H200, backend="hopper")
+    # hd 256 full 4k: the non-det backward runs the kernel without turns there.
+    det_256 = make_backward_plan(_sweep_problem(256, False, 4096), device=H200, backend="hopper")
     assert short.cast_sms == 4 and dataclasses.replace(short, cast_sms=4) == short
+    assert det_256.cast_sms == 4
     bad = {
         "dispatches dynamically": lambda: dataclasses.replace(long_full, cast_sms=4),
-        "non-deterministic": lambda: dataclasses.replace(short, deterministic=False),
+        "non-deterministic": lambda: dataclasses.replace(det_256, deterministic=False),
         "runs its cast after": lambda: dataclasses.replace(short, backend="triton"),
         "sums dk/dv": lambda: dataclasses.replace(gqa, cast_sms=4),
         "exceed the device's 132 SMs": lambda: dataclasses.replace(short, cast_sms=5),
@@ -377,40 +385,46 @@ def test_a_hand_built_plan_with_cast_sms_it_cannot_poll_is_refused() -> None:
 
 
 def test_counted_nondet_hopper_plans_leave_sms_to_the_dq_cast(monkeypatch) -> None:
-    """Where the non-deterministic hopper backward runs a counted kernel
-    (``hopper.counted_nondet_twins``, not shipped yet), its plan leaves SMs to the dQ cast as a
-    det plan does, on the same tables; a hand-built non-det plan may then carry ``cast_sms``.
-    With the shipped kernels neither (``test_the_dq_cast_keeps_its_place_elsewhere``)."""
+    """Non-deterministic hopper backwards run counted kernels (``hopper.BWD_NONDET_TWIN``, since
+    session 59) but at hd 256 from the non-det auto's descending length on: their plans leave
+    SMs to the dQ cast as det plans do, on the same tables, and a hand-built non-det plan may
+    carry ``cast_sms``. With the kernels without turns (``BWD_NONDET_UNCOUNTED``) neither."""
     from dash_attn.backends import hopper
 
     short = _sweep_problem(64, False, 1024)
-    assert not hopper.nondet_counts_adds(64, False, 1024)
-    monkeypatch.setattr(hopper, "BWD_NONDET_TWIN", hopper.counted_nondet_twins())
+    for headdim, causal, seqlen in ((64, False, 1024), (128, False, 4096), (128, True, 8192)):
+        problem = _sweep_problem(headdim, causal, seqlen)
+        assert hopper.nondet_counts_adds(headdim, causal, seqlen)
+        nondet = make_backward_plan(problem, device=H200, backend="hopper", deterministic=False)
+        det = make_backward_plan(problem, device=H200, backend="hopper")
+        assert (nondet.cast_sms, nondet.grid) == (det.cast_sms, det.grid) == (4, 128)
+        assert nondet.schedule.order.tolist() == det.schedule.order.tolist()
+        assert nondet.schedule.worker_start.tolist() == det.schedule.worker_start.tolist()
+    det = make_backward_plan(short, device=H200, backend="hopper")
+    assert dataclasses.replace(det, deterministic=False).cast_sms == 4
+    assert hopper.nondet_counts_adds(256, False, 512)
+    assert not hopper.nondet_counts_adds(256, False, 1024)
+    assert hopper.nondet_counts_adds(256, True, 1024)
+    assert not hopper.nondet_counts_adds(256, True, 2048)
+    # Still not beside a dynamic schedule, nor with sm_margin.
+    long_full = _sweep_problem(64, False, 16384)
+    plan = make_backward_plan(long_full, device=H200, backend="hopper", deterministic=False)
+    assert plan.dispatch is Dispatch.DYNAMIC and plan.cast_sms == 0
+    margin = make_backward_plan(
+        short, device=H200, backend="hopper", deterministic=False, sm_margin=4
+    )  # fmt: skip
+    assert margin.cast_sms == 0
+    monkeypatch.setattr(hopper, "BWD_NONDET_TWIN", dict(hopper.BWD_NONDET_UNCOUNTED))
     make_backward_plan.cache_clear()
     try:
-        for headdim, causal, seqlen in ((64, False, 1024), (128, False, 4096), (128, True, 8192)):
-            problem = _sweep_problem(headdim, causal, seqlen)
-            assert hopper.nondet_counts_adds(headdim, causal, seqlen)
-            nondet = make_backward_plan(problem, device=H200, backend="hopper", deterministic=False)
-            det = make_backward_plan(problem, device=H200, backend="hopper")
-            assert (nondet.cast_sms, nondet.grid) == (det.cast_sms, det.grid) == (4, 128)
-            assert nondet.schedule.order.tolist() == det.schedule.order.tolist()
-            assert nondet.schedule.worker_start.tolist() == det.schedule.worker_start.tolist()
-        det = make_backward_plan(short, device=H200, backend="hopper")
-        assert dataclasses.replace(det, deterministic=False).cast_sms == 4
-        # Still not beside a dynamic schedule, nor with sm_margin.
-        long_full = _sweep_problem(64, False, 16384)
-        plan = make_backward_plan(long_full, device=H200, backend="hopper", deterministic=False)
-        assert plan.dispatch is Dispatch.DYNAMIC and plan.cast_sms == 0
-        margin = make_backward_plan(
-            short, device=H200, backend="hopper", deterministic=False, sm_margin=4
-        )  # fmt: skip
-        assert margin.cast_sms == 0
+        assert not hopper.nondet_counts_adds(64, False, 1024)
+        plan = make_backward_plan(short, device=H200, backend="hopper", deterministic=False)
+        assert plan.cast_sms == 0
+        with pytest.raises(ValueError, match="cast_sms.*non-deterministic and its kernel does not"):
+            dataclasses.replace(det, deterministic=False)
     finally:
         monkeypatch.undo()
         make_backward_plan.cache_clear()
-    with pytest.raises(ValueError, match="cast_sms.*non-deterministic and its kernel does not"):
-        dataclasses.replace(det, deterministic=False)
 
 
 @pytest.mark.parametrize("sm_count", [16, 17])

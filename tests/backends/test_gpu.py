@@ -238,14 +238,15 @@ def test_hopper_det_twin_gives_the_same_bits(monkeypatch):
 
 
 def test_hopper_counted_nondet_kernels_are_correct() -> None:
-    """The counted non-deterministic kernels (``hopper.counted_nondet_twin``: the first dQ
-    store, the others added in arrival order once it has landed, every add counted for the dQ
-    cast beside the kernel; not shipped yet): for every head dim, mask and schedule, with GQA,
-    tails and seqlen_q != seqlen_k, dq, dk and dv are within the flash-attn rule of the fp32
-    reference, dk and dv (each chain's own order) equal the shipped non-det kernel's bit for
-    bit, also with another stream busy, and static plans leave SMs to the polled cast."""
+    """The counted non-deterministic kernels (``hopper.counted_nondet_twin``, what non-det
+    backwards run since session 59: the first dQ store, the others added in arrival order once
+    it has landed, every add counted for the dQ cast beside the kernel): for every head dim,
+    mask and schedule, with GQA, tails and seqlen_q != seqlen_k, dq, dk and dv are within the
+    flash-attn rule of the fp32 reference, dk and dv (each chain's own order) equal the kernel
+    without turns' (``BWD_NONDET_UNCOUNTED``) bit for bit, also with another stream busy, and
+    static plans leave SMs to the polled cast."""
     from dash_attn.backends import hopper
-    from tools.hopper.bwd_probe import counted_nondet
+    from tools.hopper.bwd_probe import nondet_kernels
 
     for headdim, kind in hopper.BWD_VARIANT:
         causal = kind == "causal"
@@ -256,8 +257,10 @@ def test_hopper_counted_nondet_kernels_are_correct() -> None:
         same = _grads(functools.partial(_ref_out, causal=causal, upcast=False), q, k, v, dout)
         for schedule in [*applicable_schedules(Mask(causal=causal)), "auto"]:
             run = _dash(causal, "hopper", schedule, deterministic=False)
-            shipped = _grads(run, q, k, v, dout)
-            with counted_nondet():
+            with nondet_kernels(counted=False):
+                uncounted = _grads(run, q, k, v, dout)
+                assert not last_launch_info().cast_sms
+            with nondet_kernels(counted=True):
                 counted = _grads(run, q, k, v, dout)
                 plan = last_launch_info()
                 assert hopper.nondet_counts_adds(headdim, causal, 1100)
@@ -275,7 +278,7 @@ def test_hopper_counted_nondet_kernels_are_correct() -> None:
                 assert_close_to_ref(f"{name} [{tag}]", g, r, s, atol=1e-3)
             for name in ("out", "dk", "dv"):
                 i = GRADS.index(name)
-                assert torch.equal(counted[i], shipped[i]), f"{name} differs [{tag}]"
+                assert torch.equal(counted[i], uncounted[i]), f"{name} differs [{tag}]"
 
 
 @pytest.mark.parametrize("headdim", [64, 256])
@@ -283,11 +286,11 @@ def test_hopper_counted_nondet_broken_table_raises_instead_of_hanging(headdim: i
     """A counted non-det kernel waits for each dQ tile's first store: with every rank + 1 no
     tile gets one, so its waits give up after the plan's bound and the backward raises, and
     the GPU is still usable afterwards."""
-    from tools.hopper.bwd_probe import counted_nondet
+    from tools.hopper.bwd_probe import nondet_kernels
 
     q, k, v = make_qkv(1, 1024, 1024, 2, 2, headdim, torch.bfloat16, "cuda", 1)
     _skip_if_uncovered("hopper", q, k, False)
-    with counted_nondet():
+    with nondet_kernels(counted=True):
         out, lse = dash_attn_func(q, k, v, return_lse=True, backend="hopper")
         good = make_backward_plan(
             problem_of(q, k, FULL), device=device_info(q.device), schedule="shift",

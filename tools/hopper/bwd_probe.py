@@ -121,23 +121,28 @@ def kernel_variant(variant_of: Callable[[str], str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def counted_nondet() -> Iterator[None]:
-    """Within it non-deterministic hopper backwards run their counted kernels
-    (``hopper.counted_nondet_twins``: the first dQ store, the adds counted, the dQ cast beside
-    the kernel where the plan leaves it SMs). Plans and prepared launches are made anew on
-    entry and on exit, since a plan's ``cast_sms`` follows its kernel."""
+def nondet_kernels(counted: bool) -> Iterator[None]:
+    """Within it every non-deterministic hopper backward runs its counted kernel
+    (``counted``: ``hopper.counted_nondet_twin``, at every head dim and length) or the kernel
+    without turns shipped before session 59 (``hopper.BWD_NONDET_UNCOUNTED``). Plans and
+    prepared launches are made anew on entry and on exit, since a plan's ``cast_sms`` follows
+    its kernel."""
     from dash_attn.backends import hopper
     from dash_attn.backends.hopper import launch as hopper_launch
     from dash_attn.plan import make_backward_plan
 
-    shipped = hopper.BWD_NONDET_TWIN
-    hopper.BWD_NONDET_TWIN = hopper.counted_nondet_twins()
+    shipped = hopper.BWD_NONDET_TWIN, hopper.NONDET_UNCOUNTED_HEADDIMS
+    if counted:
+        hopper.BWD_NONDET_TWIN = hopper.counted_nondet_twins()
+        hopper.NONDET_UNCOUNTED_HEADDIMS = frozenset()
+    else:
+        hopper.BWD_NONDET_TWIN = dict(hopper.BWD_NONDET_UNCOUNTED)
     make_backward_plan.cache_clear()
     hopper_launch._launches.clear()
     try:
         yield
     finally:
-        hopper.BWD_NONDET_TWIN = shipped
+        hopper.BWD_NONDET_TWIN, hopper.NONDET_UNCOUNTED_HEADDIMS = shipped
         make_backward_plan.cache_clear()
         hopper_launch._launches.clear()
 

@@ -1,4 +1,4 @@
-"""The counted non-deterministic hopper backward against the shipped one (session 59).
+"""The counted non-deterministic hopper backward against the kernel without turns (session 59).
 
 A counted kernel (``hopper.counted_nondet_twin``, ``HopperAttnBwd``'s nondet_first_store) stores
 each dQ tile's first partial, adds the others in arrival order once that store has landed and
@@ -6,9 +6,10 @@ counts every add on the tile's semaphore, so its backward needs no zero fill of 
 accumulator and its plan leaves SMs to the dQ cast beside it, as a deterministic backward's
 does. For each config:
 
-- the shipped deterministic (``S``) and non-deterministic (``ND``) backwards are captured, and
-  the counted one (``NC``) in ``bwd_probe.counted_nondet`` (a call of its own: its plan differs,
-  ``cast_sms``);
+- the shipped deterministic backward (``S``) is captured, the non-deterministic one on the
+  kernel without turns (``ND``, ``bwd_probe.nondet_kernels(counted=False)``: the kernels shipped
+  before session 59) and on the counted one (``NC``, ``counted=True``), each a call of its own
+  (their plans differ: ``cast_sms``);
 - ``NC``'s dk and dv (each chain's own order) must equal ``ND``'s bit for bit, and all three
   meet the flash-attn rule (up to ``--rule-max`` tokens);
 - the three are timed in interleaved rounds beside FA4's non-det backward (``FN``): medians and
@@ -47,7 +48,7 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
-    from tools.hopper.bwd_probe import capture, counted_nondet, grad_verdict
+    from tools.hopper.bwd_probe import capture, grad_verdict, nondet_kernels
     from tools.hopper.fwd_probe import time_contenders
 
     hd = args.headdim
@@ -56,12 +57,10 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     def leaves() -> list[torch.Tensor]:
         return [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
-    runs = {
-        "S": capture(leaves(), dout, causal=cfg.causal, deterministic=True),
-        "ND": capture(leaves(), dout, causal=cfg.causal, deterministic=False),
-    }
-    with counted_nondet():
-        runs["NC"] = capture(leaves(), dout, causal=cfg.causal, deterministic=False)
+    runs = {"S": capture(leaves(), dout, causal=cfg.causal, deterministic=True)}
+    for tag, counted in (("ND", False), ("NC", True)):
+        with nondet_kernels(counted):
+            runs[tag] = capture(leaves(), dout, causal=cfg.causal, deterministic=False)
     plans = {tag: run.plan for tag, run in runs.items()}
     print(
         f"== d{hd} {cfg.label}: "

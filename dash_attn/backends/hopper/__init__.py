@@ -154,25 +154,29 @@ BWD_DET_TWIN = {
     # configs, session42-8a8b3d3 call3/ab_nondet_w2.txt.gz).
     "sw_fs": "sw_w2_fs",
 }
-# Non-deterministic backwards run, in place of these variants, these: at hd 64 full the
-# one-buffer kernel shipped there before session 29 (one dQ staging buffer, dS per ring stage, no
-# dS guard). A non-deterministic kernel has no turn to wait for, so the second buffer buys
-# nothing while its single dS buffer and guard still cost. Same tiles and arithmetic (exp_tail,
-# early_meta as BWD_VARIANT's). Timed in interleaved triples beside FA4 (session33-3d56de5
-# call2/call3, median of 24-30 per-triple ratios): 1.015x / 1.001x / 1.016x / 1.020x / 1.004x
-# at full 1k / 2k / 4k / 8k / 16k (ranges above 1.0 at 4k and 8k). Causal: 1.010x and 1.015x
-# at 8k and 16k but 0.973x and 0.993x at 2k and 4k (ranges +-8%), so it keeps the shipped one.
-BWD_NONDET_TWIN = {"t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_kp_st_kf"}
-# The counted non-deterministic kernels (``HopperAttnBwd``'s nondet_first_store; session 59,
-# prepared, not timed yet, so no entry of BWD_NONDET_TWIN names one). Our non-det backward took
-# 1.03-1.31x the time of our det one at 512-2k tokens and 0.97-1.10x at 4k-16k (hd 64/128, H100,
-# session58-066a382 call4), since only the det kernel stores each dQ tile's first partial (no
-# zero fill of the accumulator) and has its dQ cast run beside it (POLLED_CAST_SMS): both need
-# the semaphores, which the non-det kernel did not touch. A counted kernel stores the first
-# partial too, lets the others add in arrival order once that store has landed, and counts every
-# add on the semaphore; the plan then leaves it SMs for the cast as for a det backward. Each is
-# a shipped variant's det twin (two dQ warps where it has them) with that option, named
-# ``counted_nondet_twin``: ``<det twin>_nc``.
+# Non-deterministic backwards run, in place of these variants, their counted kernels
+# (``HopperAttnBwd``'s nondet_first_store, ``counted_nondet_twin``: ``<det twin>_nc``, the det
+# twin's kernel with that option; ``BWD_NONDET_TWIN`` below). Before session 59 they ran the
+# shipped kernels without turns (at hd 64 full the one-buffer kernel, ``BWD_NONDET_UNCOUNTED``),
+# which added every dQ partial into a zero-filled accumulator and cast dQ after the main kernel:
+# our non-det backward took 1.03-1.31x the time of our det one at 512-2k tokens (hd 64/128,
+# H100, session58-066a382 call4), since only the det kernel stores each dQ tile's first partial
+# (no zero fill) and has its dQ cast run beside it (POLLED_CAST_SMS), both through the dQ
+# semaphores. A counted kernel stores the first partial too, lets the others add in arrival
+# order once that store has landed, and counts every add on the semaphore, so its plan leaves
+# SMs to the cast as a det plan does. Whole backwards in interleaved rounds beside the uncounted
+# kernel, dk/dv bits equal (session59-9b623ea calls 1 and 3, counted_ab_d*.txt, H100):
+# 1.07-1.22x at hd 64 512-4k, 1.02-1.05x at 8k-16k (full 16k under descending: 1.03x), 1.04-1.23x
+# at hd 128 512-2k, 1.03-1.05x causal 8k-16k, 0.99x full 4k and 1.00x full 16k (within their
+# rounds' spread), 1.09-1.11x at hd 96, 1.05x at hd 192 full 2k, 1.01x causal 8k (descending);
+# and the det backward, the same kernel with every turn, within 0-3% of it (the fixed order's
+# own cost). At hd 256 1.10x where the non-det auto runs static tables (full 512, causal 1k)
+# but 0.90x / 0.93x where it takes descending (full / causal 4k: there each dQ hand-off is
+# about a step long, NOTES items 241-244, and the counted kernel's wait for the adds to land
+# before each release adds to it), so from ``NONDET_DESCENDING_MIN_SEQLEN_K`` on at the head dims of
+# ``NONDET_UNCOUNTED_HEADDIMS`` the uncounted kernel runs.
+BWD_NONDET_UNCOUNTED = {"t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_kp_st_kf"}
+NONDET_UNCOUNTED_HEADDIMS = frozenset({256})
 NONDET_COUNTED_SUFFIX = "_nc"
 # The hopper forward at hd 64 runs three consumer warpgroups (192-row Q tiles) from this many
 # query tokens on, per mask kind, two (128 rows) below. Both kernels timed beside FA4 in one
@@ -266,9 +270,10 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
     """The kernel variant (``bwd_launch.VARIANTS``) the backend runs for this head dim, mask,
     key length and mode (``BWD_VARIANT_LONG`` from its length on, ``BWD_VARIANT`` below; a
     ``seqlen_k`` of 0 asks for the latter; deterministic runs take its ``BWD_DET_TWIN``,
-    non-deterministic ones its ``BWD_NONDET_TWIN``). Every variant of one (head dim, mask) has
-    the same tiles and the same exponentials (``exp_poly``): the bits do not depend on the key
-    length or the twin that picks it."""
+    non-deterministic ones its ``BWD_NONDET_TWIN``, the counted kernel, or its
+    ``BWD_NONDET_UNCOUNTED`` where ``NONDET_UNCOUNTED_HEADDIMS`` says). Every variant of one
+    (head dim, mask) has the same tiles and the same exponentials (``exp_poly``): the bits do
+    not depend on the key length or the twin that picks it."""
     if headdim not in BWD_HEADDIMS:
         raise NotImplementedError(
             f"head_dim={headdim} is not supported by the Hopper backward "
@@ -277,8 +282,11 @@ def bwd_variant(headdim: int, causal: bool, seqlen_k: int = 0, deterministic: bo
     key = (headdim, _mask_kind(causal))
     long = BWD_VARIANT_LONG.get(key)
     name = long[1] if long is not None and seqlen_k >= long[0] else BWD_VARIANT[key]
-    twins = BWD_DET_TWIN if deterministic else BWD_NONDET_TWIN
-    return twins.get(name, name)
+    if deterministic:
+        return BWD_DET_TWIN.get(name, name)
+    if headdim in NONDET_UNCOUNTED_HEADDIMS and nondet_auto_schedule(headdim, causal, seqlen_k):
+        return BWD_NONDET_UNCOUNTED.get(name, name)
+    return BWD_NONDET_TWIN.get(name, name)
 
 
 def counted_nondet_twin(variant: str) -> str:
@@ -295,8 +303,7 @@ def counted_nondet_twin(variant: str) -> str:
 
 
 def counted_nondet_twins() -> dict[str, str]:
-    """A ``BWD_NONDET_TWIN`` under which every non-deterministic backward runs its counted
-    kernel (what the A/B tools and the tests put in its place)."""
+    """Each shipped variant's counted non-deterministic kernel (``BWD_NONDET_TWIN``)."""
     shipped = {*BWD_VARIANT.values(), *(name for _, name in BWD_VARIANT_LONG.values())}
     return {name: counted_nondet_twin(name) for name in sorted(shipped)}
 
@@ -308,6 +315,10 @@ def nondet_counts_adds(headdim: int, causal: bool, seqlen_k: int) -> bool:
     dQ cast beside it (``BackwardPlan.cast_sms``)."""
     variant = bwd_variant(headdim, causal, seqlen_k, deterministic=False)
     return variant.endswith(NONDET_COUNTED_SUFFIX)
+
+
+# The kernel each shipped variant's non-deterministic backwards run (above).
+BWD_NONDET_TWIN = counted_nondet_twins()
 
 
 def nondet_auto_schedule(headdim: int, causal: bool, seqlen_k: int) -> str | None:

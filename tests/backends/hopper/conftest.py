@@ -16,10 +16,10 @@ def cute_pre_post(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def counted_nondet():
-    """Non-deterministic hopper backwards run their counted kernels
-    (``tools.hopper.bwd_probe.counted_nondet``) for the test."""
-    from tools.hopper.bwd_probe import counted_nondet
+def uncounted_nondet():
+    """Non-deterministic hopper backwards run the kernels without turns shipped before session
+    59 (``tools.hopper.bwd_probe.nondet_kernels``) for the test."""
+    from tools.hopper.bwd_probe import nondet_kernels
 
-    with counted_nondet():
+    with nondet_kernels(counted=False):
         yield

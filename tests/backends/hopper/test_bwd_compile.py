@@ -336,7 +336,9 @@ def test_counted_nondet_kernels_compile_for_sm90a(config: tuple, tmp_path: Path)
     the semaphore protocol of its det twin (the acquire loop, the first store beside each
     reduce, a release per dQ warp, the cast trigger)."""
     head_dim, dtype, causal = config
-    counted = hopper.counted_nondet_twin(bwd_variant(head_dim, causal))
+    kind = "causal" if causal else "full"
+    counted = hopper.counted_nondet_twin(hopper.BWD_VARIANT[head_dim, kind])
+    assert counted == bwd_variant(head_dim, causal)  # what non-det backwards run
     assert bwd_launch.counts_nondet_adds(counted)
     assert bwd_launch.takes_turns(counted, deterministic=False)
     swapped = head_dim in SWAPPED_TILES
@@ -355,7 +357,7 @@ def test_counted_variant_in_det_mode_is_its_det_twin() -> None:
     to its det twin's PTX (names masked)."""
     from tools.hopper.ptx_digest import masked_ptx
 
-    name = bwd_variant(128, False)
+    name = hopper.BWD_VARIANT[128, "full"]
     twin = bwd_variant(128, False, deterministic=True)
     counted = hopper.counted_nondet_twin(name)
     assert counted == twin + hopper.NONDET_COUNTED_SUFFIX
@@ -368,7 +370,7 @@ def test_counted_kernel_keeps_strict_turns_for_the_dkv_sums() -> None:
     one with the rank, as in the det kernel, since the sums' last rank reads the total."""
     from tools.hopper.ptx_digest import masked_ptx
 
-    counted = hopper.counted_nondet_twin(bwd_variant(128, False))
+    counted = hopper.counted_nondet_twin(hopper.BWD_VARIANT[128, "full"])
 
     def compares(deterministic: bool) -> list[str]:
         lines = masked_ptx(128, False, deterministic, counted, dkv_sum=True).splitlines()
@@ -693,7 +695,7 @@ def test_variants_resolve() -> None:
         causal = kind == "causal"
         short = hopper.BWD_VARIANT[head_dim, kind]
         nondet = hopper.BWD_NONDET_TWIN
-        assert name in bwd_launch.VARIANTS
+        assert name in bwd_launch.VARIANTS and head_dim not in hopper.NONDET_UNCOUNTED_HEADDIMS
         assert bwd_variant(head_dim, causal, min_seqlen_k) == nondet.get(name, name)
         assert bwd_variant(head_dim, causal, min_seqlen_k - 1) == nondet.get(short, short)
         # Same tiles and the same arithmetic of the exponentials as the short variant, so the
@@ -712,24 +714,31 @@ def test_variants_resolve() -> None:
         base, two = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
         shared = {} if base.get("dq_double") else {"early_turn": True}
         assert two == {**base, **shared, "dq_writers": 2} and base.get("dq_writers", 1) == 1
-    # Non-deterministic runs take the one-buffer kernel where there is one: only the second dQ
-    # buffer and the dS guard it needs differ.
-    assert set(hopper.BWD_NONDET_TWIN) <= shipped
-    for name, twin in hopper.BWD_NONDET_TWIN.items():
-        base, one = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[twin]
+    # Non-deterministic runs take the counted kernel of every shipped variant (its det twin's
+    # kernel, test_counted_variants_are_registered_for_every_shipped_kernel); where they do not
+    # (hd 256 from the non-det auto's descending length on) the kernel without turns, which at
+    # hd 64 full is the one-buffer kernel: only the second dQ buffer and its dS guard differ.
+    assert set(hopper.BWD_NONDET_TWIN) == shipped
+    assert set(hopper.BWD_NONDET_UNCOUNTED) <= shipped
+    for name, one_buffer in hopper.BWD_NONDET_UNCOUNTED.items():
+        base, one = bwd_launch.VARIANTS[name], bwd_launch.VARIANTS[one_buffer]
         assert base == {**one, "dq_double": True, "ds_guard": True} and "dq_double" not in one
     for (head_dim, kind), name in hopper.BWD_VARIANT.items():
         causal = kind == "causal"
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, causal, deterministic=True) == twin
-        assert bwd_variant(head_dim, causal) == hopper.BWD_NONDET_TWIN.get(name, name)
+        assert bwd_variant(head_dim, causal) == hopper.counted_nondet_twin(name) == twin + "_nc"
     for (head_dim, kind), (min_seqlen_k, name) in hopper.BWD_VARIANT_LONG.items():
         twin = hopper.BWD_DET_TWIN.get(name, name)
         assert bwd_variant(head_dim, kind == "causal", min_seqlen_k, True) == twin
     assert bwd_variant(64, False, deterministic=True).endswith("_w2_st_kf")
     assert bwd_variant(256, True, deterministic=True) == "sw_w2_fs"
-    assert bwd_variant(256, True, deterministic=False) == "sw_fs"
-    assert bwd_variant(64, False, deterministic=False) == "t128_xm24r_sm2_fs_kp_st_kf"
+    assert bwd_variant(256, True, deterministic=False) == "sw_w2_fs_nc"
+    for causal, length in ((True, 2048), (False, 1024)):  # the non-det auto's descending
+        pair = (bwd_variant(256, causal, length - 1), bwd_variant(256, causal, length))
+        assert pair == ("sw_w2_fs_nc", "sw_fs")
+    assert bwd_variant(192, True, 1 << 20) == "sw_w2_fs_nc"
+    assert bwd_variant(64, False) == "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc"
     assert bwd_variant(64, True, deterministic=True) == "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf"
     # Only hd 64 prefetches the next chain's K/V (a cache hint: the same bits as without).
     for name in {*hopper.BWD_VARIANT.values(), *hopper.BWD_DET_TWIN.values()}:
@@ -932,7 +941,7 @@ def test_shipped_variant_tiles_match_the_plan_tiles() -> None:
     shipped += [(key, name) for key, (_, name) in hopper.BWD_VARIANT_LONG.items()]
     shipped += [
         (key, twins[name])
-        for twins in (hopper.BWD_DET_TWIN, hopper.BWD_NONDET_TWIN)
+        for twins in (hopper.BWD_DET_TWIN, hopper.BWD_NONDET_TWIN, hopper.BWD_NONDET_UNCOUNTED)
         for key, name in shipped
         if name in twins
     ]
@@ -1053,25 +1062,25 @@ def test_plan_launch_matches_the_plan(cute_pre_post: bool, monkeypatch) -> None:
 @pytest.mark.parametrize(
     "deterministic,counted,seqlen_q,zeroes_acc",
     [
-        (True, False, 300, False), (False, False, 300, True), (True, False, 700, True),
-        (False, True, 300, False), (False, True, 700, True),
+        (True, True, 300, False), (False, True, 300, False), (True, True, 700, True),
+        (False, True, 700, True), (False, False, 300, True),
     ],
-    ids=["det", "nondet", "det-rows-without-keys", "counted", "counted-rows-without-keys"],
+    ids=["det", "nondet", "det-rows-without-keys", "nondet-rows-without-keys", "uncounted"],
 )  # fmt: skip
 def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
     deterministic: bool, counted: bool, seqlen_q: int, zeroes_acc: bool, monkeypatch, request
 ) -> None:
-    """The shipped kernels store each dQ tile's rank-0 partial in deterministic mode
-    (``dq_first_store``), so the preprocess zeroes only the flags there; it zeroes the
-    accumulator too in non-deterministic mode (every partial adds) and where some tile has no
-    rank-0 step (causal, 700 queries on 300 keys: the first 400 rows see no key). A counted
-    non-det kernel (``counted_nondet``) stores first as a det one. Kernels are replaced by
+    """The shipped kernels store each dQ tile's rank-0 partial (``dq_first_store``; in
+    non-deterministic mode the counted kernels, ``nondet_first_store``), so the preprocess
+    zeroes only the flags; it zeroes the accumulator too where some tile has no rank-0 step
+    (causal, 700 queries on 300 keys: the first 400 rows see no key) and for a non-det kernel
+    without turns (``uncounted_nondet``: every partial adds). Kernels are replaced by
     stand-ins (no compile)."""
     from dash_attn.backends.hopper import launch
     from dash_attn.plan import CAUSAL, H200, Problem, make_backward_plan
 
-    if counted:
-        request.getfixturevalue("counted_nondet")
+    if not counted:
+        request.getfixturevalue("uncounted_nondet")
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     monkeypatch.setattr(bwd_launch, "compile_bwd", lambda *a, **kw: None)
     pre_post = "dash_attn.backends.hopper.bwd_pre_post"
@@ -1087,23 +1096,23 @@ def test_plan_launch_zeroes_the_accumulator_unless_every_tile_is_first_stored(
 
 
 @pytest.mark.parametrize(
-    "deterministic,counted", [(True, False), (False, False), (False, True)],
-    ids=["det", "nondet", "counted"],
+    "deterministic,counted", [(True, True), (False, True), (False, False)],
+    ids=["det", "nondet", "uncounted"],
 )  # fmt: skip
 def test_plan_launch_polls_the_cast_where_the_plan_left_it_sms(
     deterministic: bool, counted: bool, monkeypatch, request
 ) -> None:
-    """A deterministic plan with ``cast_sms`` (the sweep's d64 full 1k) gets a main kernel
-    compiled with ``cast_trigger`` and the polled cast with the schedule's per-tile counts;
-    non-det plans (no turns to count, no ``cast_sms``) the plain cast, unless their kernel
-    counts its adds (``counted_nondet``): then as a det plan. Kernels are replaced by
-    stand-ins (no compile)."""
+    """A plan with ``cast_sms`` (the sweep's d64 full 1k; det, or non-det on its counted kernel)
+    gets a main kernel compiled with ``cast_trigger`` and the polled cast with the schedule's
+    per-tile counts; a non-det plan on a kernel without turns (``uncounted_nondet``: nothing
+    to count, no ``cast_sms``) the plain cast. Kernels are replaced by stand-ins (no
+    compile)."""
     from dash_attn.backends.hopper import launch
     from dash_attn.plan import FULL, H200, Problem, make_backward_plan
 
-    if counted:
-        request.getfixturevalue("counted_nondet")
-    polls = deterministic or counted
+    if not counted:
+        request.getfixturevalue("uncounted_nondet")
+    polls = counted
     monkeypatch.setattr(launch, "CUTE_PRE_POST", True)
     mains: list[dict] = []
     casts: list[dict] = []
@@ -1117,7 +1126,8 @@ def test_plan_launch_polls_the_cast_where_the_plan_left_it_sms(
     prepared = launch._prepare(plan, torch.zeros(16, 1024, 32, 64, dtype=torch.bfloat16))
     assert mains[-1]["cast_trigger"] == casts[-1]["poll"] == polls
     assert prepared.main.cast_trigger == prepared.main.takes_turns == polls
-    assert mains[-1]["variant"].endswith(hopper.NONDET_COUNTED_SUFFIX) == counted
+    counted_kernel = mains[-1]["variant"].endswith(hopper.NONDET_COUNTED_SUFFIX)
+    assert counted_kernel == (counted and not deterministic)
     if polls:
         assert prepared.dq_counts.tolist() == plan.schedule.dq_tile_counts().tolist()
         assert prepared.parts[3] == prepared.main.flag_count + 1

@@ -317,8 +317,9 @@ def test_cast_trigger_compiles_for_sm90a(variant: str, config: tuple, tmp_path: 
     check(config, variant, tmp_path, cast_trigger=True)
 
 
-# Session 59: the counted non-deterministic kernels (nondet_first_store, "_nc"; not shipped
-# yet): each shipped kernel's, non-det with the cast trigger, at every step layout and tile.
+# Session 59: the counted non-deterministic kernels (nondet_first_store, "_nc"; what non-det
+# backwards run): each shipped kernel's, non-det with the cast trigger, at every step layout and
+# tile.
 COUNTED_CONFIGS = [
     (hd, dtype, causal) for hd, dtype, causal in (
         (64, torch.bfloat16, False), (64, torch.float16, True), (96, torch.bfloat16, True),

@@ -384,8 +384,10 @@ class HopperAttnBwd(
         #   of the deterministic ones (a turn of rank r implies the rank-0 store), so every
         #   table that is deadlock-free for the deterministic kernel is for this one; they are
         #   bounded by the same timeout, error flag and NaN.
-        self.takes_turns = deterministic or (nondet_first_store and dq_first_store)
-        self.nondet_first_store = self.takes_turns and not deterministic
+        if nondet_first_store and not dq_first_store:
+            raise ValueError("nondet_first_store needs dq_first_store (the first store it orders)")
+        self.nondet_first_store = nondet_first_store and not deterministic
+        self.takes_turns = deterministic or self.nondet_first_store
         self.dq_first_store = dq_first_store and self.takes_turns
         # pdl: launched as a programmatic dependent of the preprocess (PDL, as FA4's backward):
         #   the grid may start while the preprocess finishes; every thread waits for the

@@ -22,16 +22,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from . import (
-    BWD_DET_TWIN,
-    BWD_NONDET_UNCOUNTED,
-    BWD_VARIANT,
-    BWD_VARIANT_LONG,
-    NONDET_COUNTED_SUFFIX,
-    bwd_variant,
-    counted_nondet_twin,
-    kernel_cache,
-)
+from . import BWD_DET_TWIN, bwd_variant, counted_nondet_twins, kernel_cache
 from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -265,17 +256,8 @@ for _name in _D128_FULL:
 # ``hopper.counted_nondet_twin``, shipped as ``hopper.BWD_NONDET_TWIN``), one per shipped
 # variant: the kernel of its det twin, whose options they keep (in deterministic mode the option
 # changes nothing).
-_SHIPPED = {
-    *BWD_VARIANT.values(), *(name for _, name in BWD_VARIANT_LONG.values()),
-    *BWD_DET_TWIN.values(), *BWD_NONDET_UNCOUNTED.values(),
-}  # fmt: skip
-for _name in sorted(_SHIPPED):
-    if _name.endswith(NONDET_COUNTED_SUFFIX):
-        continue
-    _counted = counted_nondet_twin(_name)
-    VARIANTS.setdefault(
-        _counted, {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
-    )
+for _name, _counted in counted_nondet_twins().items():
+    VARIANTS[_counted] = {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)
@@ -299,8 +281,7 @@ def counts_nondet_adds(variant: str) -> bool:
     counts every add on the tile's semaphore (``HopperAttnBwd``'s nondet_first_store): then,
     as a deterministic kernel, it needs no zero fill where every tile has a rank-0 step, may
     run with the polled dQ cast beside it, and reports a timed-out wait."""
-    options = VARIANTS[variant]
-    return bool(options.get("nondet_first_store") and options.get("dq_first_store"))
+    return bool(VARIANTS[variant].get("nondet_first_store"))
 
 
 def takes_turns(variant: str, deterministic: bool) -> bool:

@@ -852,6 +852,10 @@ def test_bad_kernel_options_raise() -> None:
             cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
             dq_wg=True, do_single=True, dkv_swap=True, kv_on_full=True,
         )  # fmt: skip
+    with pytest.raises(ValueError, match="nondet_first_store needs dq_first_store"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=False, deterministic=False, nondet_first_store=True
+        )  # fmt: skip
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

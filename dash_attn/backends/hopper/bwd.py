@@ -184,6 +184,7 @@ class HopperAttnBwd(
         gemm_before_flags: bool = False,
         lse_early: int = 0,
         nondet_first_store: bool = False,
+        step_trace: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -518,6 +519,17 @@ class HopperAttnBwd(
             raise ValueError("gemm_before_flags needs kv_on_full (K ready at every step's barrier)")
         self.kv_on_full = kv_on_full
         self.gemm_before_flags = gemm_before_flags
+        # step_trace = n (> 0: a probe, never shipped): the MMA warps of the step loop at head
+        #   dims 64-128 write their SM clock at bwd_step.TRACE_POINTS of each of a CTA's first
+        #   n steps (later steps overwrite the last) into the buffer the kernel takes for the
+        #   GQA split's dK/dV sums, read as int32 words (without dkv_sum the kernel never reads
+        #   it, so a probe passes a buffer of its own: tools/hopper/step_trace.py). Which
+        #   warpgroup reaches the dS barrier last, and how long the other waits there.
+        if step_trace < 0:
+            raise ValueError(f"step_trace must be >= 0, got {step_trace}")
+        if step_trace and (dkv_sum or dkv_swap):
+            raise ValueError("step_trace: not with dkv_sum (its buffer) or dkv_swap (its loop)")
+        self.step_trace = step_trace
 
     # ------------------------------------------------------------------ host-side setup
 

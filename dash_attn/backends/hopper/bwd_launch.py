@@ -625,9 +625,13 @@ class BwdLaunch:
         dq_acc: torch.Tensor,
         flags: torch.Tensor,
         softmax_scale: float,
+        dkv_scratch: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Launch the main kernel on zeroed ``dq_acc`` and ``flags``; returns (dk, dv) with
-        ``dkv_heads`` heads, or k's with ``dkv_sum``."""
+        ``dkv_heads`` heads, or k's with ``dkv_sum``. ``dkv_scratch``: an fp32 buffer passed
+        where the kernel takes the dK/dV sums' accumulator when it adds none, which the kernel
+        then never reads or writes but with ``step_trace`` (a probe's clock stamps; by default
+        a stand-in view of ``dq_acc``)."""
         batch, seqlen_k, kv_heads, head_dim = k.shape
         dkv_shape = (batch, seqlen_k, kv_heads if self.dkv_sum else self.dkv_heads, head_dim)
         dk = torch.empty(dkv_shape, device=k.device, dtype=q.dtype)
@@ -635,6 +639,8 @@ class BwdLaunch:
         if self.dkv_sum:
             # fp32 dK then dV of the kv heads: rank 0 of each sum stores, so no zero fill.
             dkv_acc = torch.empty(2 * dk.numel(), device=k.device, dtype=torch.float32)
+        elif dkv_scratch is not None:
+            dkv_acc = dkv_scratch
         else:
             dkv_acc = dq_acc.view(-1)  # not read: a stand-in of the right type
         # Tensors as they are (TVM-FFI checks dtype, rank, head dim, alignment and the stride

@@ -28,6 +28,17 @@ from .bwd_sync import (
 )
 from .exp2_poly import exp2_poly
 
+# step_trace (a probe): the places of a step where each MMA warp writes its SM clock, in order.
+TRACE_POINTS = (
+    "top",  # the step's ring slot is full
+    "s_done",  # S^T is done (the exponentials start)
+    "ds_arrive",  # dS^T is in shared memory: at the warpgroups' dS barrier
+    "ds_pass",  # past it (the dQ GEMM is issued)
+    "dq_wait",  # dQ is done: at the dQ staging buffer's "empty" barrier
+    "dq_pass",  # past it (the partial is stored)
+    "end",  # dK is done and the slot released
+)
+
 
 class StepMixin:
     """``HopperAttnBwd``'s MMA warpgroups at head dims 64-128."""
@@ -111,6 +122,7 @@ class StepMixin:
         do_phase = Int32(0)  # of dO's own mbarriers (do_single)
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
+        traced = Int32(0)  # steps this warpgroup has run (step_trace)
         if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
@@ -118,6 +130,7 @@ class StepMixin:
             )
         while done == 0:
             cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            self._trace(dkv_sums, wg, traced, 0)
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
             if const_expr(self.gemm_before_flags):
                 # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
@@ -157,6 +170,7 @@ class StepMixin:
                 for r in cutlass.range_constexpr(len(lse_reps)):
                     rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
                 warpgroup.wait_group(1)
+                self._trace(dkv_sums, wg, traced, 1)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
                 # shared memory here.
@@ -207,7 +221,9 @@ class StepMixin:
                     zero_init=False,
                 )  # fmt: skip
                 cute.arch.fence_view_async_shared()
+                self._trace(dkv_sums, wg, traced, 2)
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
+                self._trace(dkv_sums, wg, traced, 3)
                 if const_expr(self.dq_swap):
                     wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
                 else:
@@ -228,7 +244,9 @@ class StepMixin:
                     )
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
+                self._trace(dkv_sums, wg, traced, 4)
                 self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._trace(dkv_sums, wg, traced, 5)
                 self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                 cute.arch.fence_view_async_shared()
                 self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
@@ -279,7 +297,31 @@ class StepMixin:
                         self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
                         self._zero_for_next_chain(acc_dK, acc_dV)
 
+                self._trace(dkv_sums, wg, traced, 6)
+                if const_expr(self.step_trace > 0):
+                    traced = traced + 1
                 stage, phase = self._next_stage(stage, phase)
+
+    @cute.jit
+    def _trace(
+        self, dkv_sums: DkvSums, wg: Int32, step: Int32, point: cutlass.Constexpr[int]
+    ) -> None:
+        """step_trace (a probe; nothing without it): this warp's SM clock at ``point`` of its
+        warpgroup's step ``step`` (the last traced step takes every later one), as an int32
+        word of the buffer the kernel takes for the dK/dV sums: word
+        (((cta * 2 + wg) * step_trace + step) * len(TRACE_POINTS) + point) * 4 + warp. Every
+        lane stores the same value to the same word (one transaction, no branch)."""
+        if const_expr(self.step_trace > 0):
+            cta = cute.arch.block_idx()[0]
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx() % 4)
+            row = cta * 2 + wg
+            last = Int32(self.step_trace - 1)
+            kept = step if step < last else last
+            word = ((row * self.step_trace + kept) * len(TRACE_POINTS) + point) * 4 + warp
+            words = cute.make_tensor(
+                cute.recast_ptr(dkv_sums.acc.iterator, dtype=Int32), cute.make_layout(word + 1)
+            )
+            words[word] = cute.arch.clock()
 
     def _zero_for_next_chain(self, acc_dK: cute.Tensor, acc_dV: cute.Tensor) -> None:
         """With kv_on_full, the accumulators of the next chain, zeroed in the branch of the

@@ -787,6 +787,30 @@ def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: 
     assert 0 <= loop.find("HGMMA") < loop.find("LDS")
 
 
+def test_step_trace_stamps_seven_clocks_per_step(tmp_path: Path) -> None:
+    """``step_trace`` (a probe, tools/hopper/step_trace.py): the MMA warpgroups read the SM
+    clock at each of ``bwd_step.TRACE_POINTS`` and store it (no local memory); the kernel
+    without it reads no clock."""
+    from dash_attn.backends.hopper.bwd_step import TRACE_POINTS
+
+    config = (128, torch.bfloat16, False, False)
+    name = bwd_variant(128, False, deterministic=False)
+    shipped = _compile(config, tmp_path / "shipped", variant=name)
+    bwd_launch.VARIANTS[name + "_tr"] = {**bwd_launch.VARIANTS[name], "step_trace": 64}
+    try:
+        traced = _compile(config, tmp_path / "traced", variant=name + "_tr")
+    finally:
+        del bwd_launch.VARIANTS[name + "_tr"]
+    clock = r"mov\.u32\s+%r\d+,\s+%clock;"
+    assert not re.findall(clock, shipped.__ptx__)
+    assert len(re.findall(clock, traced.__ptx__)) == len(TRACE_POINTS)
+    sass = disassemble(traced.__cubin__)
+    if sass is None:
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    assert shipped is not traced
+
+
 def test_compile_cache_reuses_kernels(tmp_path: Path) -> None:
     """One kernel per configuration: the same configuration (the shipped variant and its tiles
     by default) comes from the in-memory cache."""
@@ -855,6 +879,12 @@ def test_bad_kernel_options_raise() -> None:
     with pytest.raises(ValueError, match="nondet_first_store needs dq_first_store"):
         HopperAttnBwd(
             cutlass.BFloat16, 64, causal=False, deterministic=False, nondet_first_store=True
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="step_trace must be >= 0"):
+        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, step_trace=-1)
+    with pytest.raises(ValueError, match="step_trace: not with dkv_sum"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_sum=True, step_trace=8
         )  # fmt: skip
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
@@ -1002,6 +1032,10 @@ def test_prepared_launch_passes_the_kernel_signature_in_order() -> None:
     assert named["mdK"] is dk and dk.shape == dv.shape == k.shape
     acc = named["mdKVacc"]
     assert acc.dtype == torch.float32 and acc.shape == (2 * k.numel(),)
+    # Without sums, a probe's scratch buffer (step_trace's stamps) takes that argument's place.
+    scratch = torch.zeros(64, dtype=torch.float32)
+    launch.launch(q, k, v, dout, lse2, delta, dq_acc, flags, 0.125, dkv_scratch=scratch)
+    assert dict(zip(params, calls[-1], strict=True))["mdKVacc"] is scratch
 
 
 def test_plan_launch_is_prepared_once_per_plan_and_device(monkeypatch) -> None:

@@ -1,0 +1,81 @@
+"""tools/hopper/step_trace.py on the CPU: its summary of a synthetic trace laid out as the
+kernel writes it (``StepMixin._trace``), and its arguments. The traced kernel's compile is
+checked in tests/backends/hopper/test_bwd_compile.py."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from tools.hopper import step_trace
+from tools.hopper.step_trace import TRACE_POINTS, WARPS
+
+
+def _synthetic(ctas: int, steps: int, real_steps: int, lag: int) -> np.ndarray:
+    """Int32 words of a run where every interval between points is 100 cycles (a step 700),
+    warpgroup 1 reaches the dS barrier ``lag`` cycles after warpgroup 0 and waits nothing
+    there, each warpgroup's last warp 3 cycles after its first; each CTA ran ``real_steps``
+    steps, then its terminator stamped its top."""
+    words = np.zeros((ctas, 2, steps, len(TRACE_POINTS), WARPS), dtype=np.int64)
+    start = 2**32 - 5000  # the 32-bit clock wraps within the trace
+    for cta in range(ctas):
+        for step in range(real_steps + 1):
+            slot = min(step, steps - 1)
+            for wg in (0, 1):
+                top = start + 700 * step
+                points = top + 100 * np.arange(len(TRACE_POINTS))
+                if wg == 1:
+                    points[2] += lag  # arrives later; the barrier releases both at once
+                if step == real_steps:
+                    points[1:] = 0  # the terminator stamps its top only
+                    points[0] = top
+                for warp in range(WARPS):
+                    stamp = points + (3 if warp == WARPS - 1 else 0)
+                    stamp[1:] = np.where(points[1:] == 0, 0, stamp[1:])
+                    words[cta, wg, slot, :, warp] = stamp % 2**32
+    return words.astype(np.uint32).view(np.int32).reshape(-1)
+
+
+def test_summary_of_a_synthetic_trace() -> None:
+    ctas, steps = 3, 16
+    words = _synthetic(ctas, steps, real_steps=10, lag=40)
+    assert words.size == step_trace.words_needed(ctas, steps)
+    points = step_trace.warpgroup_points(words, ctas, steps)
+    tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
+    steps_run = (tops != 0).sum(axis=1)
+    assert steps_run.tolist() == [11, 11, 11]  # ten steps and the terminator's top
+    text = step_trace.summarise(points, steps_run)
+    # Each warpgroup's point is its last warp's: the intervals stay 100 cycles.
+    assert "| top -> s_done | 100 / 100 (14%) | 100 / 100 (14%) |" in text
+    assert "| s_done -> ds_arrive | 100 / 100 (14%) | 140 / 140 (20%) |" in text
+    assert "| ds_arrive -> ds_pass | 100 / 100 (14%) | 60 / 60 (9%) |" in text
+    assert "| end -> next top | 100 / 100 (14%) | 100 / 100 (14%) |" in text
+    assert "| step (top -> next top) | 700 / 700 | 700 / 700 |" in text
+    assert "wg1 arrives last in 100% of steps" in text
+    assert "arrives 40 cycles after the other (median 40" in text
+    # Each CTA's ten steps (slot 10 holds the terminator's top only).
+    assert "30 steps of 3 CTAs" in text
+
+
+def test_a_cta_that_ran_more_steps_than_traced_keeps_the_untouched_slots() -> None:
+    ctas, steps = 2, 8
+    words = _synthetic(ctas, steps, real_steps=20, lag=-25)
+    points = step_trace.warpgroup_points(words, ctas, steps)
+    tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
+    text = step_trace.summarise(points, (tops != 0).sum(axis=1))
+    assert "wg1 arrives last in 0% of steps" in text
+    assert "14 steps of 2 CTAs" in text  # slots 0-6 each; slot 7 holds later steps
+
+
+@pytest.mark.parametrize("text", ["128:full", "128:window:4096", "x:full:4096", "64:full:0"])
+def test_bad_configs_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        step_trace.parse_config(text)
+
+
+def test_config_and_intervals() -> None:
+    assert step_trace.parse_config("128:causal:4096") == (128, True, 4096)
+    assert step_trace.INTERVALS[0] == ("top", "s_done")
+    assert step_trace.INTERVALS[-1] == ("end", "next top")

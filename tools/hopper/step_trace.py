@@ -1,0 +1,191 @@
+"""Where the MMA warpgroups' step waits, per warpgroup: the hopper backward compiled with
+``HopperAttnBwd(step_trace=N)`` (each MMA warp writes its SM clock at the places of a step that
+``bwd_step.TRACE_POINTS`` names, for each CTA's first N steps) runs once in place of the
+shipped kernel, and the stamps are summarised.
+
+    python tools/hopper/step_trace.py 128:full:4096 64:full:4096 [--modes det,nondet]
+
+Each config is ``head_dim:mask:seqlen`` at the sweep's sizes (hidden 2048, 16k tokens), bf16.
+Per config and mode: for each interval between consecutive points (and from a step's end to
+the next step's top), the mean and median cycles of each warpgroup over the traced steps (a
+warpgroup reaches a point when the last of its four warps does), its share of the step, and at
+the dS barrier which warpgroup arrives last and by how many cycles. Needs an sm_90 GPU and the
+CuTe-DSL kit; the kernels are the shipped ones with the stamps added (their other code is the
+same, so the times are theirs within the stamps' cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dash_attn.backends.hopper.bwd_step import TRACE_POINTS  # noqa: E402
+
+SUFFIX = "_tr"
+WARPS = 4  # per warpgroup
+INTERVALS = [(TRACE_POINTS[i], TRACE_POINTS[i + 1]) for i in range(len(TRACE_POINTS) - 1)] + [
+    (TRACE_POINTS[-1], "next " + TRACE_POINTS[0])
+]
+
+
+def parse_config(text: str) -> tuple[int, bool, int]:
+    """``128:full:4096`` -> (128, False, 4096)."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[1] not in ("full", "causal") or not parts[0].isdigit():
+        raise argparse.ArgumentTypeError(f"config {text!r}: want head_dim:full|causal:seqlen")
+    if not parts[2].isdigit() or int(parts[2]) <= 0:
+        raise argparse.ArgumentTypeError(f"config {text!r}: seqlen must be a positive integer")
+    return int(parts[0]), parts[1] == "causal", int(parts[2])
+
+
+def words_needed(ctas: int, steps: int) -> int:
+    """Int32 words of the trace buffer (the kernel's layout, ``StepMixin._trace``)."""
+    return ctas * 2 * steps * len(TRACE_POINTS) * WARPS
+
+
+def warpgroup_points(words: np.ndarray, ctas: int, steps: int) -> np.ndarray:
+    """[cta, warpgroup, step, point] clock of the warpgroup's last warp at each point (the
+    warps' 32-bit clocks unwrapped against the warpgroup's first warp's)."""
+    stamps = words.astype(np.int64).reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)
+    base = stamps[..., :1]
+    # Differences of 32-bit clocks, taken modulo 2**32 into [-2**31, 2**31).
+    delta = (stamps - base + 2**31) % 2**32 - 2**31
+    return base[..., 0] + delta.max(axis=-1)
+
+
+def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
+    """The intervals' table and the dS barrier's arrival order, over every CTA's traced steps
+    but its last (whose slot the kernel reuses for later steps): ``steps_run`` [cta] counts
+    the steps each CTA ran (its stamps hold min(steps_run, N) steps)."""
+    ctas, _, steps, _ = points.shape
+    kept = np.minimum(steps_run, steps) - 1  # the last traced step is overwritten by later ones
+    mask = np.arange(steps)[None, :] < kept[:, None]  # [cta, step]
+    diff = lambda a, b: (b - a + 2**31) % 2**32 - 2**31  # noqa: E731
+    index = {name: i for i, name in enumerate(TRACE_POINTS)}
+    step_total = [None, None]
+    rows = []
+    for wg in (0, 1):
+        p = points[:, wg]
+        whole = diff(p[:, :-1, index["top"]], p[:, 1:, index["top"]])
+        step_total[wg] = whole[mask[:, 1:] & mask[:, :-1]]
+    for start, end in INTERVALS:
+        cells = []
+        for wg in (0, 1):
+            p = points[:, wg]
+            if end.startswith("next "):
+                values = diff(p[:, :-1, index[start]], p[:, 1:, index[TRACE_POINTS[0]]])
+                values = values[mask[:, 1:] & mask[:, :-1]]
+            else:
+                values = diff(p[..., index[start]], p[..., index[end]])[mask]
+            share = 100 * values.mean() / max(step_total[wg].mean(), 1)
+            cells.append(f"{values.mean():.0f} / {np.median(values):.0f} ({share:.0f}%)")
+        rows.append(f"| {start} -> {end} | {cells[0]} | {cells[1]} |")
+    lines = [
+        "| interval | wg0 mean / median cycles (share) | wg1 |",
+        "| :-- | --: | --: |",
+        *rows,
+        f"| step (top -> next top) | {step_total[0].mean():.0f} / {np.median(step_total[0]):.0f}"
+        f" | {step_total[1].mean():.0f} / {np.median(step_total[1]):.0f} |",
+    ]
+    arrive = index["ds_arrive"]
+    lag = diff(points[:, 0, :, arrive], points[:, 1, :, arrive])[mask]  # > 0: wg1 later
+    lines.append(
+        f"\nAt the dS barrier wg1 arrives last in {100 * (lag > 0).mean():.0f}% of steps; "
+        f"the later warpgroup arrives {np.abs(lag).mean():.0f} cycles after the other "
+        f"(median {np.median(np.abs(lag)):.0f}, 90th percentile "
+        f"{np.percentile(np.abs(lag), 90):.0f}); {int(mask.sum())} steps of {ctas} CTAs."
+    )
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def traced_kernels(steps: int, trace) -> Iterator[None]:
+    """Within it the hopper backward runs ``<shipped variant>_tr`` (``step_trace=steps``) and
+    passes ``trace`` (fp32, ``words_needed`` long) as the kernel's dK/dV-sum buffer."""
+    from dash_attn.backends.hopper import bwd_launch
+    from dash_attn.backends.hopper import launch as hopper_launch
+    from tools.hopper.bwd_probe import kernel_variant
+
+    added = [name for name in bwd_launch.VARIANTS if not name.endswith(SUFFIX)]
+    for name in added:
+        bwd_launch.VARIANTS[name + SUFFIX] = {**bwd_launch.VARIANTS[name], "step_trace": steps}
+    shipped_launch = bwd_launch.BwdLaunch.launch
+
+    def launch(self, *args, **kwargs):
+        return shipped_launch(self, *args, dkv_scratch=trace, **kwargs)
+
+    bwd_launch.BwdLaunch.launch = launch
+    hopper_launch._launches.clear()
+    try:
+        with kernel_variant(lambda name: name + SUFFIX):
+            yield
+    finally:
+        bwd_launch.BwdLaunch.launch = shipped_launch
+        hopper_launch._launches.clear()
+        for name in added:
+            bwd_launch.VARIANTS.pop(name + SUFFIX, None)
+
+
+def run(head_dim: int, causal: bool, seqlen: int, det: bool, steps: int) -> str:
+    import torch
+
+    from dash_attn import dash_attn_func, last_launch_info
+
+    heads, batch = 2048 // head_dim, max(16384 // seqlen, 1)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen)
+    q, k, v, dout = (
+        torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                    generator=gen)
+        for _ in range(4)
+    )  # fmt: skip
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    trace = torch.zeros(words_needed(ctas, steps), device="cuda", dtype=torch.int32)
+    with traced_kernels(steps, trace.view(torch.float32)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        for _ in range(2):  # the first call compiles and warms up; the second is kept
+            out = dash_attn_func(*leaves, causal=causal, deterministic=det, backend="hopper")
+            torch.autograd.grad(out, leaves, dout)
+        torch.cuda.synchronize()
+        info = last_launch_info()
+    words = trace.cpu().numpy()
+    points = warpgroup_points(words, ctas, steps)
+    # Steps each CTA ran: those whose top stamp of warp 0 is set (a CTA's later steps overwrite
+    # its last slot, so a CTA that ran more than N steps counts N).
+    tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
+    steps_run = (tops != 0).sum(axis=1)
+    active = steps_run > 1
+    head = (
+        f"## d{head_dim} {'causal' if causal else 'full'} {seqlen} (b{batch} h{heads}) "
+        f"{'det' if det else 'non-det'}: {info}\n"
+    )
+    return head + summarise(points[active], steps_run[active])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("configs", nargs="+", type=parse_config, help="head_dim:mask:seqlen")
+    parser.add_argument("--modes", default="det,nondet", help="det, nondet or both")
+    parser.add_argument("--steps", type=int, default=1024, help="steps traced per CTA")
+    args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    if not modes or any(m not in ("det", "nondet") for m in modes):
+        parser.error(f"--modes {args.modes!r}: want det, nondet or det,nondet")
+    if args.steps < 2:
+        parser.error("--steps must be at least 2")
+    for head_dim, causal, seqlen in args.configs:
+        for mode in modes:
+            print(run(head_dim, causal, seqlen, mode == "det", args.steps), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,8 @@ shipped kernel, and the stamps are summarised.
 
     python tools/hopper/step_trace.py 128:full:4096 64:full:4096 [--modes det,nondet]
 
-Each config is ``head_dim:mask:seqlen`` at the sweep's sizes (hidden 2048, 16k tokens), bf16.
+Each config is ``head_dim:mask:seqlen`` at the sweep's sizes (``variant_ab.parse_config``:
+hidden 2048, 16k tokens), bf16.
 Per config and mode: for each interval between consecutive points (and from a step's end to
 the next step's top), the mean and median cycles of each warpgroup over the traced steps (a
 warpgroup reaches a point when the last of its four warps does), its share of the step, and at
@@ -139,14 +140,10 @@ def run(head_dim: int, causal: bool, seqlen: int, det: bool, steps: int) -> str:
     import torch
 
     from dash_attn import dash_attn_func, last_launch_info
+    from tools.hopper.variant_ab import config_inputs, parse_config
 
-    heads, batch = 2048 // head_dim, max(16384 // seqlen, 1)
-    gen = torch.Generator(device="cuda").manual_seed(seqlen)
-    q, k, v, dout = (
-        torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
-                    generator=gen)
-        for _ in range(4)
-    )  # fmt: skip
+    cfg = parse_config(f"{seqlen}:{'causal' if causal else 'full'}", head_dim)
+    q, k, v, dout, _ = config_inputs(cfg, head_dim, rule_max=0)
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(words_needed(ctas, steps), device="cuda", dtype=torch.int32)
     with traced_kernels(steps, trace.view(torch.float32)):
@@ -163,10 +160,7 @@ def run(head_dim: int, causal: bool, seqlen: int, det: bool, steps: int) -> str:
     tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
     steps_run = (tops != 0).sum(axis=1)
     active = steps_run > 1
-    head = (
-        f"## d{head_dim} {'causal' if causal else 'full'} {seqlen} (b{batch} h{heads}) "
-        f"{'det' if det else 'non-det'}: {info}\n"
-    )
+    head = f"## d{head_dim} {cfg.label} {'det' if det else 'non-det'}: {info}\n"
     return head + summarise(points[active], steps_run[active])
 
 

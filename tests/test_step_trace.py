@@ -4,8 +4,6 @@ checked in tests/backends/hopper/test_bwd_compile.py."""
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 
@@ -69,13 +67,18 @@ def test_a_cta_that_ran_more_steps_than_traced_keeps_the_untouched_slots() -> No
     assert "14 steps of 2 CTAs" in text  # slots 0-6 each; slot 7 holds later steps
 
 
-@pytest.mark.parametrize("text", ["128:full", "128:window:4096", "x:full:4096", "64:full:0"])
-def test_bad_configs_are_refused(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError):
-        step_trace.parse_config(text)
+@pytest.mark.parametrize(
+    "argv",
+    [["4096:window"], ["0:full"], ["--modes", "both", "4096:full"], ["--steps", "1", "4096:full"]],
+)
+def test_bad_arguments_exit(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        step_trace.main(argv)
 
 
-def test_config_and_intervals() -> None:
-    assert step_trace.parse_config("128:causal:4096") == (128, True, 4096)
+def test_intervals_and_clock_wrap() -> None:
     assert step_trace.INTERVALS[0] == ("top", "s_done")
     assert step_trace.INTERVALS[-1] == ("end", "next top")
+    late, early = np.array([5], dtype=np.int64), np.array([2**32 - 3], dtype=np.int64)
+    assert step_trace.clock_delta(early, late).tolist() == [8]
+    assert step_trace.clock_delta(late, early).tolist() == [-8]

@@ -3,10 +3,10 @@
 ``bwd_step.TRACE_POINTS`` names, for each CTA's first N steps) runs once in place of the
 shipped kernel, and the stamps are summarised.
 
-    python tools/hopper/step_trace.py 128:full:4096 64:full:4096 [--modes det,nondet]
+    python tools/hopper/step_trace.py --headdim 128 4096:full [--modes det,nondet]
 
-Each config is ``head_dim:mask:seqlen`` at the sweep's sizes (``variant_ab.parse_config``:
-hidden 2048, 16k tokens), bf16.
+Each config is ``seqlen:mask[:kv_heads]`` at the sweep's sizes, as ``variant_ab``'s (hidden
+2048, 16k tokens), bf16.
 Per config and mode: for each interval between consecutive points (and from a step's end to
 the next step's top), the mean and median cycles of each warpgroup over the traced steps (a
 warpgroup reaches a point when the last of its four warps does), its share of the step, and at
@@ -30,6 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dash_attn.backends.hopper.bwd_step import TRACE_POINTS  # noqa: E402
+from tools.hopper.variant_ab import Config, parse_config  # noqa: E402
 
 SUFFIX = "_tr"
 WARPS = 4  # per warpgroup
@@ -38,14 +39,10 @@ INTERVALS = [(TRACE_POINTS[i], TRACE_POINTS[i + 1]) for i in range(len(TRACE_POI
 ]
 
 
-def parse_config(text: str) -> tuple[int, bool, int]:
-    """``128:full:4096`` -> (128, False, 4096)."""
-    parts = text.split(":")
-    if len(parts) != 3 or parts[1] not in ("full", "causal") or not parts[0].isdigit():
-        raise argparse.ArgumentTypeError(f"config {text!r}: want head_dim:full|causal:seqlen")
-    if not parts[2].isdigit() or int(parts[2]) <= 0:
-        raise argparse.ArgumentTypeError(f"config {text!r}: seqlen must be a positive integer")
-    return int(parts[0]), parts[1] == "causal", int(parts[2])
+def clock_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``b - a`` of 32-bit clock readings (as int64), taken modulo 2**32 into [-2**31, 2**31):
+    the clock wraps every ~2 s."""
+    return (b - a + 2**31) % 2**32 - 2**31
 
 
 def words_needed(ctas: int, steps: int) -> int:
@@ -58,9 +55,7 @@ def warpgroup_points(words: np.ndarray, ctas: int, steps: int) -> np.ndarray:
     warps' 32-bit clocks unwrapped against the warpgroup's first warp's)."""
     stamps = words.astype(np.int64).reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)
     base = stamps[..., :1]
-    # Differences of 32-bit clocks, taken modulo 2**32 into [-2**31, 2**31).
-    delta = (stamps - base + 2**31) % 2**32 - 2**31
-    return base[..., 0] + delta.max(axis=-1)
+    return base[..., 0] + clock_delta(base, stamps).max(axis=-1)
 
 
 def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
@@ -70,7 +65,7 @@ def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
     ctas, _, steps, _ = points.shape
     kept = np.minimum(steps_run, steps) - 1  # the last traced step is overwritten by later ones
     mask = np.arange(steps)[None, :] < kept[:, None]  # [cta, step]
-    diff = lambda a, b: (b - a + 2**31) % 2**32 - 2**31  # noqa: E731
+    diff = clock_delta
     index = {name: i for i, name in enumerate(TRACE_POINTS)}
     step_total = [None, None]
     rows = []
@@ -136,20 +131,19 @@ def traced_kernels(steps: int, trace) -> Iterator[None]:
             bwd_launch.VARIANTS.pop(name + SUFFIX, None)
 
 
-def run(head_dim: int, causal: bool, seqlen: int, det: bool, steps: int) -> str:
+def run(cfg: Config, head_dim: int, det: bool, steps: int) -> str:
     import torch
 
     from dash_attn import dash_attn_func, last_launch_info
-    from tools.hopper.variant_ab import config_inputs, parse_config
+    from tools.hopper.variant_ab import config_inputs
 
-    cfg = parse_config(f"{seqlen}:{'causal' if causal else 'full'}", head_dim)
     q, k, v, dout, _ = config_inputs(cfg, head_dim, rule_max=0)
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(words_needed(ctas, steps), device="cuda", dtype=torch.int32)
     with traced_kernels(steps, trace.view(torch.float32)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         for _ in range(2):  # the first call compiles and warms up; the second is kept
-            out = dash_attn_func(*leaves, causal=causal, deterministic=det, backend="hopper")
+            out = dash_attn_func(*leaves, causal=cfg.causal, deterministic=det, backend="hopper")
             torch.autograd.grad(out, leaves, dout)
         torch.cuda.synchronize()
         info = last_launch_info()
@@ -166,7 +160,8 @@ def run(head_dim: int, causal: bool, seqlen: int, det: bool, steps: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("configs", nargs="+", type=parse_config, help="head_dim:mask:seqlen")
+    parser.add_argument("configs", nargs="+", help="seqlen:full|causal[:kv_heads]")
+    parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--modes", default="det,nondet", help="det, nondet or both")
     parser.add_argument("--steps", type=int, default=1024, help="steps traced per CTA")
     args = parser.parse_args(argv)
@@ -175,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes {args.modes!r}: want det, nondet or det,nondet")
     if args.steps < 2:
         parser.error("--steps must be at least 2")
-    for head_dim, causal, seqlen in args.configs:
+    try:
+        configs = [parse_config(text, args.headdim) for text in args.configs]
+    except ValueError as err:
+        parser.error(str(err))
+    for cfg in configs:
         for mode in modes:
-            print(run(head_dim, causal, seqlen, mode == "det", args.steps), flush=True)
+            print(run(cfg, args.headdim, mode == "det", args.steps), flush=True)
     return 0
 
 

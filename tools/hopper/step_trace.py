@@ -10,9 +10,11 @@ Each config is ``seqlen:mask[:kv_heads]`` at the sweep's sizes, as ``variant_ab`
 Per config and mode: for each interval between consecutive points (and from a step's end to
 the next step's top), the mean and median cycles of each warpgroup over the traced steps (a
 warpgroup reaches a point when the last of its four warps does), its share of the step, and at
-the dS barrier which warpgroup arrives last and by how many cycles. Needs an sm_90 GPU and the
-CuTe-DSL kit; the kernels are the shipped ones with the stamps added (their other code is the
-same, so the times are theirs within the stamps' cost).
+the dS barrier which warpgroup arrives last and by how many cycles. (The stamps past the dS
+and dQ-buffer barriers are taken without waiting for them, ``bwd_step.TRACE_POINTS``' comment:
+the waits there are counted in the next interval, "ds_pass -> dq_wait" and "dq_pass -> end".)
+Needs an sm_90 GPU and the CuTe-DSL kit; the kernels are the shipped ones with the stamps
+added (their other code is the same, so the times are theirs within the stamps' cost).
 """
 
 from __future__ import annotations

@@ -185,6 +185,9 @@ class HopperAttnBwd(
         lse_early: int = 0,
         nondet_first_store: bool = False,
         step_trace: int = 0,
+        dk_early: bool = False,
+        dk_defer: bool = False,
+        dp_late: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -530,6 +533,39 @@ class HopperAttnBwd(
         if step_trace and (dkv_sum or dkv_swap):
             raise ValueError("step_trace: not with dkv_sum (its buffer) or dkv_swap (its loop)")
         self.step_trace = step_trace
+        # dk_early: each MMA warpgroup issues its dK GEMM (dS^T from its own registers, no
+        #   other warpgroup's rows) before the dS barrier, not after the dQ GEMM, so that the
+        #   warpgroup that reaches the barrier first leaves the tensor pipe its dK while it
+        #   waits for the other's dS^T (at hd 128 full 4k the MMA warps waited there 3.4x as
+        #   long as FA4's, NOTES item 333); the dQ partials are done one dK later. The same
+        #   GEMMs on the same operands: the bits do not change. (Only one warpgroup's dK
+        #   early, a runtime branch on the warpgroup around the GEMMs, makes ptxas serialise
+        #   every WGMMA of the kernel and spill: session 61.)
+        if dk_early and dkv_swap:
+            raise NotImplementedError("dk_early: not with the swapped dK/dV layout (dkv_swap)")
+        self.dk_early = dk_early
+        # dk_defer: each step's dK GEMM is issued at the warpgroup's next step, between its
+        #   S^T and dP^T GEMMs (a chain's last step issues its own, which the epilogue reads):
+        #   after the dS barrier the tensor pipe then has only dV and dQ, and while both
+        #   warpgroups compute exponentials (the tensor pipe idle, session 61's step trace at
+        #   hd 128 full 4k) it has the previous step's dK GEMMs. That GEMM reads the step's
+        #   dS^T from shared memory (the dQ GEMM's copy, which the warpgroup overwrites only
+        #   after it), and the step's ring slot (Q) is held until it is done (the next step's
+        #   dP^T wait). The same products summed in the same order per accumulator.
+        if dk_defer and (dk_early or dkv_swap or not (dkv_row_ptr or dkv_sum)):
+            raise NotImplementedError(
+                "dk_defer: with the row-addressed dK/dV epilogue (dkv_row_ptr) or the in-kernel "
+                "sums (dkv_sum) only, not with dk_early or the swapped layout (dkv_swap)"
+            )
+        self.dk_defer = dk_defer
+        # dp_late: a step's dP^T GEMM is issued once its S^T is done, not right after S^T.
+        #   The two warpgroups' steps are offset by about one GEMM pair (session 61's trace at
+        #   hd 128 full 4k: warpgroup 1's S^T is done 300-600 cycles after warpgroup 0's, and
+        #   it reaches the dS barrier last in 58-70% of steps, 415-520 cycles late on
+        #   average); issued late, warpgroup 0's dP^T can queue behind warpgroup 1's S^T, whose
+        #   exponentials then start earlier, while warpgroup 0 has its first exponentials to
+        #   compute before it needs dP^T. The same GEMMs: the bits do not change.
+        self.dp_late = dp_late
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -586,6 +622,16 @@ class HopperAttnBwd(
             atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
         )  # fmt: skip
         return mma_sdp, mma_dkv, mma_dq
+
+    def _dk_smem_tiled_mma(self) -> cute.TiledMma:
+        """dK += dS^T Q with dS^T read from shared memory (K-major: its Q rows are contiguous),
+        the layout of ``_tiled_mmas``' mma_dkv otherwise (the same accumulator): dk_defer's
+        deferred GEMM."""
+        return sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
+        )  # fmt: skip
 
     @cute.jit
     def __call__(

@@ -22,7 +22,15 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.runtime import make_fake_stream
 
 from ...schedule import TABLE_FIELDS
-from . import BWD_DET_TWIN, bwd_variant, counted_nondet_twins, kernel_cache
+from . import (
+    BWD_DET_TWIN,
+    BWD_VARIANT,
+    BWD_VARIANT_LONG,
+    bwd_variant,
+    counted_nondet_twin,
+    counted_nondet_twins,
+    kernel_cache,
+)
 from ._tensor_args import TORCH_TO_CUTLASS, fake_tensor, tma_view
 from .bwd import SUPPORTED_HEAD_DIMS, SUPPORTED_TILES, HopperAttnBwd
 from .dq_cast import scale_cast_fragments
@@ -258,6 +266,25 @@ for _name in _D128_FULL:
 # changes nothing).
 for _name, _counted in counted_nondet_twins().items():
     VARIANTS[_counted] = {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
+# Session 61: the MMA warpgroups' dK GEMMs before the dS barrier ("_dke", dk_early), on every
+# kernel the hd-64 and hd-128 full backwards run (shipped, det twin, counted non-det twin): the
+# MMA warps waited at that barrier 3.4x as long as FA4's at hd 128 full 4k (NOTES item 333).
+# 0.97x (hd 128) and 0.92x (hd 64) the shipped kernels at full 4k (session61-9efb573 call1).
+# And each step's dK at the next step ("_dkd", dk_defer), at hd 64 only: at hd 128 (80-row
+# tiles) ptxas serialises every WGMMA for want of registers (C7512) with it. And dP^T issued
+# once S^T is done ("_dpl", dp_late).
+_FULL_KERNELS = (
+    BWD_VARIANT[64, "full"],
+    BWD_VARIANT[128, "full"],
+    BWD_VARIANT_LONG[128, "full"][1],
+)
+for _shipped in _FULL_KERNELS:
+    _kernels = (_shipped, BWD_DET_TWIN.get(_shipped, _shipped), counted_nondet_twin(_shipped))
+    for _name in dict.fromkeys(_kernels):
+        VARIANTS[_name + "_dke"] = {**VARIANTS[_name], "dk_early": True}
+        VARIANTS[_name + "_dpl"] = {**VARIANTS[_name], "dp_late": True}
+        if _shipped == BWD_VARIANT[64, "full"]:
+            VARIANTS[_name + "_dkd"] = {**VARIANTS[_name], "dk_defer": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

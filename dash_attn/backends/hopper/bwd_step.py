@@ -29,6 +29,9 @@ from .bwd_sync import (
 from .exp2_poly import exp2_poly
 
 # step_trace (a probe): the places of a step where each MMA warp writes its SM clock, in order.
+# The two "past a barrier" stamps read the clock right after a BAR.SYNC.DEFER_BLOCKING, which
+# does not hold the clock read back (session 61: 33-42 cycles after the arrival stamp in every
+# step): a warp's wait at those barriers shows in the interval that follows them.
 TRACE_POINTS = (
     "top",  # the step's ring slot is full
     "s_done",  # S^T is done (the exponentials start)
@@ -38,6 +41,11 @@ TRACE_POINTS = (
     "dq_pass",  # past it (the partial is stored)
     "end",  # dK is done and the slot released
 )
+
+
+# Where a step issues its dK GEMM (``_ds_barrier_gemms``): after the dQ GEMM (FA4's order),
+# before the dS barrier (dk_early), or at the next step, between its S^T and dP^T (dk_defer).
+DK_AFTER_DQ, DK_BEFORE_DS, DK_NEXT_STEP = 0, 1, 2
 
 
 class StepMixin:
@@ -123,6 +131,16 @@ class StepMixin:
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
         traced = Int32(0)  # steps this warpgroup has run (step_trace)
+        kept_stage = Int32(0)  # dk_defer: the stage of the previous step's deferred dK
+        kept_slot = Int32(0)  # dk_defer: 1 while a deferred dK is due (its slot held for it)
+        if const_expr(self.dk_defer):
+            # The deferred dK reads this warpgroup's rows of dS^T from shared memory (where the
+            # dQ GEMM reads them too): held in registers across the step, they made ptxas
+            # serialise every WGMMA for want of registers.
+            mma_dk_smem = self._dk_smem_tiled_mma()
+            wg_dk = mma_dk_smem.get_slice(wg * 128)
+            tKsdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
+            tKsQ = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_view(sQ)))
         if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
@@ -164,13 +182,29 @@ class StepMixin:
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 if const_expr(not self.gemm_before_flags):
                     wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-                if const_expr(self.do_single):
-                    cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
-                wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+                if const_expr(self.dk_defer):
+                    # The previous step's dK between S^T and dP^T (its Q and dS^T still in
+                    # their buffers): the tensor pipe has it while the exponentials start. At a
+                    # chain's first step none is due (the last step issued its own): an empty
+                    # commit group keeps the waits' counts.
+                    if kept_slot != 0:
+                        kept_ds = Int32(0) if const_expr(self.dq_double) else kept_stage
+                        wgmma(
+                            mma_dk_smem, acc_dK, tKsdS[None, None, None, kept_ds],
+                            tKsQ[None, None, None, kept_stage], zero_init=False,
+                        )  # fmt: skip
+                    else:
+                        warpgroup.commit_group()
+                if const_expr(not self.dp_late):
+                    self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
                 for r in cutlass.range_constexpr(len(lse_reps)):
                     rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
-                warpgroup.wait_group(1)
+                # S^T done (dP^T, and dk_defer's dK, may still run).
+                younger = (0 if const_expr(self.dp_late) else 1) + (1 if self.dk_defer else 0)
+                warpgroup.wait_group(younger)
                 self._trace(dkv_sums, wg, traced, 1)
+                if const_expr(self.dp_late):
+                    self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
 
                 # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
                 # shared memory here.
@@ -203,6 +237,10 @@ class StepMixin:
 
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
+                if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
+                    # The dP^T wait took the deferred dK too: its slot is free.
+                    if kept_slot != 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
                 rdS = cute.make_fragment_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
@@ -220,28 +258,12 @@ class StepMixin:
                     mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
                     zero_init=False,
                 )  # fmt: skip
-                cute.arch.fence_view_async_shared()
-                self._trace(dkv_sums, wg, traced, 2)
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
-                self._trace(dkv_sums, wg, traced, 3)
-                if const_expr(self.dq_swap):
-                    wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
-                else:
-                    wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
-                warpgroup.wait_group(1)  # dV done: P's registers are free
-                if const_expr(self.do_single):
-                    # dV was dO's last reader: the producer may load the next step's dO.
-                    cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-                    do_phase = do_phase ^ 1
-                wgmma(
-                    mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                    zero_init=False,
+                self._ds_barrier_gemms(
+                    self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
+                    ds_stage, stage, storage, dkv_sums, wg, traced,
                 )  # fmt: skip
-                warpgroup.wait_group(1)  # dQ done, dK may still run
-                if const_expr(self.ds_guard):
-                    cute.arch.barrier_arrive(
-                        barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
-                    )
+                if const_expr(self.do_single):
+                    do_phase = do_phase ^ 1
 
                 # Hand the dQ partial to the dQ writer once its buffer is free.
                 self._trace(dkv_sums, wg, traced, 4)
@@ -256,8 +278,14 @@ class StepMixin:
                 warpgroup.wait_group(0)
                 if const_expr(self.dkv_sum):
                     if flags & F_LAST == 0:
-                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                        if const_expr(self.dk_defer):
+                            kept_stage, kept_slot = stage, Int32(1)
+                        else:
+                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
                     else:
+                        if const_expr(self.dk_defer):
+                            self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
+                            kept_slot = Int32(0)
                         self._sum_chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
                             softmax_scale, seqlen_k, dkv_sums, tidx, wg,
@@ -269,8 +297,14 @@ class StepMixin:
                     # branch, and every step waits there for the shared load (queued behind
                     # the dQ partial's stores).
                     if flags & F_LAST == 0:
-                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                        if const_expr(self.dk_defer):
+                            kept_stage, kept_slot = stage, Int32(1)
+                        else:
+                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
                     else:
+                        if const_expr(self.dk_defer):
+                            self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
+                            kept_slot = Int32(0)
                         self._chain_epilogue(
                             storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
                             softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
@@ -301,6 +335,100 @@ class StepMixin:
                 if const_expr(self.step_trace > 0):
                     traced = traced + 1
                 stage, phase = self._next_stage(stage, phase)
+
+    @cute.jit
+    def _ds_barrier_gemms(
+        self,
+        dk_at: cutlass.Constexpr[int],
+        acc_dQ: cute.Tensor,
+        acc_dK: cute.Tensor,
+        rdS: cute.Tensor,
+        tQrK: cute.Tensor,
+        tQrdS: cute.Tensor,
+        tKrQ: cute.Tensor,
+        mma_dq: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        ds_stage: Int32,
+        stage: Int32,
+        storage,
+        dkv_sums: DkvSums,
+        wg: Int32,
+        traced: Int32,
+    ):
+        """After the dS^T store and the dV GEMM: the dS barrier, then the dQ and dK GEMMs
+        (``dk_at`` DK_AFTER_DQ, FA4's order: the tensor pipe runs dV, dQ, dK back to back),
+        dK before the barrier and dQ after it (DK_BEFORE_DS), or dQ alone (DK_NEXT_STEP: the
+        next step issues this dK). Returns with dQ done (dK may still run) and, with
+        do_single, dO's buffer released (dV was its last reader)."""
+        if const_expr(dk_at == DK_BEFORE_DS):
+            wgmma(
+                mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                zero_init=False,
+            )  # fmt: skip
+        cute.arch.fence_view_async_shared()
+        self._trace(dkv_sums, wg, traced, 2)
+        cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
+        self._trace(dkv_sums, wg, traced, 3)
+        if const_expr(self.dq_swap):
+            wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
+        else:
+            wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
+        # dV done (P's registers are free): with dK first two groups are younger, else one.
+        warpgroup.wait_group(2 if const_expr(dk_at == DK_BEFORE_DS) else 1)
+        if const_expr(self.do_single):
+            cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
+        if const_expr(dk_at != DK_AFTER_DQ):
+            warpgroup.wait_group(0)  # dQ done (and dK before it, DK_BEFORE_DS)
+        else:
+            wgmma(
+                mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+                zero_init=False,
+            )  # fmt: skip
+            warpgroup.wait_group(1)  # dQ done, dK may still run
+        if const_expr(self.ds_guard):
+            cute.arch.barrier_arrive(
+                barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
+            )
+
+    @cute.jit
+    def _issue_dp(
+        self,
+        acc_dP: cute.Tensor,
+        tPrV: cute.Tensor,
+        tPrdO: cute.Tensor,
+        do_stage: Int32,
+        storage,
+        do_phase: Int32,
+        mma_sdp: cute.TiledMma,
+    ):
+        """dP^T = V dO^T (with do_single, once dO's one buffer holds this step's)."""
+        if const_expr(self.do_single):
+            cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
+        wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+
+    def _dk_at(self) -> int:
+        """Where a step issues its dK GEMM (trace time): DK_NEXT_STEP with dk_defer,
+        DK_BEFORE_DS with dk_early, else DK_AFTER_DQ."""
+        if self.dk_defer:
+            return DK_NEXT_STEP
+        return DK_BEFORE_DS if self.dk_early else DK_AFTER_DQ
+
+    @cute.jit
+    def _chain_last_dk(
+        self,
+        acc_dK: cute.Tensor,
+        rdS: cute.Tensor,
+        tKrQ: cute.Tensor,
+        stage: Int32,
+        mma_dkv: cute.TiledMma,
+    ):
+        """dk_defer, at a chain's last step: its own dK GEMM (dS^T still in registers),
+        awaited: the chain epilogue reads acc_dK."""
+        wgmma(
+            mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
+            zero_init=False,
+        )  # fmt: skip
+        warpgroup.wait_group(0)
 
     @cute.jit
     def _trace(

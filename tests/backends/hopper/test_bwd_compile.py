@@ -278,6 +278,14 @@ VARIANT_CONFIGS = [
     ("t80_wgr_p14_sm2_fs_kf_le4", (128, torch.bfloat16, False, True)),
     ("t80_wg2r_p14_fs_w2_kf_le8", (128, torch.float16, False, True)),
     ("t80_wgr_p14_sm2_fs_kf_eml4", (128, torch.bfloat16, False, False)),
+    # Session 61: dK before the dS barrier (dk_early) and at the next step (dk_defer, hd 64),
+    # dP^T issued after the S^T wait (dp_late).
+    ("t80_wgr_p14_sm2_fs_kf_dke", (128, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dke", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dkd", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_dkd", (64, torch.float16, False, False)),
+    ("t80_wgr_p14_sm2_fs_kf_dpl", (128, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dpl", (64, torch.bfloat16, False, True)),
 ]
 
 
@@ -424,9 +432,12 @@ def _check_kernel_code(
     compiled = _compile(config, tmp_path, variant, dkv_sum, cast_trigger)
     ptx = compiled.__ptx__
     assert isinstance(ptx, str) and ".target sm_90a" in ptx
+    options = bwd_launch._variant_options(variant)
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
-    # (block_n/16).
-    assert ptx.count("wgmma.mma_async") == 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
+    # (block_n/16); dk_defer issues dK in two places (the next step's, a chain's last step's).
+    dk_gemms = 2 if options.get("dk_defer") else 1
+    gemm_blocks = 2 * head_dim // 16 + (1 + dk_gemms) * block_m // 16 + block_n // 16
+    assert ptx.count("wgmma.mma_async") == gemm_blocks
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert "cp.async.bulk.tensor" in ptx  # TMA loads
@@ -435,7 +446,6 @@ def _check_kernel_code(
     assert ("red.release.gpu" in ptx) == (turns or dkv_sum)
     assert ("%globaltimer" in ptx) == (turns or dkv_sum)
     assert ("fence.proxy.async.global" in ptx) == turns
-    options = bwd_launch._variant_options(variant)
     # pdl: every thread waits for the preprocess's end; the producer lets the cast launch.
     # cast_trigger (kernels that take turns only): every thread lets it launch after the
     # prologue.
@@ -477,6 +487,8 @@ def _check_kernel_code(
     assert len(spills) <= _known_spills(config, staged), ("MMA warpgroups spill", spills)
     # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
+    # Nor serialised for want of registers (C7512: a WARPGROUP.ARRIVE before every HGMMA).
+    assert sass.count("WARPGROUP.ARRIVE") < sass.count("HGMMA")
     dq_regs = block_m * head_dim // 256
     # Fragment order: each thread's dQ registers leave as 16-byte stores.
     assert len(re.findall(r"\bSTS\.128\b", mma_code)) >= dq_regs // 4
@@ -520,7 +532,10 @@ def _check_kernel_code(
         assert len(early) == options["lse_early"] // 2, early
     # The wait for dP^T (the first full wgmma wait after the one for S^T) comes after all
     # exponentials of both copies but their last exp_tail each, which follow it.
-    before, after = _exponentials_around_dp_wait(mma_code)
+    # (dk_defer: the previous step's dK is issued between S^T and dP^T; dp_late: dP^T after
+    # the S^T wait.)
+    younger = (0 if options.get("dp_late") else 1) + dk_gemms - 1
+    before, after = _exponentials_around_dp_wait(mma_code, younger)
     split = per_thread - min(options.get("exp_tail", 0), per_thread)
     assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
     # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
@@ -628,14 +643,28 @@ def _known_spills(config: tuple, staged: bool) -> int:
     return 2 if staged and head_dim == 64 and causal and det else 0
 
 
-def _exponentials_around_dp_wait(mma_code: str) -> tuple[int, int]:
+def _exponentials_around_dp_wait(mma_code: str, younger: int = 1) -> tuple[int, int]:
     """MUFU.EX2 count of the step (SASS in address order) between the wait for S^T (the first
-    ``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait for dP^T (the next ``gsb0, 0x0``), and
-    from there to the next GEMM."""
+    ``WARPGROUP.DEPBAR.LE gsb0, <younger>``: the GEMMs issued after S^T and before that
+    wait, two with dk_defer, none with dp_late) and the wait for dP^T (the next ``gsb0,
+    0x0``), and from there to the next GEMM."""
     lines = mma_code.splitlines()
-    s_wait = next(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line)
+    s_mark = f"WARPGROUP.DEPBAR.LE gsb0, {younger:#x}"
+    waits = [i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR" in line]
+    s_wait = next(i for i in waits if s_mark in lines[i])
+    if younger == 0:
+        # dp_late: the S^T wait is the first full wait with dP^T's GEMM after it (not the
+        # terminator's, nor another wait, in between).
+        s_wait = next(
+            i
+            for i in waits
+            if s_mark in lines[i]
+            and any(
+                "HGMMA" in line for line in lines[i : min(j for j in waits + [len(lines)] if j > i)]
+            )
+        )
     dp_wait = next(
-        i for i in range(s_wait, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i]
+        i for i in range(s_wait + 1, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i]
     )
     next_gemm = next(i for i in range(dp_wait, len(lines)) if "HGMMA" in lines[i])
     count = lambda a, b: sum("MUFU.EX2" in line for line in lines[a:b])  # noqa: E731
@@ -885,6 +914,18 @@ def test_bad_kernel_options_raise() -> None:
     with pytest.raises(ValueError, match="step_trace: not with dkv_sum"):
         HopperAttnBwd(
             cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_sum=True, step_trace=8
+        )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="dk_early: not with the swapped"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
+            dq_wg=True, do_single=True, dkv_swap=True, dk_early=True,
+        )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="dk_defer: with the row-addressed"):
+        HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dk_defer=True)
+    with pytest.raises(NotImplementedError, match="dk_defer: with the row-addressed"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_row_ptr=True,
+            dk_early=True, dk_defer=True,
         )  # fmt: skip
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)

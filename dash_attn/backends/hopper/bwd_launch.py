@@ -266,13 +266,12 @@ for _name in _D128_FULL:
 # changes nothing).
 for _name, _counted in counted_nondet_twins().items():
     VARIANTS[_counted] = {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
-# Session 61: the MMA warpgroups' dK GEMMs before the dS barrier ("_dke", dk_early), on every
-# kernel the hd-64 and hd-128 full backwards run (shipped, det twin, counted non-det twin): the
-# MMA warps waited at that barrier 3.4x as long as FA4's at hd 128 full 4k (NOTES item 333).
-# 0.97x (hd 128) and 0.92x (hd 64) the shipped kernels at full 4k (session61-9efb573 call1).
-# And each step's dK at the next step ("_dkd", dk_defer), at hd 64 only: at hd 128 (80-row
-# tiles) ptxas serialises every WGMMA for want of registers (C7512) with it. And dP^T issued
-# once S^T is done ("_dpl", dp_late).
+# Session 61 (probes, none faster; bits equal to the shipped kernels'; session61-9efb573 calls
+# 1 and 3, 12-16 interleaved rounds at full 4k): the MMA warpgroups' dK GEMMs before the dS
+# barrier ("_dke", dk_early), 0.97x / 0.96x det / non-det at hd 128 and 0.92x at hd 64; each
+# step's dK at the next step ("_dkd", dk_defer), hd 64 only (at hd 128 ptxas serialises every
+# WGMMA for want of registers, C7512), 0.92x; dP^T issued once S^T is done ("_dpl", dp_late),
+# 1.00-1.01x at both head dims. On every kernel the hd-64 and hd-128 full backwards run.
 _FULL_KERNELS = (
     BWD_VARIANT[64, "full"],
     BWD_VARIANT[128, "full"],

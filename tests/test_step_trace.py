@@ -82,3 +82,16 @@ def test_intervals_and_clock_wrap() -> None:
     late, early = np.array([5], dtype=np.int64), np.array([2**32 - 3], dtype=np.int64)
     assert step_trace.clock_delta(early, late).tolist() == [8]
     assert step_trace.clock_delta(late, early).tolist() == [-8]
+
+
+def test_unknown_variant_suffix_exits() -> None:
+    """``--suffix`` names a variant of the shipped kernel; one that is not registered is a
+    usage error before anything runs (the check reads ``bwd_launch.VARIANTS``: needs cutlass)."""
+    pytest.importorskip("cutlass")
+    with pytest.raises(SystemExit):
+        step_trace.main(["--headdim", "128", "--suffix", "_nope", "4096:full"])
+    # The registered ones pass the check (the run itself needs a GPU: not called here).
+    from dash_attn.backends.hopper import bwd_launch, bwd_variant
+
+    for det in (True, False):
+        assert bwd_variant(128, False, 4096, det) + "_dpl" in bwd_launch.VARIANTS

@@ -3,7 +3,7 @@
 ``bwd_step.TRACE_POINTS`` names, for each CTA's first N steps) runs once in place of the
 shipped kernel, and the stamps are summarised.
 
-    python tools/hopper/step_trace.py --headdim 128 4096:full [--modes det,nondet]
+    python tools/hopper/step_trace.py --headdim 128 4096:full [--modes det,nondet] [--suffix _dpl]
 
 Each config is ``seqlen:mask[:kv_heads]`` at the sweep's sizes, as ``variant_ab``'s (hidden
 2048, 16k tokens), bf16.
@@ -106,9 +106,10 @@ def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
 
 
 @contextlib.contextmanager
-def traced_kernels(steps: int, trace) -> Iterator[None]:
-    """Within it the hopper backward runs ``<shipped variant>_tr`` (``step_trace=steps``) and
-    passes ``trace`` (fp32, ``words_needed`` long) as the kernel's dK/dV-sum buffer."""
+def traced_kernels(steps: int, trace, suffix: str = "") -> Iterator[None]:
+    """Within it the hopper backward runs ``<shipped variant><suffix>_tr`` (``step_trace=
+    steps``; ``suffix`` names a variant of the shipped kernel, as ``variant_ab``'s) and passes
+    ``trace`` (fp32, ``words_needed`` long) as the kernel's dK/dV-sum buffer."""
     from dash_attn.backends.hopper import bwd_launch
     from dash_attn.backends.hopper import launch as hopper_launch
     from tools.hopper.bwd_probe import kernel_variant
@@ -124,7 +125,7 @@ def traced_kernels(steps: int, trace) -> Iterator[None]:
     bwd_launch.BwdLaunch.launch = launch
     hopper_launch._launches.clear()
     try:
-        with kernel_variant(lambda name: name + SUFFIX):
+        with kernel_variant(lambda name: name + suffix + SUFFIX):
             yield
     finally:
         bwd_launch.BwdLaunch.launch = shipped_launch
@@ -133,7 +134,7 @@ def traced_kernels(steps: int, trace) -> Iterator[None]:
             bwd_launch.VARIANTS.pop(name + SUFFIX, None)
 
 
-def run(cfg: Config, head_dim: int, det: bool, steps: int) -> str:
+def run(cfg: Config, head_dim: int, det: bool, steps: int, suffix: str = "") -> str:
     import torch
 
     from dash_attn import dash_attn_func, last_launch_info
@@ -142,7 +143,7 @@ def run(cfg: Config, head_dim: int, det: bool, steps: int) -> str:
     q, k, v, dout, _ = config_inputs(cfg, head_dim, rule_max=0)
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(words_needed(ctas, steps), device="cuda", dtype=torch.int32)
-    with traced_kernels(steps, trace.view(torch.float32)):
+    with traced_kernels(steps, trace.view(torch.float32), suffix):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         for _ in range(2):  # the first call compiles and warms up; the second is kept
             out = dash_attn_func(*leaves, causal=cfg.causal, deterministic=det, backend="hopper")
@@ -156,7 +157,8 @@ def run(cfg: Config, head_dim: int, det: bool, steps: int) -> str:
     tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
     steps_run = (tops != 0).sum(axis=1)
     active = steps_run > 1
-    head = f"## d{head_dim} {cfg.label} {'det' if det else 'non-det'}: {info}\n"
+    variant = f" (variant <shipped>{suffix})" if suffix else ""
+    head = f"## d{head_dim} {cfg.label} {'det' if det else 'non-det'}{variant}: {info}\n"
     return head + summarise(points[active], steps_run[active])
 
 
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--modes", default="det,nondet", help="det, nondet or both")
     parser.add_argument("--steps", type=int, default=1024, help="steps traced per CTA")
+    parser.add_argument(
+        "--suffix", default="", help="trace the variant <shipped variant><suffix> instead"
+    )
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     if not modes or any(m not in ("det", "nondet") for m in modes):
@@ -176,9 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         configs = [parse_config(text, args.headdim) for text in args.configs]
     except ValueError as err:
         parser.error(str(err))
+    if args.suffix:
+        from dash_attn.backends.hopper import bwd_launch, bwd_variant
+
+        for cfg in configs:
+            for mode in modes:
+                shipped = bwd_variant(args.headdim, cfg.causal, cfg.seqlen, mode == "det")
+                if shipped + args.suffix not in bwd_launch.VARIANTS:
+                    parser.error(f"--suffix {args.suffix!r}: no variant {shipped + args.suffix!r}")
     for cfg in configs:
         for mode in modes:
-            print(run(cfg, args.headdim, mode == "det", args.steps), flush=True)
+            print(run(cfg, args.headdim, mode == "det", args.steps, args.suffix), flush=True)
     return 0
 
 

@@ -898,16 +898,15 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, kv_prefetch=-1)
     with pytest.raises(ValueError, match="lse_early must be >= 0"):
         HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, lse_early=-2)
+    # hd 256's swapped step layout (dkv_swap) takes none of the step-order options.
+    swapped = {
+        "dtype": cutlass.BFloat16, "head_dim": 256, "causal": False, "deterministic": True,
+        "block_m": 64, "block_n": 48, "dq_wg": True, "do_single": True, "dkv_swap": True,
+    }  # fmt: skip
     with pytest.raises(ValueError, match="lse_early"):
-        HopperAttnBwd(
-            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
-            dq_wg=True, do_single=True, dkv_swap=True, lse_early=4,
-        )  # fmt: skip
+        HopperAttnBwd(**swapped, lse_early=4)
     with pytest.raises(NotImplementedError, match="kv_on_full"):
-        HopperAttnBwd(
-            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
-            dq_wg=True, do_single=True, dkv_swap=True, kv_on_full=True,
-        )  # fmt: skip
+        HopperAttnBwd(**swapped, kv_on_full=True)
     with pytest.raises(ValueError, match="nondet_first_store needs dq_first_store"):
         HopperAttnBwd(
             cutlass.BFloat16, 64, causal=False, deterministic=False, nondet_first_store=True
@@ -919,10 +918,7 @@ def test_bad_kernel_options_raise() -> None:
             cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_sum=True, step_trace=8
         )  # fmt: skip
     with pytest.raises(NotImplementedError, match="dk_early: not with the swapped"):
-        HopperAttnBwd(
-            cutlass.BFloat16, 256, causal=False, deterministic=True, block_m=64, block_n=48,
-            dq_wg=True, do_single=True, dkv_swap=True, dk_early=True,
-        )  # fmt: skip
+        HopperAttnBwd(**swapped, dk_early=True)
     with pytest.raises(NotImplementedError, match="dk_defer: with the row-addressed"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dk_defer=True)
     with pytest.raises(NotImplementedError, match="dk_defer: with the row-addressed"):

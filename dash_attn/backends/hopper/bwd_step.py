@@ -200,8 +200,7 @@ class StepMixin:
                 for r in cutlass.range_constexpr(len(lse_reps)):
                     rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
                 # S^T done (dP^T, and dk_defer's dK, may still run).
-                younger = (0 if const_expr(self.dp_late) else 1) + (1 if self.dk_defer else 0)
-                warpgroup.wait_group(younger)
+                warpgroup.wait_group(int(not self.dp_late) + int(self.dk_defer))
                 self._trace(dkv_sums, wg, traced, 1)
                 if const_expr(self.dp_late):
                     self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
@@ -361,10 +360,7 @@ class StepMixin:
         next step issues this dK). Returns with dQ done (dK may still run) and, with
         do_single, dO's buffer released (dV was its last reader)."""
         if const_expr(dk_at == DK_BEFORE_DS):
-            wgmma(
-                mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                zero_init=False,
-            )  # fmt: skip
+            self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
         cute.arch.fence_view_async_shared()
         self._trace(dkv_sums, wg, traced, 2)
         cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
@@ -380,10 +376,7 @@ class StepMixin:
         if const_expr(dk_at != DK_AFTER_DQ):
             warpgroup.wait_group(0)  # dQ done (and dK before it, DK_BEFORE_DS)
         else:
-            wgmma(
-                mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
-                zero_init=False,
-            )  # fmt: skip
+            self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
             warpgroup.wait_group(1)  # dQ done, dK may still run
         if const_expr(self.ds_guard):
             cute.arch.barrier_arrive(
@@ -424,11 +417,24 @@ class StepMixin:
     ):
         """dk_defer, at a chain's last step: its own dK GEMM (dS^T still in registers),
         awaited: the chain epilogue reads acc_dK."""
+        self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _dk_gemm(
+        self,
+        acc_dK: cute.Tensor,
+        rdS: cute.Tensor,
+        tKrQ: cute.Tensor,
+        stage: Int32,
+        mma_dkv: cute.TiledMma,
+    ):
+        """dK += dS^T Q, dS^T from this thread's registers, Q from ring stage ``stage`` (one
+        commit group; the caller waits for it)."""
         wgmma(
             mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
             zero_init=False,
         )  # fmt: skip
-        warpgroup.wait_group(0)
 
     @cute.jit
     def _trace(

@@ -478,6 +478,15 @@ def test_read_csv_reads_gzipped_result_files(tmp_path: Path) -> None:
     assert isinstance(rows[0]["seqlen"], int) and isinstance(rows[0]["ms"], float)
 
 
+def _notes_text(repo: Path) -> str:
+    """benchmarks/NOTES.md and its archived sessions (NOTES-sessions-*.md.gz), one text."""
+    parts = [(repo / "benchmarks" / "NOTES.md").read_text()]
+    for archive in sorted((repo / "benchmarks").glob("NOTES-sessions-*.md.gz")):
+        with gzip.open(archive, "rt") as f:
+            parts.append(f.read())
+    return "\n".join(parts)
+
+
 def test_session54_ncu_tables_are_generated_from_their_raw_columns() -> None:
     """Session 54's profiles of the three short 1.10x cells (H100, NOTES item 297): each
     committed table and busiest-units list is what ncu_summary.py makes of the raw columns
@@ -487,7 +496,7 @@ def test_session54_ncu_tables_are_generated_from_their_raw_columns() -> None:
     if not run.is_dir():
         pytest.skip("not a source checkout")
     ncu = _load_tool(repo / "tools" / "hopper" / "ncu_summary.py")
-    notes = (repo / "benchmarks" / "NOTES.md").read_text()
+    notes = _notes_text(repo)
     item = notes[notes.index("297. **Nsight Compute at the three") :]
     for call, tag, cell in [
         ("call5", "2048_64", "d64 full 2k (b8 h32)"),
@@ -513,7 +522,7 @@ def test_session54_pre_beside_table_is_the_committed_ab() -> None:
     ab = repo / "benchmarks/results/h100/session54-0085cec/call3/pre_ab.txt"
     if not ab.is_file():
         pytest.skip("not a source checkout")
-    notes = (repo / "benchmarks" / "NOTES.md").read_text()
+    notes = _notes_text(repo)
     item = notes[notes.index("296. **The preprocess beside") :]
     text = ab.read_text()
     times = re.findall(

@@ -77,19 +77,48 @@ def wgmma(
     frag_a: cute.Tensor,
     frag_b: cute.Tensor,
     zero_init: cutlass.Constexpr[bool],
+    accumulate: Any = None,
 ) -> None:
     """Issue one warpgroup MMA (all k-blocks) as one commit group; the caller waits for it.
 
     A fresh MMA atom carries the ACCUMULATE flag so that the tiled MMA shared by several GEMMs
-    is never mutated.
+    is never mutated. ``accumulate`` (a runtime Boolean), where given, sets that flag for the
+    first k-block instead of ``zero_init``.
     """
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init if accumulate is None else accumulate)
     for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
         cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
+
+
+@dsl_user_op
+def unpack_16bit_half(
+    word: Int32, high: bool, bf16: bool, *, loc: Any = None, ip: Any = None
+) -> Float32:
+    """One 16-bit value of a packed register (``pack_16bit_pair``'s layout) as fp32: for bf16 a
+    shift or a mask of the bits, for fp16 one ``cvt``."""
+    if bf16:
+        op = "and.b32 t, $1, 0xffff0000;" if high else "shl.b32 t, $1, 16;"
+        body = f"{{ .reg .b32 t; {op} mov.b32 $0, t; }}"
+    else:
+        half = "h" if high else "l"
+        body = f"{{ .reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.f32.f16 $0, {half}; }}"
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Int32(word).ir_value(loc=loc, ip=ip)],
+            body,
+            "=f,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
 
 
 @dsl_user_op

@@ -123,6 +123,7 @@ from .bwd_dq_writer import DqWriterMixin
 from .bwd_epilogue import DkvSums, EpilogueMixin
 from .bwd_producer import ProducerMixin
 from .bwd_step import StepMixin
+from .bwd_step_rotated import RotatedStepMixin
 from .bwd_step_swapped import SwappedStepMixin
 from .bwd_sync import INFO_WORDS, SyncMixin
 from .exp2_poly import EXP2_POLY_COEFFS
@@ -135,7 +136,13 @@ SWAPPED_TILES = {192: (64, 96), 256: (64, 48)}
 
 
 class HopperAttnBwd(
-    ProducerMixin, DqWriterMixin, StepMixin, SwappedStepMixin, EpilogueMixin, SyncMixin
+    ProducerMixin,
+    DqWriterMixin,
+    StepMixin,
+    RotatedStepMixin,
+    SwappedStepMixin,
+    EpilogueMixin,
+    SyncMixin,
 ):
     """One compiled backward per (dtype, head dim, causal, deterministic, tiles).
 
@@ -188,6 +195,10 @@ class HopperAttnBwd(
         dk_early: bool = False,
         dk_defer: bool = False,
         dp_late: bool = False,
+        dv_early: bool = False,
+        top_sync: bool = False,
+        skip_elementwise: bool = False,
+        rotate: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -570,6 +581,63 @@ class HopperAttnBwd(
         #   compute before it needs dP^T. The same GEMMs: the bits do not change. Measured
         #   1.00-1.01x the shipped kernels at hd 64 and 128 full 4k (session 61).
         self.dp_late = dp_late
+        # dv_early: a step's dV GEMM is issued as soon as P^T is computed, before the wait
+        #   for dP^T and the dS^T arithmetic, not after the dS^T store. The warpgroup that
+        #   reaches the dS barrier last (session 61's trace at hd 128 full 4k: 415-520 cycles
+        #   after the other on average) issued its dV right before it, so the dQ GEMMs queued
+        #   behind that dV; issued early, it runs while dS^T is computed and stored. P^T in
+        #   fp32 as well as in 16 bits (dV's A operand) across the dP^T wait made ptxas
+        #   serialise every WGMMA at hd 128 for want of registers, so dS^T = P^T (dP^T - delta)
+        #   takes the 16-bit P^T (as a same-dtype PyTorch backward does): dV's bits stay, dS^T
+        #   and with it dQ and dK change. All of a step's exponentials must precede dV, so not
+        #   with exp_tail. Measured at hd 128 full (session 62, an H100): 4k 1.000x det and
+        #   1.002x non-det the shipped kernels, 2k 0.998x / 1.025x; the step trace shows the
+        #   dQ GEMMs done 300-400 cycles sooner after the barrier and the warpgroups' offset
+        #   there down from 415-520 to 296-455 cycles, and the exponential phase as much longer.
+        if dv_early and (exp_tail or dkv_swap):
+            raise NotImplementedError(
+                "dv_early: not with exp_tail (exponentials after the dP^T wait) or the swapped "
+                "dK/dV layout (dkv_swap)"
+            )
+        self.dv_early = dv_early
+        # top_sync: the two MMA warpgroups meet on a named barrier at each step's top, once its
+        #   ring slot is full, before either issues its S^T: the tensor pipe then takes both
+        #   S^T GEMMs before either dP^T. Without it warpgroup 1 starts its step about 700
+        #   cycles after warpgroup 0 at hd 128 full 4k (session 61's trace), and its S^T
+        #   queues behind warpgroup 0's S^T and dP^T. The same GEMMs: the bits do not change.
+        #   Measured 0.99-1.00x det, 0.97-0.99x non-det at hd 128 full 2k-4k, 0.95x at hd 64
+        #   (session 62), the warpgroups' offset at the dS barrier down to a third.
+        if top_sync and dkv_swap:
+            raise NotImplementedError("top_sync: not with the swapped dK/dV layout (dkv_swap)")
+        self.top_sync = top_sync
+        # skip_elementwise (a probe whose gradients are wrong, never shipped): the step without
+        #   its element-wise work (no exponentials, masks or dS^T arithmetic: P^T = S^T and
+        #   dS^T = dP^T), so that a timing shows what the GEMMs, the barriers and the dQ
+        #   hand-off take alone.
+        self.skip_elementwise = skip_elementwise
+        # rotate: the step loop rotated (bwd_step_rotated.py) so that each step's dK GEMM is
+        #   still running when the next step's S^T and dP^T are issued (ptxas waits for any
+        #   WGMMA in flight at a loop's back-edge, so the loop turns between a step's dP^T
+        #   wait and its dS^T store). The same GEMMs on the same operands, a chain's first dK
+        #   started from zero by its ACCUMULATE flag instead of zeroed registers: the bits do
+        #   not change. It compiles without spills or serialised WGMMAs only without
+        #   gemm_before_flags and dkv_smem. Measured 0.99x det, 0.96x non-det the shipped
+        #   kernel at hd 128 full 4k (session 62).
+        if rotate:
+            unsupported = {
+                "exp_tail": exp_tail, "lse_early": lse_early, "early_meta": early_meta,
+                "dk_early": dk_early, "dk_defer": dk_defer, "dp_late": dp_late,
+                "dv_early": dv_early, "top_sync": top_sync, "dkv_swap": dkv_swap,
+                "not kv_on_full": not kv_on_full,
+                "neither dkv_row_ptr nor dkv_sum": not (dkv_row_ptr or dkv_sum),
+                # Untested: the hd-64 kernel with these (a first build of the loop) did not
+                # finish in session 62, not investigated.
+                "dq_double": dq_double, "ds_guard": ds_guard, "do_single": do_single,
+            }  # fmt: skip
+            bad = sorted(name for name, value in unsupported.items() if value)
+            if bad:
+                raise NotImplementedError(f"rotate: not with {bad}")
+        self.rotate = rotate
 
     # ------------------------------------------------------------------ host-side setup
 

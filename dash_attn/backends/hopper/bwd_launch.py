@@ -284,6 +284,32 @@ for _shipped in _FULL_KERNELS:
         VARIANTS[_name + "_dpl"] = {**VARIANTS[_name], "dp_late": True}
         if _shipped == BWD_VARIANT[64, "full"]:
             VARIANTS[_name + "_dkd"] = {**VARIANTS[_name], "dk_defer": True}
+# Session 62 (a probe): each step's dV GEMM issued once P^T is computed, before the dP^T wait
+# ("_dve", dv_early), so that the late warpgroup's dV no longer sits in the tensor pipe ahead of
+# the dQ GEMMs after the dS barrier; dS^T from the 16-bit P^T (other dQ and dK bits). All
+# exponentials precede it: at hd 64 (exp_tail 24 shipped) the variant computes them all before
+# the dP^T wait (exp_tail 0). Rule met, det repeats bitwise; d128 full 4k 1.000x det / 1.002x
+# non-det the shipped kernels, 2k 0.998x / 1.025x (session62-cbcd682 call 2, an H100).
+for _shipped in _FULL_KERNELS:
+    _kernels = (_shipped, BWD_DET_TWIN.get(_shipped, _shipped), counted_nondet_twin(_shipped))
+    for _name in dict.fromkeys(_kernels):
+        VARIANTS[_name + "_dve"] = {**VARIANTS[_name], "dv_early": True, "exp_tail": 0}
+        VARIANTS[_name + "_ts"] = {**VARIANTS[_name], "top_sync": True}
+        VARIANTS[_name + "_noew"] = {**VARIANTS[_name], "skip_elementwise": True}
+# Session 62 (a probe): the step loop rotated ("_rot", rotate: each dK GEMM still running when
+# the next step's S^T and dP^T are issued), on the hd-128 full 4k kernel and its counted twin
+# only. It compiles without spills or serialised WGMMAs only without the S^T issued before the
+# flags read and with the dK/dV epilogue of plain row stores (neither changes the bits):
+# "_rotc" is that kernel unrotated, the control. Bits equal to the shipped kernel's; 0.99x
+# det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6).
+_ROTATED = (BWD_VARIANT[128, "full"], counted_nondet_twin(BWD_VARIANT[128, "full"]))
+for _name in _ROTATED:
+    _control = {
+        **VARIANTS[_name], "gemm_before_flags": False, "dkv_smem": False,
+        "dkv_smem_unroll": 1,
+    }  # fmt: skip
+    VARIANTS[_name + "_rotc"] = _control
+    VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

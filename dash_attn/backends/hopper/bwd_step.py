@@ -4,13 +4,21 @@ to the dQ warp, then the chain epilogue at a chain's last step."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from . import dq_fragment
-from ._cute_utils import acc_to_operand_a, transpose_view, wgmma
+from ._cute_utils import (
+    acc_to_operand_a,
+    pack_16bit_pair,
+    transpose_view,
+    unpack_16bit_half,
+    wgmma,
+)
 from .bwd_epilogue import DkvSums
 from .bwd_sync import (
     BAR_DQ_EMPTY,
@@ -133,207 +141,255 @@ class StepMixin:
         traced = Int32(0)  # steps this warpgroup has run (step_trace)
         kept_stage = Int32(0)  # dk_defer: the stage of the previous step's deferred dK
         kept_slot = Int32(0)  # dk_defer: 1 while a deferred dK is due (its slot held for it)
-        if const_expr(self.dk_defer):
-            # The deferred dK reads this warpgroup's rows of dS^T from shared memory (where the
-            # dQ GEMM reads them too): held in registers across the step, they made ptxas
-            # serialise every WGMMA for want of registers.
+        dk_smem = None
+        if const_expr(self.dk_defer or self.rotate):
+            # The deferred dK (and the rotated loop's) reads this warpgroup's rows of dS^T
+            # from shared memory (where the dQ GEMM reads them too): held in registers across
+            # the step, they made ptxas serialise every WGMMA for want of registers.
             mma_dk_smem = self._dk_smem_tiled_mma()
             wg_dk = mma_dk_smem.get_slice(wg * 128)
             tKsdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
             tKsQ = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_view(sQ)))
+            dk_smem = (mma_dk_smem, tKsdS, tKsQ)
         if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-        while done == 0:
-            cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
-            self._trace(dkv_sums, wg, traced, 0)
-            acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-            if const_expr(self.gemm_before_flags):
-                # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
-                # first step's barrier); at the terminator the result is dropped.
-                wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-            flags = sInfo[I_FLAGS, stage]
-            done = flags & F_DONE
-            # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
-            # stage else.
-            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
-            # dO's buffer: its one buffer with do_single, the step's ring stage else.
-            do_stage = Int32(0) if const_expr(self.do_single) else stage
-            if done != 0:
+        if const_expr(self.rotate):
+            # The step loop rotated (bwd_step_rotated.py): each iteration from a step's dS^T
+            # through the next step's exponentials.
+            self._rotated_loop(
+                SimpleNamespace(
+                    mdK=mdK, mdV=mdV, scale_log2=scale_log2, softmax_scale=softmax_scale,
+                    seqlen_q=seqlen_q, seqlen_k=seqlen_k, sdQ=sdQ, sLSE=sLSE, sDelta=sDelta,
+                    sInfo=sInfo, storage=storage, mma_sdp=mma_sdp, mma_dkv=mma_dkv,
+                    mma_dq=mma_dq, tidx=tidx, dkv_sums=dkv_sums, sK_out=sK_out, sV_out=sV_out,
+                    wg=wg, thr_sdp=thr_sdp, thr_dq=thr_dq, tSrK=tSrK, tSrQ=tSrQ, tPrV=tPrV,
+                    tPrdO=tPrdO, tVrdO=tVrdO, tKrQ=tKrQ, tQrK=tQrK, tQrdS=tQrdS,
+                    shape_st=shape_st, acc_dK=acc_dK, acc_dV=acc_dV, tScS=tScS, rLSE=rLSE,
+                    tKcK=tKcK, ds_copy=ds_copy, thr_ds=thr_ds, tDsdS=tDsdS, dk_smem=dk_smem,
+                )
+            )  # fmt: skip
+        else:
+            while done == 0:
+                cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+                if const_expr(self.top_sync):
+                    # Both warpgroups issue their S^T together (the dS barrier's id: all 256 MMA
+                    # threads meet on it in the same order).
+                    cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
+                self._trace(dkv_sums, wg, traced, 0)
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 if const_expr(self.gemm_before_flags):
-                    warpgroup.wait_group(0)
-                self._stop_dq_writer(buf, wg, self.ds_guard)
-            else:
-                # Step metadata is read from the stage's slot where it is used (it stays valid
-                # until this stage is released), so it does not occupy registers across the MMAs.
-                if const_expr(not self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
-                    if flags & F_FIRST != 0:
-                        cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                        kv_phase = kv_phase ^ 1
-                        acc_dK.fill(0.0)
-                        acc_dV.fill(0.0)
-
-                if const_expr(self.early_meta):
-                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                # S^T = K Q^T (issued above with gemm_before_flags), dP^T = V dO^T (two commit
-                # groups).
-                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                if const_expr(not self.gemm_before_flags):
+                    # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
+                    # first step's barrier); at the terminator the result is dropped.
                     wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-                if const_expr(self.dk_defer):
-                    # The previous step's dK between S^T and dP^T (its Q and dS^T still in
-                    # their buffers): the tensor pipe has it while the exponentials start. At a
-                    # chain's first step none is due (the last step issued its own): an empty
-                    # commit group keeps the waits' counts.
-                    if kept_slot != 0:
-                        kept_ds = Int32(0) if const_expr(self.dq_double) else kept_stage
-                        wgmma(
-                            mma_dk_smem, acc_dK, tKsdS[None, None, None, kept_ds],
-                            tKsQ[None, None, None, kept_stage], zero_init=False,
-                        )  # fmt: skip
-                    else:
-                        warpgroup.commit_group()
-                if const_expr(not self.dp_late):
-                    self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
-                for r in cutlass.range_constexpr(len(lse_reps)):
-                    rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
-                # S^T done (dP^T, and dk_defer's dK, may still run).
-                warpgroup.wait_group(int(not self.dp_late) + int(self.dk_defer))
-                self._trace(dkv_sums, wg, traced, 1)
-                if const_expr(self.dp_late):
-                    self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
-
-                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
-                # shared memory here.
-                if const_expr(not self.early_meta):
-                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                probs_args = (acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k)
-                if const_expr(self.exp_tail > 0):
-                    # The last exp_tail exponentials after the dP^T wait, in one block with dS^T.
-                    # The wait sits in the block between the two branches: ptxas hoists a
-                    # wgmma wait above every exponential of its own block.
-                    split = max(cute.size(acc_S) - self.exp_tail, 0)
-                    if edge != 0:
-                        self._probs(*probs_args, True, 0, split)
-                    else:
-                        self._probs(*probs_args, False, 0, split)
-                    warpgroup.wait_group(0)
-                    if edge != 0:
-                        self._probs(*probs_args, True, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-                    else:
-                        self._probs(*probs_args, False, split)
-                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                flags = sInfo[I_FLAGS, stage]
+                done = flags & F_DONE
+                # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
+                # stage else.
+                ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+                # dO's buffer: its one buffer with do_single, the step's ring stage else.
+                do_stage = Int32(0) if const_expr(self.do_single) else stage
+                if done != 0:
+                    if const_expr(self.gemm_before_flags):
+                        warpgroup.wait_group(0)
+                    self._stop_dq_writer(buf, wg, self.ds_guard)
                 else:
-                    if edge != 0:
-                        self._probs(*probs_args, True)
-                    else:
-                        self._probs(*probs_args, False)
-                    warpgroup.wait_group(0)
-                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    # Step metadata is read from the stage's slot where it is used (it stays
+                    # valid until this stage is released), so it does not occupy registers
+                    # across the MMAs.
+                    if const_expr(not self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
+                        if flags & F_FIRST != 0:
+                            cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                            kv_phase = kv_phase ^ 1
+                            acc_dK.fill(0.0)
+                            acc_dV.fill(0.0)
 
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
-                    # The dP^T wait took the deferred dK too: its slot is free.
-                    if kept_slot != 0:
-                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
-                rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                rdS.store(acc_dP.load().to(self.dtype))
+                    if const_expr(self.early_meta):
+                        n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                    # S^T = K Q^T (issued above with gemm_before_flags), dP^T = V dO^T (two commit
+                    # groups).
+                    acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                    if const_expr(not self.gemm_before_flags):
+                        wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                    if const_expr(self.dk_defer):
+                        # The previous step's dK between S^T and dP^T (its Q and dS^T still in
+                        # their buffers): the tensor pipe has it while the exponentials start. At a
+                        # chain's first step none is due (the last step issued its own): an empty
+                        # commit group keeps the waits' counts.
+                        if kept_slot != 0:
+                            kept_ds = Int32(0) if const_expr(self.dq_double) else kept_stage
+                            wgmma(
+                                mma_dk_smem, acc_dK, tKsdS[None, None, None, kept_ds],
+                                tKsQ[None, None, None, kept_stage], zero_init=False,
+                            )  # fmt: skip
+                        else:
+                            warpgroup.commit_group()
+                    if const_expr(not self.dp_late):
+                        self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
+                    for r in cutlass.range_constexpr(len(lse_reps)):
+                        rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
+                    # S^T done (dP^T, and dk_defer's dK, may still run).
+                    warpgroup.wait_group(int(not self.dp_late) + int(self.dk_defer))
+                    self._trace(dkv_sums, wg, traced, 1)
+                    if const_expr(self.dp_late):
+                        self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
 
-                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
-                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
-                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
-                # back. P's registers stay live until dV is done.
-                if const_expr(self.ds_guard):
-                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
-                    cute.arch.barrier(
-                        barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
+                    # shared memory here.
+                    if const_expr(not self.early_meta):
+                        n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                    probs_args = (
+                        acc_S,
+                        tScS,
+                        sLSE,
+                        rLSE,
+                        stage,
+                        scale_log2,
+                        n0,
+                        m0,
+                        shift,
+                        seqlen_k,
                     )
-                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                wgmma(
-                    mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
-                    zero_init=False,
-                )  # fmt: skip
-                self._ds_barrier_gemms(
-                    self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
-                    ds_stage, stage, storage, dkv_sums, wg, traced,
-                )  # fmt: skip
-                if const_expr(self.do_single):
-                    do_phase = do_phase ^ 1
-
-                # Hand the dQ partial to the dQ writer once its buffer is free.
-                self._trace(dkv_sums, wg, traced, 4)
-                self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
-                self._trace(dkv_sums, wg, traced, 5)
-                self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                cute.arch.fence_view_async_shared()
-                self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
-                if const_expr(self.dq_double):
-                    buf = buf ^ 1
-
-                warpgroup.wait_group(0)
-                if const_expr(self.dkv_sum):
-                    if flags & F_LAST == 0:
-                        if const_expr(self.dk_defer):
-                            kept_stage, kept_slot = stage, Int32(1)
+                    if const_expr(self.exp_tail > 0):
+                        # The last exp_tail exponentials after the dP^T wait, in one block with
+                        # dS^T.
+                        # The wait sits in the block between the two branches: ptxas hoists a
+                        # wgmma wait above every exponential of its own block.
+                        split = max(cute.size(acc_S) - self.exp_tail, 0)
+                        if edge != 0:
+                            self._probs(*probs_args, True, 0, split)
                         else:
-                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                    else:
-                        if const_expr(self.dk_defer):
-                            self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
-                            kept_slot = Int32(0)
-                        self._sum_chain_epilogue(
-                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                            softmax_scale, seqlen_k, dkv_sums, tidx, wg,
-                        )  # fmt: skip
-                        self._zero_for_next_chain(acc_dK, acc_dV)
-                elif const_expr(self.dkv_row_ptr):
-                    # The chain's (batch, kv head, kv tile) are read at its last step only:
-                    # read at every step, ptxas moves them into uniform registers before the
-                    # branch, and every step waits there for the shared load (queued behind
-                    # the dQ partial's stores).
-                    if flags & F_LAST == 0:
-                        if const_expr(self.dk_defer):
-                            kept_stage, kept_slot = stage, Int32(1)
+                            self._probs(*probs_args, False, 0, split)
+                        warpgroup.wait_group(0)
+                        if edge != 0:
+                            self._probs(*probs_args, True, split)
+                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                         else:
-                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                            self._probs(*probs_args, False, split)
+                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
                     else:
-                        if const_expr(self.dk_defer):
-                            self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
-                            kept_slot = Int32(0)
-                        self._chain_epilogue(
-                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                            softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
-                        )  # fmt: skip
-                        self._zero_for_next_chain(acc_dK, acc_dV)
-                else:
-                    b = sInfo[I_BATCH, stage]
-                    kvh = sInfo[I_KVH, stage]
-                    kvt = sInfo[I_KVT, stage]
-                    # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
-                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                    if flags & F_LAST != 0:
-                        # K/V are free for the next chain; dK/dV leave from registers.
-                        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-                        rdK = cute.make_fragment_like(acc_dK, self.dtype)
-                        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
-                        rdV = cute.make_fragment_like(acc_dV, self.dtype)
-                        rdV.store(acc_dV.load().to(self.dtype))
-                        gdK = mdK[b, None, kvh, None]
-                        gdV = mdV[b, None, kvh, None]
-                        # 32-bit stores of two neighbouring 16-bit values (the accumulator
-                        # holds column pairs), rows past seqlen_k dropped.
-                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                        self._zero_for_next_chain(acc_dK, acc_dV)
+                        if edge != 0:
+                            self._probs(*probs_args, True)
+                        else:
+                            self._probs(*probs_args, False)
+                        if const_expr(self.dv_early):
+                            # dV now, in the tensor pipe while dS^T is computed (younger than
+                            # dP^T: the wait leaves it running).
+                            rP = cute.make_fragment_like(acc_S, self.dtype)
+                            rP32 = cute.recast_tensor(rP, Int32)
+                            bf16 = const_expr(self.dtype == cutlass.BFloat16)
+                            for j in cutlass.range_constexpr(cute.size(rP32)):
+                                rP32[j] = pack_16bit_pair(acc_S[2 * j], acc_S[2 * j + 1], bf16)
+                            self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
+                            warpgroup.wait_group(1)
+                            self._grad_scores(rP, acc_dP, tScS, sDelta, stage)
+                        else:
+                            warpgroup.wait_group(0)
+                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 
-                self._trace(dkv_sums, wg, traced, 6)
-                if const_expr(self.step_trace > 0):
-                    traced = traced + 1
-                stage, phase = self._next_stage(stage, phase)
+                    if const_expr(not self.dv_early):
+                        rP = cute.make_fragment_like(acc_S, self.dtype)
+                        rP.store(acc_S.load().to(self.dtype))
+                    if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
+                        # The dP^T wait took the deferred dK too: its slot is free.
+                        if kept_slot != 0:
+                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
+                    rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                    rdS.store(acc_dP.load().to(self.dtype))
+
+                    acc_dQ = cute.make_rmem_tensor(
+                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
+                    )
+                    # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                    # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                    # back. P's registers stay live until dV is done.
+                    if const_expr(self.ds_guard):
+                        # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                        cute.arch.barrier(
+                            barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                        )
+                    cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                    if const_expr(not self.dv_early):
+                        self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
+                    self._ds_barrier_gemms(
+                        self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
+                        ds_stage, stage, storage, dkv_sums, wg, traced,
+                    )  # fmt: skip
+                    if const_expr(self.do_single):
+                        do_phase = do_phase ^ 1
+
+                    # Hand the dQ partial to the dQ writer once its buffer is free.
+                    self._trace(dkv_sums, wg, traced, 4)
+                    self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+                    self._trace(dkv_sums, wg, traced, 5)
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                    cute.arch.fence_view_async_shared()
+                    self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
+                    if const_expr(self.dq_double):
+                        buf = buf ^ 1
+
+                    warpgroup.wait_group(0)
+                    if const_expr(self.dkv_sum):
+                        if flags & F_LAST == 0:
+                            if const_expr(self.dk_defer):
+                                kept_stage, kept_slot = stage, Int32(1)
+                            else:
+                                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                        else:
+                            if const_expr(self.dk_defer):
+                                self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
+                                kept_slot = Int32(0)
+                            self._sum_chain_epilogue(
+                                storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                                softmax_scale, seqlen_k, dkv_sums, tidx, wg,
+                            )  # fmt: skip
+                            self._zero_for_next_chain(acc_dK, acc_dV)
+                    elif const_expr(self.dkv_row_ptr):
+                        # The chain's (batch, kv head, kv tile) are read at its last step only:
+                        # read at every step, ptxas moves them into uniform registers before the
+                        # branch, and every step waits there for the shared load (queued behind
+                        # the dQ partial's stores).
+                        if flags & F_LAST == 0:
+                            if const_expr(self.dk_defer):
+                                kept_stage, kept_slot = stage, Int32(1)
+                            else:
+                                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                        else:
+                            if const_expr(self.dk_defer):
+                                self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
+                                kept_slot = Int32(0)
+                            self._chain_epilogue(
+                                storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                                softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
+                            )  # fmt: skip
+                            self._zero_for_next_chain(acc_dK, acc_dV)
+                    else:
+                        b = sInfo[I_BATCH, stage]
+                        kvh = sInfo[I_KVH, stage]
+                        kvt = sInfo[I_KVT, stage]
+                        # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                        if flags & F_LAST != 0:
+                            # K/V are free for the next chain; dK/dV leave from registers.
+                            cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                            rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                            rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                            rdV.store(acc_dV.load().to(self.dtype))
+                            gdK = mdK[b, None, kvh, None]
+                            gdV = mdV[b, None, kvh, None]
+                            # 32-bit stores of two neighbouring 16-bit values (the accumulator
+                            # holds column pairs), rows past seqlen_k dropped.
+                            self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                            self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                            self._zero_for_next_chain(acc_dK, acc_dV)
+
+                    self._trace(dkv_sums, wg, traced, 6)
+                    if const_expr(self.step_trace > 0):
+                        traced = traced + 1
+                    stage, phase = self._next_stage(stage, phase)
 
     @cute.jit
     def _ds_barrier_gemms(
@@ -398,6 +454,22 @@ class StepMixin:
         if const_expr(self.do_single):
             cute.arch.mbarrier_wait(storage.do_full.data_ptr(), do_phase)
         wgmma(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, do_stage], zero_init=True)
+
+    @cute.jit
+    def _dv_gemm(
+        self,
+        acc_dV: cute.Tensor,
+        rP: cute.Tensor,
+        tVrdO: cute.Tensor,
+        do_stage: Int32,
+        mma_dkv: cute.TiledMma,
+    ):
+        """dV += P^T dO, P^T (16-bit) from this thread's registers, which stay untouched until
+        the GEMM is done; dO from its buffer ``do_stage`` (one commit group)."""
+        wgmma(
+            mma_dkv, acc_dV, acc_to_operand_a(rP), tVrdO[None, None, None, do_stage],
+            zero_init=False,
+        )  # fmt: skip
 
     def _dk_at(self) -> int:
         """Where a step issues its dK GEMM (trace time): DK_NEXT_STEP with dk_defer,
@@ -517,6 +589,8 @@ class StepMixin:
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
         lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from the stage's
         ``sLSE`` rows, or from ``rLSE`` for the elements lse_early read before the S^T wait."""
+        if const_expr(self.skip_elementwise):
+            return
         end = cute.size(acc_S) if const_expr(end is None) else end
         poly_count, poly_period = self.exp_poly
         for i in cutlass.range_constexpr(first, end):
@@ -585,10 +659,24 @@ class StepMixin:
         sDelta: cute.Tensor,
         stage: Int32,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T)."""
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T: fp32, or with dv_early
+        the 16-bit copy dV reads)."""
+        if const_expr(self.skip_elementwise):
+            return
+        packed = const_expr(acc_S.element_type is not Float32)
+        if const_expr(packed):
+            # Each value from its 32-bit pair (the packed conversion's registers). Read as
+            # 16-bit values, ptxas converted each on its own (one F2F per value, beside the
+            # exponentials, and both copies live: spills); that build was 0.95x (session 62).
+            words = cute.recast_tensor(acc_S, Int32)
+            bf16 = const_expr(acc_S.element_type == cutlass.BFloat16)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             _, m = tScS[i]
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
+            if const_expr(packed):
+                p = unpack_16bit_half(words[i // 2], i % 2 == 1, bf16)
+            else:
+                p = acc_S[i]
+            acc_dP[i] = p * (acc_dP[i] - sDelta[m, stage])
 
     @cute.jit
     def _store_dq_fragment(

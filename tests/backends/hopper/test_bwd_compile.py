@@ -286,6 +286,12 @@ VARIANT_CONFIGS = [
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_dkd", (64, torch.float16, False, False)),
     ("t80_wgr_p14_sm2_fs_kf_dpl", (128, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dpl", (64, torch.bfloat16, False, True)),
+    # Session 62: dV issued before the dP^T wait (dv_early), hd 128 full (short and long).
+    ("t80_wgr_p14_sm2_fs_kf_dve", (128, torch.bfloat16, False, True)),
+    ("t80_wg2r_p14_fs_w2_kf_nc_dve", (128, torch.float16, False, False)),
+    # Session 62: both warpgroups meet at each step's top before their S^T (top_sync).
+    ("t80_wgr_p14_sm2_fs_kf_ts", (128, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ts", (64, torch.bfloat16, False, False)),
 ]
 
 
@@ -513,6 +519,10 @@ def _check_kernel_code(
         # stored at constant offsets from it.
         offset_stores = [st for st in stores if re.search(r"\.64\+0x[0-9a-f]+\]", st)]
         assert len(offset_stores) >= len(stores) - 4, stores
+    # The dS barrier (id 1, the 256 MMA threads) once a step; with top_sync both warpgroups
+    # also meet on it at each step's top.
+    ds_syncs = len(re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0x1, 0x100\b", mma_code))
+    assert ds_syncs == (2 if options.get("top_sync") else 1)
     # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as one
     # 32-bit store per register pair.
     stmatrix = len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code))
@@ -538,9 +548,14 @@ def _check_kernel_code(
     # (dk_defer: the previous step's dK is issued between S^T and dP^T; dp_late: dP^T after
     # the S^T wait.)
     younger = (0 if options.get("dp_late") else 1) + dk_gemms - 1
-    before, after = _exponentials_around_dp_wait(mma_code, younger)
-    split = per_thread - min(options.get("exp_tail", 0), per_thread)
-    assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
+    if options.get("dv_early"):
+        # dV (P^T from registers) is the first GEMM after the S^T wait, behind every
+        # exponential, and the dP^T wait that follows it leaves it running.
+        assert _gemm_after_s_wait(mma_code, younger) == (2 * sum(on_mufu), f"64x{head_dim}", 1)
+    else:
+        before, after = _exponentials_around_dp_wait(mma_code, younger)
+        split = per_thread - min(options.get("exp_tail", 0), per_thread)
+        assert (before, after) == (2 * sum(on_mufu[:split]), 2 * sum(on_mufu[split:]))
     # The dQ barriers hold both warpgroups and the dQ warp (288 threads, 0x120), or with dq_wg
     # one warpgroup and the dQ warp (160, 0xa0; then none holds 288).
     dq_threads = "0xa0" if options.get("dq_wg") else "0x120"
@@ -672,6 +687,76 @@ def _exponentials_around_dp_wait(mma_code: str, younger: int = 1) -> tuple[int, 
     next_gemm = next(i for i in range(dp_wait, len(lines)) if "HGMMA" in lines[i])
     count = lambda a, b: sum("MUFU.EX2" in line for line in lines[a:b])  # noqa: E731
     return count(s_wait, dp_wait), count(dp_wait, next_gemm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant,config",
+    [
+        ("t80_wgr_p14_sm2_fs_kf_rot", (128, torch.bfloat16, False, True)),
+        ("t80_wgr_p14_sm2_fs_kf_nc_rot", (128, torch.float16, False, False)),
+    ],
+    ids=["det", "counted-nondet"],
+)
+def test_rotated_step_loop_compiles_for_sm90a(variant: str, config: tuple, tmp_path: Path) -> None:
+    """The rotated step loop (a probe): a step's S^T and dP^T twice in the code (before the
+    loop for a CTA's first step, and in it), each dK GEMM from shared memory with its
+    ACCUMULATE flag a runtime predicate, the dQ hand-off's stores before that GEMM, and no
+    local memory or serialised WGMMA."""
+    head_dim = config[0]
+    block_m, block_n = bwd_launch.variant_tiles(variant, head_dim)
+    compiled = _compile(config, tmp_path, variant)
+    ptx = compiled.__ptx__
+    gemm_blocks = 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
+    assert ptx.count("wgmma.mma_async") == gemm_blocks + 2 * head_dim // 16
+    sass = disassemble(compiled.__cubin__)
+    if sass is None:
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
+    assert not re.findall(r"\b(?:STL|LDL)\b", mma_code)
+    assert sass.count("WARPGROUP.ARRIVE") < sass.count("HGMMA")
+    lines = mma_code.splitlines()
+    dk = [
+        i
+        for i, line in enumerate(lines)
+        if re.search(r"HGMMA\.\S+ R\d+, gdesc\S+, R\d+, UP\d", line)
+    ]
+    assert len(dk) == 1
+    stores = [i for i, line in enumerate(lines) if "STS.128" in line]
+    fence = max(i for i in range(dk[0]) if "FENCE.VIEW.ASYNC.S" in lines[i])
+    assert max(i for i in stores if i < dk[0]) < fence < dk[0]
+
+
+@pytest.mark.slow
+def test_skip_elementwise_probe_has_no_exponentials(tmp_path: Path) -> None:
+    """skip_elementwise (a probe with wrong gradients, for timing the step without its
+    element-wise work): no exponentials, the same GEMMs, no local memory."""
+    config = (128, torch.bfloat16, False, True)
+    compiled = _compile(config, tmp_path, "t80_wgr_p14_sm2_fs_kf_noew")
+    sass = disassemble(compiled.__cubin__)
+    if sass is None:
+        pytest.skip("nvdisasm not available: SASS checks skipped")
+    mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
+    assert "MUFU.EX2" not in mma_code
+    assert not re.findall(r"\b(?:STL|LDL)\b", mma_code)
+    assert compiled.__ptx__.count("wgmma.mma_async") == 2 * 128 // 16 + 2 * 80 // 16 + 128 // 16
+
+
+def _gemm_after_s_wait(mma_code: str, younger: int) -> tuple[int, str, int]:
+    """For dv_early: the MUFU.EX2 count between the wait for S^T (as in
+    ``_exponentials_around_dp_wait``) and the first GEMM after it that reads its A operand from
+    registers, that GEMM's shape, and the ``younger`` count of the first wgmma wait after it."""
+    lines = mma_code.splitlines()
+    s_wait = next(
+        i for i, line in enumerate(lines) if f"WARPGROUP.DEPBAR.LE gsb0, {younger:#x}" in line
+    )
+    gemm = next(
+        i for i in range(s_wait, len(lines)) if re.search(r"HGMMA\.\S+ R\d+, R\d+,", lines[i])
+    )
+    shape = re.search(r"HGMMA\.(\d+x\d+)x16", lines[gemm]).group(1)
+    wait = next(i for i in range(gemm, len(lines)) if "WARPGROUP.DEPBAR.LE" in lines[i])
+    exponentials = sum("MUFU.EX2" in line for line in lines[s_wait:gemm])
+    return exponentials, shape, int(lines[wait].split("gsb0, ")[1].split()[0].rstrip(";"), 16)
 
 
 def test_ffi_call_matches_the_kernel_signature() -> None:
@@ -926,6 +1011,24 @@ def test_bad_kernel_options_raise() -> None:
             cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_row_ptr=True,
             dk_early=True, dk_defer=True,
         )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="dv_early: not with exp_tail"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 64, causal=False, deterministic=True, exp_tail=24, dv_early=True
+        )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="dv_early: not with exp_tail"):
+        HopperAttnBwd(**swapped, dv_early=True)
+    with pytest.raises(NotImplementedError, match=r"rotate: not with \['exp_tail'\]"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_row_ptr=True,
+            kv_on_full=True, exp_tail=8, rotate=True,
+        )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="rotate: not with .*'dq_double'"):
+        HopperAttnBwd(
+            cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_row_ptr=True,
+            kv_on_full=True, dq_double=True, rotate=True,
+        )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="top_sync: not with the swapped"):
+        HopperAttnBwd(**swapped, top_sync=True)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -1,11 +1,12 @@
-"""The MMA warpgroups' step loop rotated (``HopperAttnBwd(rotate=True)``, a probe at head dims
-64-128): each iteration runs one step from its dS^T arithmetic through dV, the dS barrier, dQ,
-dK and the dQ hand-off, then the next step's slot wait, S^T and dP^T, the exponentials and the
-dP^T wait. The step's dK GEMM is then still running when the next step's S^T and dP^T are
-issued; the next S^T wait takes it too, and the step's ring slot (dK reads its Q) is released
-there. In the plain loop (``bwd_step.StepMixin.mma``) each step waits for its dK before the
-next one starts, and ptxas waits for every WGMMA in flight at the loop's back-edge, so this
-overlap needs the back-edge where none is: between a step's dP^T wait and its dV GEMM."""
+"""The MMA warpgroups' step loop rotated (``HopperAttnBwd(rotate=True)``, a probe on the hd-128
+full 4k kernel): each iteration runs one step from its dS^T store through dV, the dS barrier,
+dQ, the dQ hand-off and the issue of its dK GEMM, then the next step's slot wait, S^T and dP^T,
+the exponentials, the dP^T wait and the dS^T arithmetic. The step's dK GEMM is then still
+running when the next step's S^T and dP^T are issued; the next S^T wait takes it too, and the
+step's ring slot (dK reads its Q) is released there. In the plain loop
+(``bwd_step.StepMixin.mma``) each step waits for its dK before the next one starts, and ptxas
+waits for every WGMMA in flight at a loop's back-edge, so this overlap needs the back-edge
+where none is: after a step's dS^T arithmetic, before its dS^T store (NOTES item 348)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from ._cute_utils import pack_16bit_pair, wgmma
 from .bwd_step import DK_NEXT_STEP
-from .bwd_sync import BAR_DQ_EMPTY, BAR_DQ_FULL, BAR_DQ_READ, F_DONE, F_FIRST, F_LAST, I_FLAGS
+from .bwd_sync import BAR_DQ_EMPTY, BAR_DQ_FULL, F_DONE, F_FIRST, F_LAST, I_FLAGS
 
 
 class RotatedStepMixin:
@@ -32,10 +33,11 @@ class RotatedStepMixin:
         written on one path while the dK GEMM is in flight on the other made ptxas wait for
         it where the paths join), and the "end" trace point comes before the step's dK is
         done."""
+        # (rotate refuses do_single, dq_double and ds_guard: dO and dS^T are in the step's
+        # ring stage, and the dQ staging buffer is buffer 0.)
         stage = Int32(0)
         phase = Int32(0)
-        do_phase = Int32(0)  # of dO's own mbarriers (do_single)
-        buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
+        buf = Int32(0)
         traced = Int32(0)  # steps this warpgroup has run (step_trace)
         kept_stage = Int32(0)  # the stage of the previous step, held until its dK is done
         kept_slot = Int32(0)  # 1 while that slot is held
@@ -46,34 +48,18 @@ class RotatedStepMixin:
         pairs = cute.size(v.thr_sdp.partition_shape_C(v.shape_st)) // 2
         pP = cute.make_rmem_tensor(cute.make_layout(pairs), Int32)
         pdS = cute.make_rmem_tensor(cute.make_layout(pairs), Int32)
-        if const_expr(self.ds_guard):
-            # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
-            cute.arch.barrier_arrive(
-                barrier_id=BAR_DQ_READ + v.wg, number_of_threads=self.num_mma_threads
-            )
-        flags, done = self._rotated_front(
-            v, pP, pdS, stage, phase, do_phase, buf, traced, kept_slot, kept_stage
-        )
+        flags, done = self._rotated_front(v, pP, pdS, stage, phase, traced, kept_slot, kept_stage)
         while done == 0:
-            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
-            do_stage = Int32(0) if const_expr(self.do_single) else stage
             rP = self._unpacked(pP, v)
             rdS = self._unpacked(pdS, v)
             acc_dQ = cute.make_rmem_tensor(v.thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
-            if const_expr(self.ds_guard):
-                # The other warpgroup's previous dQ GEMM has read the dS buffer.
-                cute.arch.barrier(
-                    barrier_id=BAR_DQ_READ + 1 - v.wg, number_of_threads=self.num_mma_threads
-                )
-            cute.copy(v.ds_copy, v.thr_ds.retile(rdS), v.tDsdS[None, None, None, ds_stage])
-            self._dv_gemm(v.acc_dV, rP, v.tVrdO, do_stage, v.mma_dkv)
+            cute.copy(v.ds_copy, v.thr_ds.retile(rdS), v.tDsdS[None, None, None, stage])
+            self._dv_gemm(v.acc_dV, rP, v.tVrdO, stage, v.mma_dkv)
             # dQ alone after the dS barrier, awaited (DK_NEXT_STEP: this loop issues the dK).
             self._ds_barrier_gemms(
                 DK_NEXT_STEP, acc_dQ, v.acc_dK, rdS, v.tQrK, v.tQrdS, v.tKrQ, v.mma_dq,
-                v.mma_dkv, ds_stage, stage, v.storage, v.dkv_sums, v.wg, traced,
+                v.mma_dkv, stage, stage, v.storage, v.dkv_sums, v.wg, traced,
             )  # fmt: skip
-            if const_expr(self.do_single):
-                do_phase = do_phase ^ 1
 
             # Hand the dQ partial to the dQ writer once its buffer is free, before the dK GEMM
             # is issued: the proxy fence of the hand-off waited for the dK GEMM in flight (its
@@ -84,15 +70,13 @@ class RotatedStepMixin:
             self._store_dq_fragment(acc_dQ, v.sdQ, buf, v.tidx, v.mma_dq)
             cute.arch.fence_view_async_shared()
             self._dq_barrier(BAR_DQ_FULL, buf, v.wg, wait=False)
-            if const_expr(self.dq_double):
-                buf = buf ^ 1
             # dK += dS^T Q, dS^T from shared memory (its registers are free while this GEMM
             # runs into the next step); a chain's first dK starts from zero by its ACCUMULATE
             # flag (zeroing acc_dK after the chain's epilogue, on one path while the GEMM is in
             # flight on the other, made ptxas wait for it where the paths join).
             mma_dk_smem, tKsdS, tKsQ = v.dk_smem
             wgmma(
-                mma_dk_smem, v.acc_dK, tKsdS[None, None, None, ds_stage],
+                mma_dk_smem, v.acc_dK, tKsdS[None, None, None, stage],
                 tKsQ[None, None, None, stage], zero_init=False,
                 accumulate=(flags & F_FIRST) == 0,
             )  # fmt: skip
@@ -109,7 +93,7 @@ class RotatedStepMixin:
                 traced = traced + 1
             stage, phase = self._next_stage(stage, phase)
             flags, done = self._rotated_front(
-                v, pP, pdS, stage, phase, do_phase, buf, traced, kept_slot, kept_stage
+                v, pP, pdS, stage, phase, traced, kept_slot, kept_stage
             )
 
     @cute.jit
@@ -120,8 +104,6 @@ class RotatedStepMixin:
         pdS: cute.Tensor,
         stage: Int32,
         phase: Int32,
-        do_phase: Int32,
-        buf: Int32,
         traced: Int32,
         kept_slot: Int32,
         kept_stage: Int32,
@@ -141,14 +123,13 @@ class RotatedStepMixin:
             wgmma(v.mma_sdp, acc_S, v.tSrK, v.tSrQ[None, None, None, stage], zero_init=True)
         flags = v.sInfo[I_FLAGS, stage]
         done = flags & F_DONE
-        do_stage = Int32(0) if const_expr(self.do_single) else stage
         if done != 0:
             warpgroup.wait_group(0)
-            self._stop_dq_writer(buf, v.wg, self.ds_guard)
+            self._stop_dq_writer(Int32(0), v.wg, False)
         else:
             if const_expr(not self.gemm_before_flags):
                 wgmma(v.mma_sdp, acc_S, v.tSrK, v.tSrQ[None, None, None, stage], zero_init=True)
-            self._issue_dp(acc_dP, v.tPrV, v.tPrdO, do_stage, v.storage, do_phase, v.mma_sdp)
+            self._issue_dp(acc_dP, v.tPrV, v.tPrdO, stage, v.storage, Int32(0), v.mma_sdp)
             warpgroup.wait_group(1)
             self._trace(v.dkv_sums, v.wg, traced, 1)
             if kept_slot != 0:

@@ -12,7 +12,7 @@ from tools.hopper.step_trace import TRACE_POINTS, WARPS
 
 
 def _synthetic(ctas: int, steps: int, real_steps: int, lag: int) -> np.ndarray:
-    """Int32 words of a run where every interval between points is 100 cycles (a step 700),
+    """Int32 words of a run where every interval between points is 100 cycles (a step 800),
     warpgroup 1 reaches the dS barrier ``lag`` cycles after warpgroup 0 and waits nothing
     there, each warpgroup's last warp 3 cycles after its first; each CTA ran ``real_steps``
     steps, then its terminator stamped its top."""
@@ -22,7 +22,7 @@ def _synthetic(ctas: int, steps: int, real_steps: int, lag: int) -> np.ndarray:
         for step in range(real_steps + 1):
             slot = min(step, steps - 1)
             for wg in (0, 1):
-                top = start + 700 * step
+                top = start + 100 * len(TRACE_POINTS) * step
                 points = top + 100 * np.arange(len(TRACE_POINTS))
                 if wg == 1:
                     points[2] += lag  # arrives later; the barrier releases both at once
@@ -46,11 +46,12 @@ def test_summary_of_a_synthetic_trace() -> None:
     assert steps_run.tolist() == [11, 11, 11]  # ten steps and the terminator's top
     text = step_trace.summarise(points, steps_run)
     # Each warpgroup's point is its last warp's: the intervals stay 100 cycles.
-    assert "| top -> s_done | 100 / 100 (14%) | 100 / 100 (14%) |" in text
-    assert "| s_done -> ds_arrive | 100 / 100 (14%) | 140 / 140 (20%) |" in text
-    assert "| ds_arrive -> ds_pass | 100 / 100 (14%) | 60 / 60 (9%) |" in text
-    assert "| end -> next top | 100 / 100 (14%) | 100 / 100 (14%) |" in text
-    assert "| step (top -> next top) | 700 / 700 | 700 / 700 |" in text
+    assert "| top -> s_done | 100 / 100 (12%) | 100 / 100 (12%) |" in text
+    assert "| s_done -> ds_arrive | 100 / 100 (12%) | 140 / 140 (18%) |" in text
+    assert "| ds_arrive -> ds_pass | 100 / 100 (12%) | 60 / 60 (8%) |" in text
+    assert "| dq_pass -> dq_stored | 100 / 100 (12%) | 100 / 100 (12%) |" in text
+    assert "| end -> next top | 100 / 100 (12%) | 100 / 100 (12%) |" in text
+    assert "| step (top -> next top) | 800 / 800 | 800 / 800 |" in text
     assert "wg1 arrives last in 100% of steps" in text
     assert "arrives 40 cycles after the other (median 40" in text
     # Each CTA's ten steps (slot 10 holds the terminator's top only).

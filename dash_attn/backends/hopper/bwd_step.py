@@ -39,14 +39,16 @@ from .exp2_poly import exp2_poly
 # step_trace (a probe): the places of a step where each MMA warp writes its SM clock, in order.
 # The two "past a barrier" stamps read the clock right after a BAR.SYNC.DEFER_BLOCKING, which
 # does not hold the clock read back (session 61: 33-42 cycles after the arrival stamp in every
-# step): a warp's wait at those barriers shows in the interval that follows them.
+# step): a warp's wait at those barriers shows in the interval that follows them, "dq_pass ->
+# dq_stored" holding the wait for the dQ warp to free the staging buffer (session 62).
 TRACE_POINTS = (
     "top",  # the step's ring slot is full
     "s_done",  # S^T is done (the exponentials start)
     "ds_arrive",  # dS^T is in shared memory: at the warpgroups' dS barrier
     "ds_pass",  # past it (the dQ GEMM is issued)
     "dq_wait",  # dQ is done: at the dQ staging buffer's "empty" barrier
-    "dq_pass",  # past it (the partial is stored)
+    "dq_pass",  # past it
+    "dq_stored",  # the partial is stored and fenced (the hand-off's arrival follows)
     "end",  # dK is done and the slot released
 )
 
@@ -326,6 +328,7 @@ class StepMixin:
                     self._trace(dkv_sums, wg, traced, 5)
                     self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                     cute.arch.fence_view_async_shared()
+                    self._trace(dkv_sums, wg, traced, 6)
                     self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
                     if const_expr(self.dq_double):
                         buf = buf ^ 1
@@ -386,7 +389,7 @@ class StepMixin:
                             self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
                             self._zero_for_next_chain(acc_dK, acc_dV)
 
-                    self._trace(dkv_sums, wg, traced, 6)
+                    self._trace(dkv_sums, wg, traced, 7)
                     if const_expr(self.step_trace > 0):
                         traced = traced + 1
                     stage, phase = self._next_stage(stage, phase)

@@ -69,6 +69,7 @@ class RotatedStepMixin:
             self._trace(v.dkv_sums, v.wg, traced, 5)
             self._store_dq_fragment(acc_dQ, v.sdQ, buf, v.tidx, v.mma_dq)
             cute.arch.fence_view_async_shared()
+            self._trace(v.dkv_sums, v.wg, traced, 6)
             self._dq_barrier(BAR_DQ_FULL, buf, v.wg, wait=False)
             # dK += dS^T Q, dS^T from shared memory (its registers are free while this GEMM
             # runs into the next step); a chain's first dK starts from zero by its ACCUMULATE
@@ -88,7 +89,7 @@ class RotatedStepMixin:
                 warpgroup.wait_group(0)
                 kept_slot = Int32(0)
                 self._rotated_chain_end(v, stage)
-            self._trace(v.dkv_sums, v.wg, traced, 6)
+            self._trace(v.dkv_sums, v.wg, traced, 7)
             if const_expr(self.step_trace > 0):
                 traced = traced + 1
             stage, phase = self._next_stage(stage, phase)

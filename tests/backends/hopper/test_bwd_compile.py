@@ -904,7 +904,7 @@ def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: 
     assert 0 <= loop.find("HGMMA") < loop.find("LDS")
 
 
-def test_step_trace_stamps_seven_clocks_per_step(tmp_path: Path) -> None:
+def test_step_trace_stamps_a_clock_per_trace_point(tmp_path: Path) -> None:
     """``step_trace`` (a probe, tools/hopper/step_trace.py): the MMA warpgroups read the SM
     clock at each of ``bwd_step.TRACE_POINTS`` and store it (no local memory); the kernel
     without it reads no clock."""

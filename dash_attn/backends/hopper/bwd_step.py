@@ -160,7 +160,7 @@ class StepMixin:
             )
         if const_expr(self.rotate):
             # The step loop rotated (bwd_step_rotated.py): each iteration from a step's dS^T
-            # through the next step's exponentials.
+            # store through the next step's dS^T arithmetic.
             self._rotated_loop(
                 SimpleNamespace(
                     mdK=mdK, mdV=mdV, scale_log2=scale_log2, softmax_scale=softmax_scale,
@@ -243,17 +243,8 @@ class StepMixin:
                     if const_expr(not self.early_meta):
                         n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
                     probs_args = (
-                        acc_S,
-                        tScS,
-                        sLSE,
-                        rLSE,
-                        stage,
-                        scale_log2,
-                        n0,
-                        m0,
-                        shift,
-                        seqlen_k,
-                    )
+                        acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k,
+                    )  # fmt: skip
                     if const_expr(self.exp_tail > 0):
                         # The last exp_tail exponentials after the dP^T wait, in one block with
                         # dS^T.

@@ -302,14 +302,19 @@ for _shipped in _FULL_KERNELS:
 # flags read and with the dK/dV epilogue of plain row stores (neither changes the bits):
 # "_rotc" is that kernel unrotated, the control. Bits equal to the shipped kernel's; 0.99x
 # det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6).
-_ROTATED = (BWD_VARIANT[128, "full"], counted_nondet_twin(BWD_VARIANT[128, "full"]))
-for _name in _ROTATED:
+_D128_FULL_4K = (BWD_VARIANT[128, "full"], counted_nondet_twin(BWD_VARIANT[128, "full"]))
+for _name in _D128_FULL_4K:
     _control = {
         **VARIANTS[_name], "gemm_before_flags": False, "dkv_smem": False,
         "dkv_smem_unroll": 1,
     }  # fmt: skip
     VARIANTS[_name + "_rotc"] = _control
     VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
+# Session 62 (prepared, not timed): two dQ warps sharing the one staging buffer on the hd-128
+# full 4k kernel and its counted twin ("_dw2": dq_writers=2 with early_turn), for the dQ warp's
+# cycle that NOTES item 350 finds warpgroup 1 waiting for; the same bits.
+for _name in _D128_FULL_4K:
+    VARIANTS[_name + "_dw2"] = {**VARIANTS[_name], "dq_writers": 2, "early_turn": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

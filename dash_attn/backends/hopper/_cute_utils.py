@@ -9,7 +9,7 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -140,3 +140,16 @@ def pack_16bit_pair(
             ip=ip,
         )
     )
+
+
+@cute.jit
+def convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
+
+    `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
+    16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
+    """
+    bf16 = const_expr(dst.element_type == cutlass.BFloat16)
+    dst32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range(cute.size(dst32), unroll_full=True):
+        dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)

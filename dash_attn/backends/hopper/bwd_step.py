@@ -14,7 +14,7 @@ from cutlass.cute.nvgpu import warpgroup
 from . import dq_fragment
 from ._cute_utils import (
     acc_to_operand_a,
-    pack_16bit_pair,
+    convert_16bit,
     transpose_view,
     unpack_16bit_half,
     wgmma,
@@ -271,10 +271,7 @@ class StepMixin:
                             # dV now, in the tensor pipe while dS^T is computed (younger than
                             # dP^T: the wait leaves it running).
                             rP = cute.make_fragment_like(acc_S, self.dtype)
-                            rP32 = cute.recast_tensor(rP, Int32)
-                            bf16 = const_expr(self.dtype == cutlass.BFloat16)
-                            for j in cutlass.range_constexpr(cute.size(rP32)):
-                                rP32[j] = pack_16bit_pair(acc_S[2 * j], acc_S[2 * j + 1], bf16)
+                            convert_16bit(acc_S, rP)
                             self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
                             warpgroup.wait_group(1)
                             self._grad_scores(rP, acc_dP, tScS, sDelta, stage)
@@ -325,22 +322,7 @@ class StepMixin:
                         buf = buf ^ 1
 
                     warpgroup.wait_group(0)
-                    if const_expr(self.dkv_sum):
-                        if flags & F_LAST == 0:
-                            if const_expr(self.dk_defer):
-                                kept_stage, kept_slot = stage, Int32(1)
-                            else:
-                                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                        else:
-                            if const_expr(self.dk_defer):
-                                self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
-                                kept_slot = Int32(0)
-                            self._sum_chain_epilogue(
-                                storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                                softmax_scale, seqlen_k, dkv_sums, tidx, wg,
-                            )  # fmt: skip
-                            self._zero_for_next_chain(acc_dK, acc_dV)
-                    elif const_expr(self.dkv_row_ptr):
+                    if const_expr(self.dkv_sum or self.dkv_row_ptr):
                         # The chain's (batch, kv head, kv tile) are read at its last step only:
                         # read at every step, ptxas moves them into uniform registers before the
                         # branch, and every step waits there for the shared load (queued behind
@@ -354,10 +336,14 @@ class StepMixin:
                             if const_expr(self.dk_defer):
                                 self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
                                 kept_slot = Int32(0)
-                            self._chain_epilogue(
+                            epilogue_args = (
                                 storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                                softmax_scale, seqlen_k, sK_out, sV_out, tidx, wg,
+                                softmax_scale, seqlen_k,
                             )  # fmt: skip
+                            if const_expr(self.dkv_sum):
+                                self._sum_chain_epilogue(*epilogue_args, dkv_sums, tidx, wg)
+                            else:
+                                self._chain_epilogue(*epilogue_args, sK_out, sV_out, tidx, wg)
                             self._zero_for_next_chain(acc_dK, acc_dV)
                     else:
                         b = sInfo[I_BATCH, stage]

@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from ._cute_utils import pack_16bit_pair, wgmma
+from ._cute_utils import convert_16bit, wgmma
 from .bwd_step import DK_NEXT_STEP
 from .bwd_sync import BAR_DQ_EMPTY, BAR_DQ_FULL, F_DONE, F_FIRST, F_LAST, I_FLAGS
 
@@ -145,20 +145,15 @@ class RotatedStepMixin:
                 self._probs(*probs_args, False)
             warpgroup.wait_group(0)
             self._grad_scores(acc_S, acc_dP, v.tScS, v.sDelta, stage)
-            bf16 = const_expr(self.dtype == cutlass.BFloat16)
-            for j in cutlass.range_constexpr(cute.size(pP)):
-                pP[j] = pack_16bit_pair(acc_S[2 * j], acc_S[2 * j + 1], bf16)
-                pdS[j] = pack_16bit_pair(acc_dP[2 * j], acc_dP[2 * j + 1], bf16)
+            convert_16bit(acc_S, cute.recast_tensor(pP, self.dtype))
+            convert_16bit(acc_dP, cute.recast_tensor(pdS, self.dtype))
         return flags, done
 
     @cute.jit
     def _unpacked(self, packed: cute.Tensor, v: SimpleNamespace) -> cute.Tensor:
         """A 16-bit accumulator-layout fragment (P^T's, dS^T's) holding ``packed``'s pairs."""
-        frag = cute.make_fragment_like(
-            cute.make_rmem_tensor(
-                v.thr_sdp.partition_shape_C((self.block_n, self.block_m)), Float32
-            ),
-            self.dtype,
+        frag = cute.make_rmem_tensor(
+            v.thr_sdp.partition_shape_C((self.block_n, self.block_m)), self.dtype
         )
         words = cute.recast_tensor(frag, Int32)
         for j in cutlass.range_constexpr(cute.size(words)):

@@ -14,7 +14,7 @@ import cutlass.pipeline as cpipe
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ._cute_utils import acc_to_operand_a, pack_16bit_pair, wgmma
+from ._cute_utils import acc_to_operand_a, convert_16bit, wgmma
 
 LN_2 = math.log(2.0)
 
@@ -57,19 +57,6 @@ def _row_reduce4(s_mn: cute.Tensor, r: int, op: Any) -> Any:
         for j in range(4):
             part[j] = op(part[j], s_mn[r, c + j])
     return op(op(part[0], part[1]), op(part[2], part[3]))
-
-
-@cute.jit
-def _convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
-
-    `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
-    16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
-    """
-    bf16 = const_expr(dst.element_type == cutlass.BFloat16)
-    dst32 = cute.recast_tensor(dst, Int32)
-    for i in cutlass.range(cute.size(dst32), unroll_full=True):
-        dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)
 
 
 class FwdConsumerMixin:
@@ -234,7 +221,7 @@ class FwdConsumerMixin:
 
             # ---- O: registers -> smem (sO) -> one TMA store of the whole tile_m-row tile.
             r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
-            _convert_16bit(acc_o, r_o)
+            convert_16bit(acc_o, r_o)
             if const_expr(self.persistent):  # noqa: SIM102 (compile-time, then runtime test)
                 # sO must have been read by the previous tile's store (issued by this thread).
                 if tidx == 0:
@@ -425,11 +412,11 @@ class FwdConsumerMixin:
         warpgroup's slab of sP, made visible to the WGMMA (async proxy) and awaited by the
         warpgroup's four warps, each of which issues its part of the PV."""
         if const_expr(p_stage is None):
-            _convert_16bit(acc_to_operand_a(acc_s), tOrP)
+            convert_16bit(acc_to_operand_a(acc_s), tOrP)
         else:
             p_atom, p_copy, p_dst = p_stage
             r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
-            _convert_16bit(acc_s, r_p)
+            convert_16bit(acc_s, r_p)
             cute.copy(p_atom, p_copy.retile(r_p), p_dst)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_P_BASE - 1 + wg, number_of_threads=128)

@@ -139,9 +139,15 @@ BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # triples beside FA4 (call2 ab_pairs.txt, median of 40 per-triple ratios; an A/A row read
 # 0.994x): det 1.016-1.020x at hd 64 full 4k-16k, 1.015-1.025x causal 4k-16k, 1.024x at hd 128
 # full 8k, 1.015x causal 16k, 1.00-1.07x elsewhere; non-det 0.98-0.99x at hd 64 full 4k-16k, so
-# non-deterministic backwards keep one dQ warp. Only variants with two staging buffers have a
-# twin (hd 128 full below 8k keys has one).
+# non-deterministic backwards kept one dQ warp (until session 59's counted kernels, below).
+# At hd 128 full below 8k keys (one staging buffer) both dQ warps share the buffer and take
+# their turns early, as at hd 192/256 below (session 63): bits equal, det 1.080x and counted
+# non-det 1.046x the one-warp kernel at full 4k in interleaved rounds beside FA4, an H100
+# (session63 call1, ab_dw2_d128.txt), where the step trace had the second MMA warpgroup wait
+# a median 988 cycles of its 4792-cycle step for the dQ warp to free that buffer
+# (trace_d128.txt, NOTES items 350 and 354).
 BWD_DET_TWIN = {
+    "t80_wgr_p14_sm2_fs_kf": "t80_wgr_p14_sm2_fs_w2_kf",
     "t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf",
     "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
     "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",

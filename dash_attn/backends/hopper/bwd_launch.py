@@ -26,8 +26,8 @@ from . import (
     BWD_DET_TWIN,
     BWD_VARIANT,
     BWD_VARIANT_LONG,
+    NONDET_COUNTED_SUFFIX,
     bwd_variant,
-    counted_nondet_twin,
     counted_nondet_twins,
     kernel_cache,
 )
@@ -260,6 +260,18 @@ for _name in _D128_FULL:
 # the shipped kernels at full 2k-16k (session56-644086d call6, an H100; NOTES item 309).
 for _name in _D128_FULL:
     VARIANTS[_name + "_ru0"] = {**VARIANTS[_name], "ptxas": "--register-usage-level=0"}
+# Session 63: the hd-128 full kernel below 8k keys with two dQ warps sharing its one staging
+# buffer (dq_writers=2 with early_turn, as sw_w2_fs; prepared as "_dw2" in session 62): each
+# warp takes every other step, so one warp's wait for its adds to land and its release overlap
+# the other's turn and reduce. Shipped as that kernel's det twin (hopper.BWD_DET_TWIN) and so
+# in its counted non-det kernel; the kernel before it and its counted twin stay registered
+# for A/Bs and the probes below, which ran on them.
+VARIANTS["t80_wgr_p14_sm2_fs_w2_kf"] = {
+    **VARIANTS["t80_wgr_p14_sm2_fs_kf"], "dq_writers": 2, "early_turn": True,
+}  # fmt: skip
+VARIANTS["t80_wgr_p14_sm2_fs_kf_nc"] = {
+    **VARIANTS["t80_wgr_p14_sm2_fs_kf"], "nondet_first_store": True,
+}  # fmt: skip
 # Session 59: the counted non-deterministic kernels ("_nc", nondet_first_store;
 # ``hopper.counted_nondet_twin``, shipped as ``hopper.BWD_NONDET_TWIN``), one per shipped
 # variant: the kernel of its det twin, whose options they keep (in deterministic mode the option
@@ -277,9 +289,19 @@ _FULL_KERNELS = (
     BWD_VARIANT[128, "full"],
     BWD_VARIANT_LONG[128, "full"][1],
 )
+# The twins the probes of sessions 61-62 ran on (the hd-128 full kernel below 8k keys had no
+# det twin before session 63).
+_PROBE_DET_TWIN = {k: v for k, v in BWD_DET_TWIN.items() if k != "t80_wgr_p14_sm2_fs_kf"}
+
+
+def _probe_kernels(shipped: str) -> tuple[str, ...]:
+    """``shipped``, its det twin and its counted kernel as sessions 61-62 probed them."""
+    det = _PROBE_DET_TWIN.get(shipped, shipped)
+    return tuple(dict.fromkeys((shipped, det, det + NONDET_COUNTED_SUFFIX)))
+
+
 for _shipped in _FULL_KERNELS:
-    _kernels = (_shipped, BWD_DET_TWIN.get(_shipped, _shipped), counted_nondet_twin(_shipped))
-    for _name in dict.fromkeys(_kernels):
+    for _name in _probe_kernels(_shipped):
         VARIANTS[_name + "_dke"] = {**VARIANTS[_name], "dk_early": True}
         VARIANTS[_name + "_dpl"] = {**VARIANTS[_name], "dp_late": True}
         if _shipped == BWD_VARIANT[64, "full"]:
@@ -291,8 +313,7 @@ for _shipped in _FULL_KERNELS:
 # the dP^T wait (exp_tail 0). Rule met, det repeats bitwise; d128 full 4k 1.000x det / 1.002x
 # non-det the shipped kernels, 2k 0.998x / 1.025x (session62-cbcd682 call 2, an H100).
 for _shipped in _FULL_KERNELS:
-    _kernels = (_shipped, BWD_DET_TWIN.get(_shipped, _shipped), counted_nondet_twin(_shipped))
-    for _name in dict.fromkeys(_kernels):
+    for _name in _probe_kernels(_shipped):
         VARIANTS[_name + "_dve"] = {**VARIANTS[_name], "dv_early": True, "exp_tail": 0}
         VARIANTS[_name + "_ts"] = {**VARIANTS[_name], "top_sync": True}
         VARIANTS[_name + "_noew"] = {**VARIANTS[_name], "skip_elementwise": True}
@@ -302,7 +323,7 @@ for _shipped in _FULL_KERNELS:
 # flags read and with the dK/dV epilogue of plain row stores (neither changes the bits):
 # "_rotc" is that kernel unrotated, the control. Bits equal to the shipped kernel's; 0.99x
 # det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6).
-_D128_FULL_4K = (BWD_VARIANT[128, "full"], counted_nondet_twin(BWD_VARIANT[128, "full"]))
+_D128_FULL_4K = _probe_kernels(BWD_VARIANT[128, "full"])
 for _name in _D128_FULL_4K:
     _control = {
         **VARIANTS[_name], "gemm_before_flags": False, "dkv_smem": False,
@@ -310,11 +331,6 @@ for _name in _D128_FULL_4K:
     }  # fmt: skip
     VARIANTS[_name + "_rotc"] = _control
     VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
-# Session 62 (prepared, not timed): two dQ warps sharing the one staging buffer on the hd-128
-# full 4k kernel and its counted twin ("_dw2": dq_writers=2 with early_turn), for the dQ warp's
-# cycle that NOTES item 350 finds warpgroup 1 waiting for; the same bits.
-for _name in _D128_FULL_4K:
-    VARIANTS[_name + "_dw2"] = {**VARIANTS[_name], "dq_writers": 2, "early_turn": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

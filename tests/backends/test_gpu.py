@@ -282,7 +282,7 @@ def test_hopper_counted_nondet_kernels_are_correct() -> None:
                 assert torch.equal(counted[i], uncounted[i]), f"{name} differs [{tag}]"
 
 
-@pytest.mark.parametrize("headdim", [64, 256])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
 def test_hopper_counted_nondet_broken_table_raises_instead_of_hanging(headdim: int) -> None:
     """A counted non-det kernel waits for each dQ tile's first store: with every rank + 1 no
     tile gets one, so its waits give up after the plan's bound and the backward raises, and
@@ -443,7 +443,7 @@ def test_hopper_nondet_auto_takes_descending_where_listed(shape, causal):
     assert det.schedule.name in ("shift", "symmetric_shift")
 
 
-@pytest.mark.parametrize("headdim", [64, 192, 256])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_broken_table_raises_instead_of_hanging(backend, headdim):
     batch, seqlen, heads = 1, 1024, 2

@@ -331,6 +331,11 @@ for _name in _D128_FULL_4K:
     }  # fmt: skip
     VARIANTS[_name + "_rotc"] = _control
     VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
+# Session 63 (a probe): the long hd-128 full kernel's det twin and counted kernel with the dQ
+# turn taken while the step is computed ("_et", early_turn), as the one-buffer twin below 8k
+# keys has it; the same bits.
+for _name in ("t80_wg2r_p14_fs_w2_kf", "t80_wg2r_p14_fs_w2_kf_nc"):
+    VARIANTS[_name + "_et"] = {**VARIANTS[_name], "early_turn": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

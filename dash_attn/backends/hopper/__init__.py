@@ -150,7 +150,8 @@ BWD_DET_TWIN = {
     "t80_wgr_p14_sm2_fs_kf": "t80_wgr_p14_sm2_fs_w2_kf",
     "t128_xm24r_sm2_fs_dq2_kp_st_kf": "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf",
     "t128_xm24r_sm2_fs_dq2_dt_kp_st_kf": "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
-    "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
+    # With the dQ turn taken early since session 63 (bwd_launch: 1.008-1.014x det at 8k-16k).
+    "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf_et",
     "t128_wg2gr_sm2_fs_dt": "t128_wg2gr_sm2_fs_dt_w2",
     "t128_wg2gr_sm2_fs_dt_kf": "t128_wg2gr_sm2_fs_dt_w2_kf",
     # Head dims 192 and 256: both dQ warps share the one staging buffer (a second does not

@@ -289,9 +289,11 @@ VARIANT_CONFIGS = [
     # Session 62: dV issued before the dP^T wait (dv_early), hd 128 full (short and long).
     ("t80_wgr_p14_sm2_fs_kf_dve", (128, torch.bfloat16, False, True)),
     ("t80_wg2r_p14_fs_w2_kf_nc_dve", (128, torch.float16, False, False)),
-    # Session 62: two dQ warps sharing the one staging buffer on the hd-128 full 4k kernel.
-    ("t80_wgr_p14_sm2_fs_kf_dw2", (128, torch.bfloat16, False, True)),
-    ("t80_wgr_p14_sm2_fs_kf_nc_dw2", (128, torch.float16, False, False)),
+    # Session 63: the kernels the twins shipped then replaced, kept for A/Bs: the counted
+    # kernel of the hd-128 full kernel below 8k keys (one dQ warp), and the long kernel's
+    # without the early turn.
+    ("t80_wgr_p14_sm2_fs_kf_nc", (128, torch.float16, False, False)),
+    ("t80_wg2r_p14_fs_w2_kf_nc", (128, torch.bfloat16, False, False)),
     # Session 62: both warpgroups meet at each step's top before their S^T (top_sync).
     ("t80_wgr_p14_sm2_fs_kf_ts", (128, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ts", (64, torch.bfloat16, False, False)),

@@ -343,6 +343,13 @@ for _name in _D128_FULL_4K:
     }  # fmt: skip
     VARIANTS[_name + "_rotc"] = _control
     VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
+# Session 63 (a probe): the hd-64 full det twin and its counted kernel with 1 of 4 / 1 of 8
+# exponentials by the FMA pipe's polynomial ("_p14", "_p18", exp_poly): at d64 full 4k the
+# step goes to the stretch from S^T to the dS barrier (NOTES item 358); session 22 timed
+# exp_poly at hd 64 slower on the kernels of then. Other last bits (the rule holds).
+for _name in ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc"):
+    for _n in (4, 8):
+        VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

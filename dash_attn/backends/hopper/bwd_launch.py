@@ -346,7 +346,8 @@ for _name in _D128_FULL_4K:
 # Session 63 (a probe): the hd-64 full det twin and its counted kernel with 1 of 4 / 1 of 8
 # exponentials by the FMA pipe's polynomial ("_p14", "_p18", exp_poly): at d64 full 4k the
 # step goes to the stretch from S^T to the dS barrier (NOTES item 358); session 22 timed
-# exp_poly at hd 64 slower on the kernels of then. Other last bits (the rule holds).
+# exp_poly at hd 64 slower on the kernels of then. Other last bits. Slower again: "_p14"
+# 0.973x det / 0.969x non-det, "_p18" 0.976x / 0.992x at d64 full 4k (session63 calls 7-8).
 for _name in ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc"):
     for _n in (4, 8):
         VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}

@@ -294,6 +294,8 @@ VARIANT_CONFIGS = [
     # without the early turn.
     ("t80_wgr_p14_sm2_fs_kf_nc", (128, torch.float16, False, False)),
     ("t80_wg2r_p14_fs_w2_kf_nc", (128, torch.bfloat16, False, False)),
+    # Session 63: exp_poly on the hd-64 full det twin (a probe, slower).
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_p18", (64, torch.bfloat16, False, True)),
     # Session 62: both warpgroups meet at each step's top before their S^T (top_sync).
     ("t80_wgr_p14_sm2_fs_kf_ts", (128, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ts", (64, torch.bfloat16, False, False)),

@@ -265,12 +265,9 @@ for _name in _D128_FULL:
 # warp takes every other step, so one warp's wait for its adds to land and its release overlap
 # the other's turn and reduce. Shipped as that kernel's det twin (hopper.BWD_DET_TWIN) and so
 # in its counted non-det kernel; the kernel before it and its counted twin stay registered
-# for A/Bs and the probes below, which ran on them.
+# (_DET_TWIN_BEFORE_63) for A/Bs and the probes below, which ran on them.
 VARIANTS["t80_wgr_p14_sm2_fs_w2_kf"] = {
     **VARIANTS["t80_wgr_p14_sm2_fs_kf"], "dq_writers": 2, "early_turn": True,
-}  # fmt: skip
-VARIANTS["t80_wgr_p14_sm2_fs_kf_nc"] = {
-    **VARIANTS["t80_wgr_p14_sm2_fs_kf"], "nondet_first_store": True,
 }  # fmt: skip
 # And the long kernel's det twin (from 8k keys) with the dQ turn taken while the step is
 # computed ("_et", early_turn), as the one-buffer twin has it: bits equal; det 1.014x at full
@@ -278,15 +275,23 @@ VARIANTS["t80_wgr_p14_sm2_fs_kf_nc"] = {
 # interleaved rounds beside FA4 (session63 call 5, ab_et_long.txt, an H100). Shipped; the
 # twin before it and its counted kernel stay registered.
 VARIANTS["t80_wg2r_p14_fs_w2_kf_et"] = {**VARIANTS["t80_wg2r_p14_fs_w2_kf"], "early_turn": True}
-VARIANTS["t80_wg2r_p14_fs_w2_kf_nc"] = {
-    **VARIANTS["t80_wg2r_p14_fs_w2_kf"], "nondet_first_store": True,
-}  # fmt: skip
+# The det twins as they were before session 63 (the probes of sessions 61-62 ran on them and
+# their counted kernels).
+_DET_TWIN_BEFORE_63 = {
+    **BWD_DET_TWIN,
+    "t80_wgr_p14_sm2_fs_kf": "t80_wgr_p14_sm2_fs_kf",
+    "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
+}
 # Session 59: the counted non-deterministic kernels ("_nc", nondet_first_store;
 # ``hopper.counted_nondet_twin``, shipped as ``hopper.BWD_NONDET_TWIN``), one per shipped
 # variant: the kernel of its det twin, whose options they keep (in deterministic mode the option
-# changes nothing).
-for _name, _counted in counted_nondet_twins().items():
-    VARIANTS[_counted] = {**VARIANTS[BWD_DET_TWIN.get(_name, _name)], "nondet_first_store": True}
+# changes nothing); and those of the det twins before session 63.
+_COUNTED_DET_KERNELS = {
+    *(BWD_DET_TWIN.get(_name, _name) for _name in counted_nondet_twins()),
+    *(_DET_TWIN_BEFORE_63.get(_name, _name) for _name in counted_nondet_twins()),
+}
+for _det in sorted(_COUNTED_DET_KERNELS):
+    VARIANTS[_det + NONDET_COUNTED_SUFFIX] = {**VARIANTS[_det], "nondet_first_store": True}
 # Session 61 (probes, none faster; bits equal to the shipped kernels'; session61-9efb573 calls
 # 1 and 3, 12-16 interleaved rounds at full 4k): the MMA warpgroups' dK GEMMs before the dS
 # barrier ("_dke", dk_early), 0.97x / 0.96x det / non-det at hd 128 and 0.92x at hd 64; each
@@ -298,17 +303,11 @@ _FULL_KERNELS = (
     BWD_VARIANT[128, "full"],
     BWD_VARIANT_LONG[128, "full"][1],
 )
-# The twins the probes of sessions 61-62 ran on (before session 63 the hd-128 full kernel
-# below 8k keys had no det twin, and the long one's had no early turn).
-_PROBE_DET_TWIN = {
-    **{k: v for k, v in BWD_DET_TWIN.items() if k != "t80_wgr_p14_sm2_fs_kf"},
-    "t80_wg2r_p14_fs_kf": "t80_wg2r_p14_fs_w2_kf",
-}
 
 
 def _probe_kernels(shipped: str) -> tuple[str, ...]:
     """``shipped``, its det twin and its counted kernel as sessions 61-62 probed them."""
-    det = _PROBE_DET_TWIN.get(shipped, shipped)
+    det = _DET_TWIN_BEFORE_63.get(shipped, shipped)
     return tuple(dict.fromkeys((shipped, det, det + NONDET_COUNTED_SUFFIX)))
 
 

@@ -172,7 +172,8 @@ BWD_DET_TWIN = {
 # semaphores. A counted kernel stores the first partial too, lets the others add in arrival
 # order once that store has landed, and counts every add on the semaphore, so its plan leaves
 # SMs to the cast as a det plan does. Whole backwards in interleaved rounds beside the uncounted
-# kernel, dk/dv bits equal (session59-9b623ea calls 1 and 3, counted_ab_d*.txt, H100):
+# kernel, dk/dv bits equal (session59-9b623ea calls 1 and 3, counted_ab_d*.txt, H100; in git
+# history at a85b24d):
 # 1.07-1.22x at hd 64 512-4k, 1.02-1.05x at 8k-16k (full 16k under descending: 1.03x), 1.04-1.23x
 # at hd 128 512-2k, 1.03-1.05x causal 8k-16k, 0.99x full 4k and 1.00x full 16k (within their
 # rounds' spread), 1.09-1.11x at hd 96, 1.05x at hd 192 full 2k, 1.01x causal 8k (descending);

@@ -293,11 +293,12 @@ _COUNTED_DET_KERNELS = {
 for _det in sorted(_COUNTED_DET_KERNELS):
     VARIANTS[_det + NONDET_COUNTED_SUFFIX] = {**VARIANTS[_det], "nondet_first_store": True}
 # Session 61 (probes, none faster; bits equal to the shipped kernels'; session61-9efb573 calls
-# 1 and 3, 12-16 interleaved rounds at full 4k): the MMA warpgroups' dK GEMMs before the dS
-# barrier ("_dke", dk_early), 0.97x / 0.96x det / non-det at hd 128 and 0.92x at hd 64; each
-# step's dK at the next step ("_dkd", dk_defer), hd 64 only (at hd 128 ptxas serialises every
-# WGMMA for want of registers, C7512), 0.92x; dP^T issued once S^T is done ("_dpl", dp_late),
-# 1.00-1.01x at both head dims. On every kernel the hd-64 and hd-128 full backwards run.
+# 1 and 3, in git history at a85b24d; 12-16 interleaved rounds at full 4k): the MMA
+# warpgroups' dK GEMMs before the dS barrier ("_dke", dk_early), 0.97x / 0.96x det / non-det at
+# hd 128 and 0.92x at hd 64; each step's dK at the next step ("_dkd", dk_defer), hd 64 only
+# (at hd 128 ptxas serialises every WGMMA for want of registers, C7512), 0.92x; dP^T issued
+# once S^T is done ("_dpl", dp_late), 1.00-1.01x at both head dims. On every kernel the hd-64
+# and hd-128 full backwards run.
 _FULL_KERNELS = (
     BWD_VARIANT[64, "full"],
     BWD_VARIANT[128, "full"],
@@ -322,7 +323,8 @@ for _shipped in _FULL_KERNELS:
 # the dQ GEMMs after the dS barrier; dS^T from the 16-bit P^T (other dQ and dK bits). All
 # exponentials precede it: at hd 64 (exp_tail 24 shipped) the variant computes them all before
 # the dP^T wait (exp_tail 0). Rule met, det repeats bitwise; d128 full 4k 1.000x det / 1.002x
-# non-det the shipped kernels, 2k 0.998x / 1.025x (session62-cbcd682 call 2, an H100).
+# non-det the shipped kernels, 2k 0.998x / 1.025x (session62-cbcd682 call 2, an H100;
+# the session's results are in git history at a85b24d).
 for _shipped in _FULL_KERNELS:
     for _name in _probe_kernels(_shipped):
         VARIANTS[_name + "_dve"] = {**VARIANTS[_name], "dv_early": True, "exp_tail": 0}
@@ -333,7 +335,8 @@ for _shipped in _FULL_KERNELS:
 # only. It compiles without spills or serialised WGMMAs only without the S^T issued before the
 # flags read and with the dK/dV epilogue of plain row stores (neither changes the bits):
 # "_rotc" is that kernel unrotated, the control. Bits equal to the shipped kernel's; 0.99x
-# det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6).
+# det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6, in git history at
+# a85b24d).
 _D128_FULL_4K = _probe_kernels(BWD_VARIANT[128, "full"])
 for _name in _D128_FULL_4K:
     _control = {

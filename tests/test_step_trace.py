@@ -12,12 +12,12 @@ from tools.hopper.step_trace import TRACE_POINTS, WARPS
 
 
 def _synthetic(ctas: int, steps: int, real_steps: int, lag: int) -> np.ndarray:
-    """Int32 words of a run where every interval between points is 100 cycles (a step 800),
+    """Int32 words of a run where every interval between points is 100 cycles (a step 1000),
     warpgroup 1 reaches the dS barrier ``lag`` cycles after warpgroup 0 and waits nothing
     there, each warpgroup's last warp 3 cycles after its first; each CTA ran ``real_steps``
     steps, then its terminator stamped its top."""
     words = np.zeros((ctas, 2, steps, len(TRACE_POINTS), WARPS), dtype=np.int64)
-    start = 2**32 - 5000  # the 32-bit clock wraps within the trace
+    start = 2**32 - 4950  # the 32-bit clock wraps within the trace (never at a top: 0 is unset)
     for cta in range(ctas):
         for step in range(real_steps + 1):
             slot = min(step, steps - 1)
@@ -25,7 +25,8 @@ def _synthetic(ctas: int, steps: int, real_steps: int, lag: int) -> np.ndarray:
                 top = start + 100 * len(TRACE_POINTS) * step
                 points = top + 100 * np.arange(len(TRACE_POINTS))
                 if wg == 1:
-                    points[2] += lag  # arrives later; the barrier releases both at once
+                    # arrives later; the barrier releases both at once
+                    points[TRACE_POINTS.index("ds_arrive")] += lag
                 if step == real_steps:
                     points[1:] = 0  # the terminator stamps its top only
                     points[0] = top
@@ -46,12 +47,13 @@ def test_summary_of_a_synthetic_trace() -> None:
     assert steps_run.tolist() == [11, 11, 11]  # ten steps and the terminator's top
     text = step_trace.summarise(points, steps_run)
     # Each warpgroup's point is its last warp's: the intervals stay 100 cycles.
-    assert "| top -> s_done | 100 / 100 (12%) | 100 / 100 (12%) |" in text
-    assert "| s_done -> ds_arrive | 100 / 100 (12%) | 140 / 140 (18%) |" in text
-    assert "| ds_arrive -> ds_pass | 100 / 100 (12%) | 60 / 60 (8%) |" in text
-    assert "| dq_pass -> dq_stored | 100 / 100 (12%) | 100 / 100 (12%) |" in text
-    assert "| end -> next top | 100 / 100 (12%) | 100 / 100 (12%) |" in text
-    assert "| step (top -> next top) | 800 / 800 | 800 / 800 |" in text
+    assert "| top -> s_done | 100 / 100 (10%) | 100 / 100 (10%) |" in text
+    assert "| s_done -> dp_done | 100 / 100 (10%) | 100 / 100 (10%) |" in text
+    assert "| ds_stored -> ds_arrive | 100 / 100 (10%) | 140 / 140 (14%) |" in text
+    assert "| ds_arrive -> ds_pass | 100 / 100 (10%) | 60 / 60 (6%) |" in text
+    assert "| dq_pass -> dq_stored | 100 / 100 (10%) | 100 / 100 (10%) |" in text
+    assert "| end -> next top | 100 / 100 (10%) | 100 / 100 (10%) |" in text
+    assert "| step (top -> next top) | 1000 / 1000 | 1000 / 1000 |" in text
     assert "wg1 arrives last in 100% of steps" in text
     assert "arrives 40 cycles after the other (median 40" in text
     # Each CTA's ten steps (slot 10 holds the terminator's top only).

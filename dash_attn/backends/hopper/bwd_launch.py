@@ -350,9 +350,17 @@ for _name in _D128_FULL_4K:
 # step goes to the stretch from S^T to the dS barrier (NOTES item 358); session 22 timed
 # exp_poly at hd 64 slower on the kernels of then. Other last bits. Slower again: "_p14"
 # 0.973x det / 0.969x non-det, "_p18" 0.976x / 0.992x at d64 full 4k (session63 calls 7-8).
-for _name in ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc"):
+_D64_FULL_4K = ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc")
+for _name in _D64_FULL_4K:
     for _n in (4, 8):
         VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}
+# Session 64 (a probe): the same two kernels with the LSE2 rows of each thread's first 8 / 16
+# of its 32 query columns read while S^T runs ("_le8", "_le16", lse_early; session 58's
+# variants at hd 128, where they did not pay in det mode, NOTES item 329): at hd 64 the step's
+# element-wise stretch is 39-46% of it (item 358), and its first FFMAs wait on those loads.
+for _name in _D64_FULL_4K:
+    for _rows in (8, 16):
+        VARIANTS[f"{_name}_le{_rows}"] = {**VARIANTS[_name], "lse_early": _rows}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

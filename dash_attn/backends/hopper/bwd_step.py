@@ -44,6 +44,8 @@ from .exp2_poly import exp2_poly
 TRACE_POINTS = (
     "top",  # the step's ring slot is full
     "s_done",  # S^T is done (the exponentials start)
+    "dp_done",  # dP^T is done (past its wait; exp_tail's last exponentials follow)
+    "ds_stored",  # dS^T (and P^T) computed and dS^T's shared stores issued, before dV
     "ds_arrive",  # dS^T is in shared memory: at the warpgroups' dS barrier
     "ds_pass",  # past it (the dQ GEMM is issued)
     "dq_wait",  # dQ is done: at the dQ staging buffer's "empty" barrier
@@ -52,6 +54,9 @@ TRACE_POINTS = (
     "end",  # dK is done and the slot released
 )
 
+
+# A trace point's index (trace time): ``self._trace(..., point_index("s_done"))``.
+point_index = TRACE_POINTS.index
 
 # Where a step issues its dK GEMM (``_ds_barrier_gemms``): after the dQ GEMM (FA4's order),
 # before the dS barrier (dk_early), or at the next step, between its S^T and dP^T (dk_defer).
@@ -180,7 +185,7 @@ class StepMixin:
                     # Both warpgroups issue their S^T together (the dS barrier's id: all 256 MMA
                     # threads meet on it in the same order).
                     cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
-                self._trace(dkv_sums, wg, traced, 0)
+                self._trace(dkv_sums, wg, traced, point_index("top"))
                 acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 if const_expr(self.gemm_before_flags):
                     # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
@@ -234,7 +239,7 @@ class StepMixin:
                         rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
                     # S^T done (dP^T, and dk_defer's dK, may still run).
                     warpgroup.wait_group(int(not self.dp_late) + int(self.dk_defer))
-                    self._trace(dkv_sums, wg, traced, 1)
+                    self._trace(dkv_sums, wg, traced, point_index("s_done"))
                     if const_expr(self.dp_late):
                         self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
 
@@ -256,6 +261,7 @@ class StepMixin:
                         else:
                             self._probs(*probs_args, False, 0, split)
                         warpgroup.wait_group(0)
+                        self._trace(dkv_sums, wg, traced, point_index("dp_done"))
                         if edge != 0:
                             self._probs(*probs_args, True, split)
                             self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
@@ -274,9 +280,11 @@ class StepMixin:
                             convert_16bit(acc_S, rP)
                             self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
                             warpgroup.wait_group(1)
+                            self._trace(dkv_sums, wg, traced, point_index("dp_done"))
                             self._grad_scores(rP, acc_dP, tScS, sDelta, stage)
                         else:
                             warpgroup.wait_group(0)
+                            self._trace(dkv_sums, wg, traced, point_index("dp_done"))
                             self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
 
                     if const_expr(not self.dv_early):
@@ -301,6 +309,7 @@ class StepMixin:
                             barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
                         )
                     cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                    self._trace(dkv_sums, wg, traced, point_index("ds_stored"))
                     if const_expr(not self.dv_early):
                         self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
                     self._ds_barrier_gemms(
@@ -311,12 +320,12 @@ class StepMixin:
                         do_phase = do_phase ^ 1
 
                     # Hand the dQ partial to the dQ writer once its buffer is free.
-                    self._trace(dkv_sums, wg, traced, 4)
+                    self._trace(dkv_sums, wg, traced, point_index("dq_wait"))
                     self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
-                    self._trace(dkv_sums, wg, traced, 5)
+                    self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
                     self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                     cute.arch.fence_view_async_shared()
-                    self._trace(dkv_sums, wg, traced, 6)
+                    self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
                     self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
                     if const_expr(self.dq_double):
                         buf = buf ^ 1
@@ -366,7 +375,7 @@ class StepMixin:
                             self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
                             self._zero_for_next_chain(acc_dK, acc_dV)
 
-                    self._trace(dkv_sums, wg, traced, 7)
+                    self._trace(dkv_sums, wg, traced, point_index("end"))
                     if const_expr(self.step_trace > 0):
                         traced = traced + 1
                     stage, phase = self._next_stage(stage, phase)
@@ -398,9 +407,9 @@ class StepMixin:
         if const_expr(dk_at == DK_BEFORE_DS):
             self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
         cute.arch.fence_view_async_shared()
-        self._trace(dkv_sums, wg, traced, 2)
+        self._trace(dkv_sums, wg, traced, point_index("ds_arrive"))
         cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
-        self._trace(dkv_sums, wg, traced, 3)
+        self._trace(dkv_sums, wg, traced, point_index("ds_pass"))
         if const_expr(self.dq_swap):
             wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
         else:

@@ -18,7 +18,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from ._cute_utils import convert_16bit, wgmma
-from .bwd_step import DK_NEXT_STEP
+from .bwd_step import DK_NEXT_STEP, point_index
 from .bwd_sync import BAR_DQ_EMPTY, BAR_DQ_FULL, F_DONE, F_FIRST, F_LAST, I_FLAGS
 
 
@@ -54,6 +54,7 @@ class RotatedStepMixin:
             rdS = self._unpacked(pdS, v)
             acc_dQ = cute.make_rmem_tensor(v.thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
             cute.copy(v.ds_copy, v.thr_ds.retile(rdS), v.tDsdS[None, None, None, stage])
+            self._trace(v.dkv_sums, v.wg, traced, point_index("ds_stored"))
             self._dv_gemm(v.acc_dV, rP, v.tVrdO, stage, v.mma_dkv)
             # dQ alone after the dS barrier, awaited (DK_NEXT_STEP: this loop issues the dK).
             self._ds_barrier_gemms(
@@ -64,12 +65,12 @@ class RotatedStepMixin:
             # Hand the dQ partial to the dQ writer once its buffer is free, before the dK GEMM
             # is issued: the proxy fence of the hand-off waited for the dK GEMM in flight (its
             # shared-memory operand reads are async-proxy accesses).
-            self._trace(v.dkv_sums, v.wg, traced, 4)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("dq_wait"))
             self._dq_barrier(BAR_DQ_EMPTY, buf, v.wg, wait=True)
-            self._trace(v.dkv_sums, v.wg, traced, 5)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("dq_pass"))
             self._store_dq_fragment(acc_dQ, v.sdQ, buf, v.tidx, v.mma_dq)
             cute.arch.fence_view_async_shared()
-            self._trace(v.dkv_sums, v.wg, traced, 6)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("dq_stored"))
             self._dq_barrier(BAR_DQ_FULL, buf, v.wg, wait=False)
             # dK += dS^T Q, dS^T from shared memory (its registers are free while this GEMM
             # runs into the next step); a chain's first dK starts from zero by its ACCUMULATE
@@ -89,7 +90,7 @@ class RotatedStepMixin:
                 warpgroup.wait_group(0)
                 kept_slot = Int32(0)
                 self._rotated_chain_end(v, stage)
-            self._trace(v.dkv_sums, v.wg, traced, 7)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("end"))
             if const_expr(self.step_trace > 0):
                 traced = traced + 1
             stage, phase = self._next_stage(stage, phase)
@@ -115,7 +116,7 @@ class RotatedStepMixin:
         GEMM awaited and the dQ writer stopped. Returns the step's flags and whether it is the
         terminator."""
         cute.arch.mbarrier_wait(v.storage.full_bar.data_ptr() + stage, phase)
-        self._trace(v.dkv_sums, v.wg, traced, 0)
+        self._trace(v.dkv_sums, v.wg, traced, point_index("top"))
         # (The shape from self: Python ints carried into the loop in ``v`` become dynamic.)
         shape_st = (self.block_n, self.block_m)
         acc_S = cute.make_rmem_tensor(v.thr_sdp.partition_shape_C(shape_st), Float32)
@@ -132,7 +133,7 @@ class RotatedStepMixin:
                 wgmma(v.mma_sdp, acc_S, v.tSrK, v.tSrQ[None, None, None, stage], zero_init=True)
             self._issue_dp(acc_dP, v.tPrV, v.tPrdO, stage, v.storage, Int32(0), v.mma_sdp)
             warpgroup.wait_group(1)
-            self._trace(v.dkv_sums, v.wg, traced, 1)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("s_done"))
             if kept_slot != 0:
                 cute.arch.mbarrier_arrive(v.storage.empty_bar.data_ptr() + kept_stage)
             n0, m0, shift, edge = self._step_tiles(v.sInfo, stage, v.seqlen_q, v.seqlen_k)
@@ -144,6 +145,7 @@ class RotatedStepMixin:
             else:
                 self._probs(*probs_args, False)
             warpgroup.wait_group(0)
+            self._trace(v.dkv_sums, v.wg, traced, point_index("dp_done"))
             self._grad_scores(acc_S, acc_dP, v.tScS, v.sDelta, stage)
             convert_16bit(acc_S, cute.recast_tensor(pP, self.dtype))
             convert_16bit(acc_dP, cute.recast_tensor(pdS, self.dtype))

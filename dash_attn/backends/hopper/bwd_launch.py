@@ -361,6 +361,11 @@ for _name in _D64_FULL_4K:
 for _name in _D64_FULL_4K:
     for _rows in (8, 16):
         VARIANTS[f"{_name}_le{_rows}"] = {**VARIANTS[_name], "lse_early": _rows}
+# Session 64 (a probe): warpgroup 1 issues each step's S^T and dP^T after warpgroup 0's
+# ("_sg", wg_stagger), on the det twins and counted kernels of hd 64 full and hd 128 full below
+# 8k keys.
+for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
+    VARIANTS[_name + "_sg"] = {**VARIANTS[_name], "wg_stagger": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

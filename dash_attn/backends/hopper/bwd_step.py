@@ -25,6 +25,7 @@ from .bwd_sync import (
     BAR_DQ_FULL,
     BAR_DQ_READ,
     BAR_DS,
+    BAR_STAGGER,
     F_DONE,
     F_FIRST,
     F_LAST,
@@ -186,6 +187,13 @@ class StepMixin:
                     # threads meet on it in the same order).
                     cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
                 self._trace(dkv_sums, wg, traced, point_index("top"))
+                if const_expr(self.wg_stagger):  # noqa: SIM102 (compile-time, then runtime)
+                    # Warpgroup 0's S^T and dP^T of this step are issued (or it saw the
+                    # terminator).
+                    if wg == 1:
+                        cute.arch.barrier(
+                            barrier_id=BAR_STAGGER, number_of_threads=self.num_mma_threads
+                        )
                 acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 if const_expr(self.gemm_before_flags):
                     # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
@@ -199,6 +207,7 @@ class StepMixin:
                 # dO's buffer: its one buffer with do_single, the step's ring stage else.
                 do_stage = Int32(0) if const_expr(self.do_single) else stage
                 if done != 0:
+                    self._stagger_arrive(wg)
                     if const_expr(self.gemm_before_flags):
                         warpgroup.wait_group(0)
                     self._stop_dq_writer(buf, wg, self.ds_guard)
@@ -235,6 +244,7 @@ class StepMixin:
                             warpgroup.commit_group()
                     if const_expr(not self.dp_late):
                         self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
+                    self._stagger_arrive(wg)
                     for r in cutlass.range_constexpr(len(lse_reps)):
                         rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
                     # S^T done (dP^T, and dk_defer's dK, may still run).
@@ -496,6 +506,15 @@ class StepMixin:
             mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
             zero_init=False,
         )  # fmt: skip
+
+    @cute.jit
+    def _stagger_arrive(self, wg: Int32) -> None:
+        """wg_stagger: warpgroup 0 lets warpgroup 1 issue this step's GEMMs (no wait)."""
+        if const_expr(self.wg_stagger):  # noqa: SIM102 (compile-time, then runtime)
+            if wg == 0:
+                cute.arch.barrier_arrive(
+                    barrier_id=BAR_STAGGER, number_of_threads=self.num_mma_threads
+                )
 
     @cute.jit
     def _trace(

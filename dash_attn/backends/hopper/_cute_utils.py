@@ -142,6 +142,34 @@ def pack_16bit_pair(
     )
 
 
+@dsl_user_op
+def pack_bf16_truncated(lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = None) -> Int32:
+    """Two fp32 -> one register of two bf16 values by truncation (the high halves, one
+    ``prmt`` on the integer pipe): a probe's stand-in for ``pack_16bit_pair``, whose rounding
+    ``cvt`` it replaces (other last bits)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+            "{ .reg .b32 l, h; mov.b32 l, $1; mov.b32 h, $2; prmt.b32 $0, l, h, 0x7632; }",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@cute.jit
+def convert_bf16_truncated(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """``convert_16bit`` for bf16 by truncation (``pack_bf16_truncated``; a probe)."""
+    dst32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range(cute.size(dst32), unroll_full=True):
+        dst32[i] = pack_bf16_truncated(src[2 * i], src[2 * i + 1])
+
+
 @cute.jit
 def convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
     """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.

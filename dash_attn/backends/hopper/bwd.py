@@ -199,6 +199,7 @@ class HopperAttnBwd(
         top_sync: bool = False,
         wg_stagger: bool = False,
         skip_elementwise: bool = False,
+        pack_truncated: int = 0,
         rotate: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -630,6 +631,16 @@ class HopperAttnBwd(
         #   dS^T = dP^T), so that a timing shows what the GEMMs, the barriers and the dQ
         #   hand-off take alone.
         self.skip_elementwise = skip_elementwise
+        # pack_truncated (a probe whose last bits differ, never shipped): P^T and dS^T to bf16
+        #   by truncation, one integer-pipe prmt per pair instead of the rounding cvt
+        #   (F2FP), to time what the conversions' pipe takes from the step: 1 converts dS^T
+        #   that way, 2 both. At hd 64 each MMA thread converts 128 values a step, as many as
+        #   its exponentials (64) twice over.
+        if pack_truncated not in (0, 1, 2):
+            raise ValueError(f"pack_truncated must be 0, 1 or 2, got {pack_truncated}")
+        if pack_truncated and (dtype is not cutlass.BFloat16 or dv_early or rotate):
+            raise NotImplementedError("pack_truncated: bf16 only, not with dv_early or rotate")
+        self.pack_truncated = pack_truncated
         # rotate: the step loop rotated (bwd_step_rotated.py) so that each step's dK GEMM is
         #   still running when the next step's S^T and dP^T are issued (ptxas waits for any
         #   WGMMA in flight at a loop's back-edge, so the loop turns between a step's dP^T

@@ -366,6 +366,10 @@ for _name in _D64_FULL_4K:
 # 8k keys.
 for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
     VARIANTS[_name + "_sg"] = {**VARIANTS[_name], "wg_stagger": True}
+    # (a probe, other last bits) dS^T ("_pt1"), and P^T too ("_pt2"), to bf16 by truncation:
+    # what the rounding conversions' pipe takes from the step (pack_truncated).
+    for _which in (1, 2):
+        VARIANTS[f"{_name}_pt{_which}"] = {**VARIANTS[_name], "pack_truncated": _which}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

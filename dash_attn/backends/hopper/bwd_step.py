@@ -15,6 +15,7 @@ from . import dq_fragment
 from ._cute_utils import (
     acc_to_operand_a,
     convert_16bit,
+    convert_bf16_truncated,
     transpose_view,
     unpack_16bit_half,
     wgmma,
@@ -299,13 +300,19 @@ class StepMixin:
 
                     if const_expr(not self.dv_early):
                         rP = cute.make_fragment_like(acc_S, self.dtype)
-                        rP.store(acc_S.load().to(self.dtype))
+                        if const_expr(self.pack_truncated == 2):
+                            convert_bf16_truncated(acc_S, rP)
+                        else:
+                            rP.store(acc_S.load().to(self.dtype))
                     if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
                         # The dP^T wait took the deferred dK too: its slot is free.
                         if kept_slot != 0:
                             cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
                     rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                    rdS.store(acc_dP.load().to(self.dtype))
+                    if const_expr(self.pack_truncated > 0):
+                        convert_bf16_truncated(acc_dP, rdS)
+                    else:
+                        rdS.store(acc_dP.load().to(self.dtype))
 
                     acc_dQ = cute.make_rmem_tensor(
                         thr_dq.partition_shape_C(self.dq_mma_shape), Float32

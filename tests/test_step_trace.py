@@ -60,6 +60,27 @@ def test_summary_of_a_synthetic_trace() -> None:
     assert "30 steps of 3 CTAs" in text
 
 
+def test_points_a_kernel_does_not_stamp_are_left_out() -> None:
+    """The fine points (stamped at hd 64 only) are zero in an hd-128 trace: the summary's
+    intervals then skip them, "s_done -> ds_arrive" holding what they would have split."""
+    from dash_attn.backends.hopper.bwd_step import FINE_POINTS
+
+    ctas, steps = 2, 8
+    words = _synthetic(ctas, steps, real_steps=6, lag=0).reshape(
+        ctas, 2, steps, len(TRACE_POINTS), WARPS
+    )
+    for name in FINE_POINTS:
+        words[..., TRACE_POINTS.index(name), :] = 0
+    words = words.reshape(-1)
+    stamped = step_trace.stamped_points(words, ctas, steps)
+    assert stamped == [name for name in TRACE_POINTS if name not in FINE_POINTS]
+    points = step_trace.warpgroup_points(words, ctas, steps)
+    tops = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)[:, 0, :, 0, 0]
+    text = step_trace.summarise(points, (tops != 0).sum(axis=1), stamped)
+    assert "| s_done -> ds_arrive | 300 / 300 (30%) | 300 / 300 (30%) |" in text
+    assert "dp_done" not in text and "ds_stored" not in text
+
+
 def test_a_cta_that_ran_more_steps_than_traced_keeps_the_untouched_slots() -> None:
     ctas, steps = 2, 8
     words = _synthetic(ctas, steps, real_steps=20, lag=-25)
@@ -80,8 +101,12 @@ def test_bad_arguments_exit(argv: list[str]) -> None:
 
 
 def test_intervals_and_clock_wrap() -> None:
-    assert step_trace.INTERVALS[0] == ("top", "s_done")
-    assert step_trace.INTERVALS[-1] == ("end", "next top")
+    every = step_trace.intervals(list(TRACE_POINTS))
+    assert every[0] == ("top", "s_done")
+    assert every[-1] == ("end", "next top")
+    assert step_trace.intervals(["top", "s_done", "end"]) == [
+        ("top", "s_done"), ("s_done", "end"), ("end", "next top"),
+    ]  # fmt: skip
     late, early = np.array([5], dtype=np.int64), np.array([2**32 - 3], dtype=np.int64)
     assert step_trace.clock_delta(early, late).tolist() == [8]
     assert step_trace.clock_delta(late, early).tolist() == [-8]

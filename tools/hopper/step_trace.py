@@ -36,9 +36,6 @@ from tools.hopper.variant_ab import Config, parse_config  # noqa: E402
 
 SUFFIX = "_tr"
 WARPS = 4  # per warpgroup
-INTERVALS = [(TRACE_POINTS[i], TRACE_POINTS[i + 1]) for i in range(len(TRACE_POINTS) - 1)] + [
-    (TRACE_POINTS[-1], "next " + TRACE_POINTS[0])
-]
 
 
 def clock_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -60,10 +57,26 @@ def warpgroup_points(words: np.ndarray, ctas: int, steps: int) -> np.ndarray:
     return base[..., 0] + clock_delta(base, stamps).max(axis=-1)
 
 
-def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
+def stamped_points(words: np.ndarray, ctas: int, steps: int) -> list[str]:
+    """The ``TRACE_POINTS`` the kernel stamped (``bwd_step.FINE_POINTS`` only at hd 64): those
+    with a nonzero word."""
+    stamps = words.reshape(ctas, 2, steps, len(TRACE_POINTS), WARPS)
+    return [name for i, name in enumerate(TRACE_POINTS) if stamps[..., i, :].any()]
+
+
+def intervals(stamped: list[str]) -> list[tuple[str, str]]:
+    """Consecutive pairs of the stamped points, then the last one to the next step's top."""
+    pairs = list(zip(stamped[:-1], stamped[1:], strict=True))
+    return [*pairs, (stamped[-1], "next " + stamped[0])]
+
+
+def summarise(
+    points: np.ndarray, steps_run: np.ndarray, stamped: list[str] | None = None
+) -> str:
     """The intervals' table and the dS barrier's arrival order, over every CTA's traced steps
     but its last (whose slot the kernel reuses for later steps): ``steps_run`` [cta] counts
-    the steps each CTA ran (its stamps hold min(steps_run, N) steps)."""
+    the steps each CTA ran (its stamps hold min(steps_run, N) steps). ``stamped``: the points
+    the kernel stamped (``stamped_points``; all by default)."""
     ctas, _, steps, _ = points.shape
     kept = np.minimum(steps_run, steps) - 1  # the last traced step is overwritten by later ones
     mask = np.arange(steps)[None, :] < kept[:, None]  # [cta, step]
@@ -75,7 +88,7 @@ def summarise(points: np.ndarray, steps_run: np.ndarray) -> str:
         p = points[:, wg]
         whole = diff(p[:, :-1, index["top"]], p[:, 1:, index["top"]])
         step_total[wg] = whole[mask[:, 1:] & mask[:, :-1]]
-    for start, end in INTERVALS:
+    for start, end in intervals(list(TRACE_POINTS) if stamped is None else stamped):
         cells = []
         for wg in (0, 1):
             p = points[:, wg]
@@ -159,7 +172,9 @@ def run(cfg: Config, head_dim: int, det: bool, steps: int, suffix: str = "") -> 
     active = steps_run > 1
     variant = f" (variant <shipped>{suffix})" if suffix else ""
     head = f"## d{head_dim} {cfg.label} {'det' if det else 'non-det'}{variant}: {info}\n"
-    return head + summarise(points[active], steps_run[active])
+    return head + summarise(
+        points[active], steps_run[active], stamped_points(words, ctas, steps)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,6 +370,13 @@ for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_
     # what the rounding conversions' pipe takes from the step (pack_truncated).
     for _which in (1, 2):
         VARIANTS[f"{_name}_pt{_which}"] = {**VARIANTS[_name], "pack_truncated": _which}
+# Session 64 (a probe): the hd-64 full det twin and counted kernel with more of each thread's
+# 64 exponentials after the dP^T wait (exp_tail 48 / 64; 24 shipped), beside the dS^T
+# arithmetic they can interleave with: before that wait the exponentials run back to back, one
+# MUFU every 8 cycles with nothing else to issue (the compiled step's stall counts).
+for _name in _D64_FULL_4K:
+    for _tail in (48, 64):
+        VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

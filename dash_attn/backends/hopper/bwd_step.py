@@ -59,6 +59,9 @@ TRACE_POINTS = (
 
 # A trace point's index (trace time): ``self._trace(..., point_index("s_done"))``.
 point_index = TRACE_POINTS.index
+# Points stamped at hd 64 only: at hd 128 their two clock reads made the kernel spill (six
+# local-memory instructions, session 64), which would change the step they time.
+FINE_POINTS = ("dp_done", "ds_stored")
 
 # Where a step issues its dK GEMM (``_ds_barrier_gemms``): after the dQ GEMM (FA4's order),
 # before the dS barrier (dk_early), or at the next step, between its S^T and dP^T (dk_defer).
@@ -531,8 +534,11 @@ class StepMixin:
         warpgroup's step ``step`` (the last traced step takes every later one), as an int32
         word of the buffer the kernel takes for the dK/dV sums: word
         (((cta * 2 + wg) * step_trace + step) * len(TRACE_POINTS) + point) * 4 + warp. Every
-        lane stores the same value to the same word (one transaction, no branch)."""
-        if const_expr(self.step_trace > 0):
+        lane stores the same value to the same word (one transaction, no branch). The
+        ``FINE_POINTS`` are stamped at hd 64 only; their words stay zero elsewhere."""
+        if const_expr(
+            self.step_trace > 0 and (TRACE_POINTS[point] not in FINE_POINTS or self.head_dim == 64)
+        ):
             cta = cute.arch.block_idx()[0]
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx() % 4)
             row = cta * 2 + wg

@@ -299,6 +299,10 @@ VARIANT_CONFIGS = [
     # Session 62: both warpgroups meet at each step's top before their S^T (top_sync).
     ("t80_wgr_p14_sm2_fs_kf_ts", (128, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ts", (64, torch.bfloat16, False, False)),
+    # Session 64 (probes): warpgroup 1 issues its step's S^T and dP^T after warpgroup 0's
+    # (wg_stagger); P^T and dS^T to bf16 by truncation (pack_truncated).
+    ("t80_wgr_p14_sm2_fs_w2_kf_nc_sg", (128, torch.bfloat16, False, False)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_pt2", (64, torch.bfloat16, False, True)),
 ]
 
 
@@ -530,6 +534,15 @@ def _check_kernel_code(
     # also meet on it at each step's top.
     ds_syncs = len(re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0x1, 0x100\b", mma_code))
     assert ds_syncs == (2 if options.get("top_sync") else 1)
+    # wg_stagger: warpgroup 1 waits on barrier 15 at each step's top; warpgroup 0 arrives there
+    # once it has issued its S^T and dP^T, and at the terminator.
+    stagger_waits = re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0xf, 0x100\b", mma_code)
+    stagger_arrivals = re.findall(r"\bBAR\.ARV 0xf, 0x100\b", mma_code)
+    stagger = options.get("wg_stagger", False)
+    assert (len(stagger_waits), len(stagger_arrivals)) == ((1, 2) if stagger else (0, 0))
+    # pack_truncated: one prmt per pair of each truncated tensor (P^T and / or dS^T).
+    truncated = options.get("pack_truncated", 0) * block_m * block_n // 512
+    assert len(re.findall(r"\bPRMT\b", mma_code)) >= truncated
     # dS leaves as stmatrix x4 (4 per thread and step; 8 with 128-row Q tiles), not as one
     # 32-bit store per register pair.
     stmatrix = len(re.findall(r"\bSTSM\.16\.M88\.4\b", mma_code))
@@ -1039,6 +1052,15 @@ def test_bad_kernel_options_raise() -> None:
         )  # fmt: skip
     with pytest.raises(NotImplementedError, match="top_sync: not with the swapped"):
         HopperAttnBwd(**swapped, top_sync=True)
+    full64 = {"dtype": cutlass.BFloat16, "head_dim": 64, "causal": False, "deterministic": True}
+    with pytest.raises(NotImplementedError, match="wg_stagger: not with top_sync"):
+        HopperAttnBwd(**full64, wg_stagger=True, top_sync=True)
+    with pytest.raises(NotImplementedError, match="wg_stagger: not with top_sync"):
+        HopperAttnBwd(**swapped, wg_stagger=True)
+    with pytest.raises(ValueError, match="pack_truncated must be 0, 1 or 2"):
+        HopperAttnBwd(**full64, pack_truncated=3)
+    with pytest.raises(NotImplementedError, match="pack_truncated: bf16 only"):
+        HopperAttnBwd(**{**full64, "dtype": cutlass.Float16}, pack_truncated=1)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -94,6 +94,32 @@ def wgmma(
     warpgroup.commit_group()
 
 
+def inline_ptx(
+    result: Any,
+    operands: list,
+    body: str,
+    constraints: str,
+    *,
+    side_effects: bool = False,
+    loc: Any = None,
+    ip: Any = None,
+) -> Any:
+    """``body`` (PTX, AT&T operand syntax) on ``operands`` (DSL values) as one inline-asm op of
+    the ``result`` type (None: no result); from within a ``dsl_user_op``, whose ``loc``/``ip``
+    it passes on."""
+    return llvm.inline_asm(
+        result,
+        [x.ir_value(loc=loc, ip=ip) for x in operands],
+        body,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
 @dsl_user_op
 def unpack_16bit_half(
     word: Int32, high: bool, bf16: bool, *, loc: Any = None, ip: Any = None
@@ -106,19 +132,7 @@ def unpack_16bit_half(
     else:
         half = "h" if high else "l"
         body = f"{{ .reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.f32.f16 $0, {half}; }}"
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Int32(word).ir_value(loc=loc, ip=ip)],
-            body,
-            "=f,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    return Float32(inline_ptx(T.f32(), [Int32(word)], body, "=f,r", loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -127,19 +141,8 @@ def pack_16bit_pair(
 ) -> Int32:
     """Two fp32 -> one register of two 16-bit values (``lo`` in the low half), one ``cvt``."""
     kind = "bf16x2" if bf16 else "f16x2"
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-            f"cvt.rn.{kind}.f32 $0, $1, $2;",
-            "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    body = f"cvt.rn.{kind}.f32 $0, $1, $2;"
+    return Int32(inline_ptx(T.i32(), [Float32(hi), Float32(lo)], body, "=r,f,f", loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -147,19 +150,8 @@ def pack_bf16_truncated(lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = 
     """Two fp32 -> one register of two bf16 values by truncation (the high halves, one
     ``prmt`` on the integer pipe): a probe's stand-in for ``pack_16bit_pair``, whose rounding
     ``cvt`` it replaces (other last bits)."""
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
-            "{ .reg .b32 l, h; mov.b32 l, $1; mov.b32 h, $2; prmt.b32 $0, l, h, 0x7632; }",
-            "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    body = "{ .reg .b32 l, h; mov.b32 l, $1; mov.b32 h, $2; prmt.b32 $0, l, h, 0x7632; }"
+    return Int32(inline_ptx(T.i32(), [Float32(lo), Float32(hi)], body, "=r,f,f", loc=loc, ip=ip))
 
 
 @cute.jit

@@ -30,8 +30,9 @@ import struct
 from typing import Any
 
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ._cute_utils import inline_ptx
 
 # c1..cd for each degree d.
 EXP2_POLY_COEFFS: dict[int, tuple[float, ...]] = {
@@ -89,16 +90,5 @@ def exp2_poly_ptx(degree: int) -> str:
 def exp2_poly(x: Float32, degree: int, *, loc: Any = None, ip: Any = None) -> Float32:
     """2^x on the FMA and ALU pipes (no MUFU), relative error EXP2_POLY_MAX_REL_ERROR[degree]
     for x >= -126; at most 2^-126 below, and for x = -inf or NaN."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip)],
-            exp2_poly_ptx(degree),
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    body = exp2_poly_ptx(degree)
+    return Float32(inline_ptx(T.f32(), [Float32(x)], body, "=f,f", loc=loc, ip=ip))

@@ -12,30 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from cutlass import Float32, Int64
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-
-def _side_effect(ptx: str, constraints: str, operands: list, loc: Any, ip: Any) -> None:
-    llvm.inline_asm(
-        None,
-        operands,
-        ptx,
-        constraints,
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+from ._cute_utils import inline_ptx
 
 
 @dsl_user_op
 def store_f32x2(addr: Int64, lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = None) -> None:
     """``addr[0], addr[1] = lo, hi`` (global, 8-byte aligned ``addr``)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in (lo, hi)]
-    _side_effect("st.global.v2.f32 [$0], {$1, $2};", "l,f,f", operands, loc, ip)
+    operands = [Int64(addr), Float32(lo), Float32(hi)]
+    body = "st.global.v2.f32 [$0], {$1, $2};"
+    inline_ptx(None, operands, body, "l,f,f", side_effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -43,24 +30,14 @@ def red_add_f32x2(
     addr: Int64, lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = None
 ) -> None:
     """``addr[0] += lo; addr[1] += hi`` at L2, relaxed, GPU scope (8-byte aligned ``addr``)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    operands += [Float32(v).ir_value(loc=loc, ip=ip) for v in (lo, hi)]
-    _side_effect("red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", operands, loc, ip)
+    operands = [Int64(addr), Float32(lo), Float32(hi)]
+    body = "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};"
+    inline_ptx(None, operands, body, "l,f,f", side_effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def load_f32_cg(addr: Int64, *, loc: Any = None, ip: Any = None) -> Float32:
     """``addr[0]`` read at L2 (``ld.global.cg``: never an L1 line)."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "ld.global.cg.f32 $0, [$1];",
-            "=f,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    body = "ld.global.cg.f32 $0, [$1];"
+    value = inline_ptx(T.f32(), [Int64(addr)], body, "=f,l", side_effects=True, loc=loc, ip=ip)
+    return Float32(value)

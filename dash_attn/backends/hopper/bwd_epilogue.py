@@ -51,6 +51,22 @@ class EpilogueMixin:
     """``HopperAttnBwd``'s chain epilogues (the MMA warpgroups at a chain's last step)."""
 
     @cute.jit
+    def _end_chain(
+        self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
+        seqlen_k, sK, sV, sums: DkvSums, tidx, wg,
+    ):  # fmt: skip
+        """A chain's last step, its dK done: the GQA split's dK/dV sums (``dkv_sum``) or the
+        plain epilogue, each releasing the stage and K/V."""
+        args = (
+            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
+            seqlen_k,
+        )  # fmt: skip
+        if const_expr(self.dkv_sum):
+            self._sum_chain_epilogue(*args, sums, tidx, wg)
+        else:
+            self._chain_epilogue(*args, sK, sV, tidx, wg)
+
+    @cute.jit
     def _chain_epilogue(
         self, storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv, softmax_scale,
         seqlen_k, sK, sV, tidx, wg,

@@ -365,14 +365,10 @@ class StepMixin:
                             if const_expr(self.dk_defer):
                                 self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
                                 kept_slot = Int32(0)
-                            epilogue_args = (
+                            self._end_chain(
                                 storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                                softmax_scale, seqlen_k,
+                                softmax_scale, seqlen_k, sK_out, sV_out, dkv_sums, tidx, wg,
                             )  # fmt: skip
-                            if const_expr(self.dkv_sum):
-                                self._sum_chain_epilogue(*epilogue_args, dkv_sums, tidx, wg)
-                            else:
-                                self._chain_epilogue(*epilogue_args, sK_out, sV_out, tidx, wg)
                             self._zero_for_next_chain(acc_dK, acc_dV)
                     else:
                         b = sInfo[I_BATCH, stage]

@@ -166,12 +166,8 @@ class RotatedStepMixin:
     def _rotated_chain_end(self, v: SimpleNamespace, stage: Int32):
         """A chain's last step, its dK done: the chain epilogue (which releases the slot), and
         acc_dV zeroed for the next chain (acc_dK is zeroed by that chain's first dK GEMM)."""
-        epilogue_args = (
+        self._end_chain(
             v.storage, v.sInfo, stage, v.acc_dK, v.acc_dV, v.mdK, v.mdV, v.tKcK, v.mma_dkv,
-            v.softmax_scale, v.seqlen_k,
+            v.softmax_scale, v.seqlen_k, v.sK_out, v.sV_out, v.dkv_sums, v.tidx, v.wg,
         )  # fmt: skip
-        if const_expr(self.dkv_sum):
-            self._sum_chain_epilogue(*epilogue_args, v.dkv_sums, v.tidx, v.wg)
-        else:
-            self._chain_epilogue(*epilogue_args, v.sK_out, v.sV_out, v.tidx, v.wg)
         v.acc_dV.fill(0.0)

@@ -155,16 +155,11 @@ def pack_bf16_truncated(lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = 
 
 
 @cute.jit
-def convert_bf16_truncated(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """``convert_16bit`` for bf16 by truncation (``pack_bf16_truncated``; a probe)."""
-    dst32 = cute.recast_tensor(dst, Int32)
-    for i in cutlass.range(cute.size(dst32), unroll_full=True):
-        dst32[i] = pack_bf16_truncated(src[2 * i], src[2 * i + 1])
-
-
-@cute.jit
-def convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
+def convert_16bit(
+    src: cute.Tensor, dst: cute.Tensor, truncated: cutlass.Constexpr[bool] = False
+) -> None:
+    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise; with ``truncated``
+    (bf16 only, a probe) by ``pack_bf16_truncated`` instead of the rounding cvt.
 
     `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
     16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
@@ -172,4 +167,7 @@ def convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
     bf16 = const_expr(dst.element_type == cutlass.BFloat16)
     dst32 = cute.recast_tensor(dst, Int32)
     for i in cutlass.range(cute.size(dst32), unroll_full=True):
-        dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)
+        if const_expr(truncated):
+            dst32[i] = pack_bf16_truncated(src[2 * i], src[2 * i + 1])
+        else:
+            dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)

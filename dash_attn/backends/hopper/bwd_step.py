@@ -15,7 +15,6 @@ from . import dq_fragment
 from ._cute_utils import (
     acc_to_operand_a,
     convert_16bit,
-    convert_bf16_truncated,
     transpose_view,
     unpack_16bit_half,
     wgmma,
@@ -304,7 +303,7 @@ class StepMixin:
                     if const_expr(not self.dv_early):
                         rP = cute.make_fragment_like(acc_S, self.dtype)
                         if const_expr(self.pack_truncated == 2):
-                            convert_bf16_truncated(acc_S, rP)
+                            convert_16bit(acc_S, rP, truncated=True)
                         else:
                             rP.store(acc_S.load().to(self.dtype))
                     if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
@@ -313,7 +312,7 @@ class StepMixin:
                             cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
                     rdS = cute.make_fragment_like(acc_dP, self.dtype)
                     if const_expr(self.pack_truncated > 0):
-                        convert_bf16_truncated(acc_dP, rdS)
+                        convert_16bit(acc_dP, rdS, truncated=True)
                     else:
                         rdS.store(acc_dP.load().to(self.dtype))
 

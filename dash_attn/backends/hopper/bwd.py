@@ -201,6 +201,7 @@ class HopperAttnBwd(
         skip_elementwise: bool = False,
         pack_truncated: int = 0,
         rotate: bool = False,
+        s_halves: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -665,6 +666,26 @@ class HopperAttnBwd(
                 raise NotImplementedError(f"rotate: not with {bad}")
         self.rotate = rotate
 
+        # s_halves: S^T issued as two GEMMs over the halves of the Q tile (one commit group
+        #   each, then dP^T), so that a warpgroup's first exponentials start once its first
+        #   half is done instead of the whole S^T: at hd 64 full 4k both warpgroups' S^T take
+        #   about 500 cycles of a 4200-cycle step before either computes an exponential, and
+        #   the element-wise stretch after it holds the step (session 64). Each element's
+        #   sum over the head dim is the same, and the halves' accumulators are the same
+        #   registers in the same order (an accumulator's N/8 column groups are its last
+        #   value mode): the bits do not change. The first half's exponentials follow the
+        #   first wait, the rest but exp_tail the second, so exp_tail is at most half of them.
+        if s_halves:
+            unsupported = {
+                "dp_late": dp_late, "dk_defer": dk_defer, "dv_early": dv_early,
+                "rotate": rotate, "dkv_swap": dkv_swap, "block_m % 16": block_m % 16,
+                "exp_tail > half": exp_tail > block_m * block_n // 512,
+            }  # fmt: skip
+            bad = sorted(name for name, value in unsupported.items() if value)
+            if bad:
+                raise NotImplementedError(f"s_halves: not with {bad}")
+        self.s_halves = s_halves
+
     # ------------------------------------------------------------------ host-side setup
 
     def _smem_layout(
@@ -729,6 +750,16 @@ class HopperAttnBwd(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
+        )  # fmt: skip
+
+    def _s_half_tiled_mma(self) -> cute.TiledMma:
+        """S^T = K Q^T over half of the Q tile's rows (s_halves): ``_tiled_mmas``' mma_sdp with
+        an atom half as wide, so that a thread's fragment of the whole S^T has two N modes,
+        each issued as a GEMM of its own."""
+        return sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.block_m // 2),
         )  # fmt: skip
 
     @cute.jit

@@ -377,6 +377,12 @@ for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_
 for _name in _D64_FULL_4K:
     for _tail in (48, 64):
         VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
+# Session 65 (a probe): S^T issued as two GEMMs over the Q tile's halves ("_ss", s_halves), so
+# that each warpgroup's first 32 exponentials start once the first half is done, on the
+# det twins and counted kernels of hd 64 full and hd 128 full below 8k keys. Bits equal by
+# construction (the same sums in the same registers).
+for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
+    VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "s_halves": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

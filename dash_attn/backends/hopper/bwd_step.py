@@ -118,6 +118,7 @@ class StepMixin:
             tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
 
         shape_st = (bn, bm)
+        s_halves = self._s_halves_fragments(sK, sQ, wg, tidx, mma_sdp, shape_st)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         if const_expr(self.kv_on_full):
@@ -201,7 +202,7 @@ class StepMixin:
                 if const_expr(self.gemm_before_flags):
                     # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
                     # first step's barrier); at the terminator the result is dropped.
-                    wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                    self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage, s_halves)
                 flags = sInfo[I_FLAGS, stage]
                 done = flags & F_DONE
                 # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
@@ -231,7 +232,7 @@ class StepMixin:
                     # groups).
                     acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                     if const_expr(not self.gemm_before_flags):
-                        wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+                        self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage, s_halves)
                     if const_expr(self.dk_defer):
                         # The previous step's dK between S^T and dP^T (its Q and dS^T still in
                         # their buffers): the tensor pipe has it while the exponentials start. At a
@@ -250,8 +251,11 @@ class StepMixin:
                     self._stagger_arrive(wg)
                     for r in cutlass.range_constexpr(len(lse_reps)):
                         rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
-                    # S^T done (dP^T, and dk_defer's dK, may still run).
-                    warpgroup.wait_group(int(not self.dp_late) + int(self.dk_defer))
+                    # S^T done (dP^T, and dk_defer's dK, may still run); with s_halves its first
+                    # half (the second and dP^T may still run).
+                    warpgroup.wait_group(
+                        int(not self.dp_late) + int(self.dk_defer) + int(self.s_halves)
+                    )
                     self._trace(dkv_sums, wg, traced, point_index("s_done"))
                     if const_expr(self.dp_late):
                         self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
@@ -263,16 +267,25 @@ class StepMixin:
                     probs_args = (
                         acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k,
                     )  # fmt: skip
-                    if const_expr(self.exp_tail > 0):
+                    if const_expr(self.exp_tail > 0 or self.s_halves):
                         # The last exp_tail exponentials after the dP^T wait, in one block with
-                        # dS^T.
-                        # The wait sits in the block between the two branches: ptxas hoists a
+                        # dS^T; with s_halves the first half's before the wait for the second.
+                        # Each wait sits in a block between two branches: ptxas hoists a
                         # wgmma wait above every exponential of its own block.
                         split = max(cute.size(acc_S) - self.exp_tail, 0)
-                        if edge != 0:
-                            self._probs(*probs_args, True, 0, split)
-                        else:
-                            self._probs(*probs_args, False, 0, split)
+                        first = 0
+                        if const_expr(self.s_halves):
+                            first = cute.size(acc_S) // 2
+                            if edge != 0:
+                                self._probs(*probs_args, True, 0, first)
+                            else:
+                                self._probs(*probs_args, False, 0, first)
+                            warpgroup.wait_group(1)
+                        if const_expr(split > first):
+                            if edge != 0:
+                                self._probs(*probs_args, True, first, split)
+                            else:
+                                self._probs(*probs_args, False, first, split)
                         warpgroup.wait_group(0)
                         self._trace(dkv_sums, wg, traced, point_index("dp_done"))
                         if edge != 0:
@@ -442,6 +455,77 @@ class StepMixin:
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
+
+    def _s_halves_fragments(
+        self,
+        sK: cute.Tensor,
+        sQ: cute.Tensor,
+        wg: Int32,
+        tidx: Int32,
+        mma_sdp: cute.TiledMma,
+        shape_st: tuple[int, int],
+    ) -> SimpleNamespace | None:
+        """s_halves (trace time): the half-width S^T MMA, its K and Q fragments (Q's with an N
+        mode per half) and the layout under which a thread's S^T registers are its two
+        halves' accumulators, checked to hold the same (kv row, q row) coordinates in the same
+        registers as the whole MMA's fragment. None without s_halves."""
+        if not self.s_halves:
+            return None
+        mma_half = self._s_half_tiled_mma()
+        wg_half = mma_half.get_slice(wg * 128)
+        ident = cute.make_identity_tensor(shape_st)
+        for t in (0, 31, 32, 127, 128, 255):
+            whole = mma_sdp.get_slice(t).partition_C(ident)
+            halves = mma_half.get_slice(t).partition_C(ident)
+            if cute.size(whole) != cute.size(halves):
+                raise AssertionError("s_halves: the halves' fragments differ in size")
+            for i in range(cute.size(whole)):
+                if tuple(whole[i]) != tuple(halves[i]):
+                    raise AssertionError(
+                        f"s_halves: thread {t}, register {i}: {tuple(halves[i])} in the halves, "
+                        f"{tuple(whole[i])} in the whole S^T"
+                    )
+        return SimpleNamespace(
+            mma=mma_half,
+            tSrK=wg_half.make_fragment_A(wg_half.partition_A(sK)),
+            tSrQ=wg_half.make_fragment_B(wg_half.partition_B(sQ)),
+            layout=cute.make_layout(mma_half.get_slice(tidx).partition_shape_C(shape_st)),
+        )
+
+    @cute.jit
+    def _issue_s(
+        self,
+        mma_sdp: cute.TiledMma,
+        acc_S: cute.Tensor,
+        tSrK: cute.Tensor,
+        tSrQ: cute.Tensor,
+        stage: Int32,
+        halves: SimpleNamespace | None,
+    ):
+        """S^T = K Q^T from ring stage ``stage``: one commit group, or with s_halves
+        (``halves``, ``_s_halves_fragments``) one per half of the Q tile, the first half
+        first."""
+        if const_expr(halves is None):
+            wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+        else:
+            # The N mode as (1, 2), so that a half keeps the (value, M, N) modes cute.gemm
+            # takes.
+            acc = cute.logical_divide(
+                cute.make_tensor(acc_S.iterator, halves.layout), (None, None, 1)
+            )
+            frag_q = cute.logical_divide(halves.tSrQ, (None, 1, None, None))
+            for n in cutlass.range_constexpr(2):
+                warpgroup.fence()
+                atom = cute.make_mma_atom(halves.mma.op)
+                atom.set(warpgroup.Field.ACCUMULATE, False)
+                acc_n = acc[None, None, (None, n)]
+                for k in cutlass.range_constexpr(cute.size(halves.tSrK.shape[2])):
+                    cute.gemm(
+                        atom, acc_n, halves.tSrK[None, None, k],
+                        frag_q[None, (None, n), k, stage], acc_n,
+                    )  # fmt: skip
+                    atom.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
 
     @cute.jit
     def _issue_dp(

@@ -303,6 +303,11 @@ VARIANT_CONFIGS = [
     # (wg_stagger); P^T and dS^T to bf16 by truncation (pack_truncated).
     ("t80_wgr_p14_sm2_fs_w2_kf_nc_sg", (128, torch.bfloat16, False, False)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_pt2", (64, torch.bfloat16, False, True)),
+    # Session 65 (a probe): S^T as two GEMMs over the Q tile's halves (s_halves), hd 64 with
+    # exp_tail and hd 128 (40-row halves) without.
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_ss", (64, torch.bfloat16, False, True)),
+    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ss", (64, torch.float16, False, False)),
+    ("t80_wgr_p14_sm2_fs_w2_kf_ss", (128, torch.bfloat16, False, True)),
 ]
 
 
@@ -456,7 +461,9 @@ def _check_kernel_code(
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
     # (block_n/16); dk_defer issues dK in two places (the next step's, a chain's last step's).
     dk_gemms = 2 if options.get("dk_defer") else 1
-    gemm_blocks = 2 * head_dim // 16 + (1 + dk_gemms) * block_m // 16 + block_n // 16
+    # (s_halves: S^T as two GEMMs of hd/16 k-blocks each.)
+    s_gemms = 2 if options.get("s_halves") else 1
+    gemm_blocks = (1 + s_gemms) * head_dim // 16 + (1 + dk_gemms) * block_m // 16 + block_n // 16
     assert ptx.count("wgmma.mma_async") == gemm_blocks
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
@@ -567,8 +574,17 @@ def _check_kernel_code(
     # exponentials of both copies but their last exp_tail each, which follow it.
     # (dk_defer: the previous step's dK is issued between S^T and dP^T; dp_late: dP^T after
     # the S^T wait.)
-    younger = (0 if options.get("dp_late") else 1) + dk_gemms - 1
-    if options.get("dv_early"):
+    younger = (0 if options.get("dp_late") else 1) + dk_gemms - 1 + s_gemms - 1
+    if options.get("s_halves"):
+        # The first half's exponentials (of both copies) between the waits for S^T's halves,
+        # the rest but exp_tail before the dP^T wait, exp_tail after it.
+        first, before, after = _exponentials_around_s_halves(mma_code)
+        split = per_thread - options.get("exp_tail", 0)
+        half = per_thread // 2
+        assert (first, before, after) == (
+            2 * sum(on_mufu[:half]), 2 * sum(on_mufu[half:split]), 2 * sum(on_mufu[split:])
+        )
+    elif options.get("dv_early"):
         # dV (P^T from registers) is the first GEMM after the S^T wait, behind every
         # exponential, and the dP^T wait that follows it leaves it running.
         assert _gemm_after_s_wait(mma_code, younger) == (2 * sum(on_mufu), f"64x{head_dim}", 1)
@@ -679,6 +695,20 @@ def _known_spills(config: tuple, staged: bool) -> int:
     kernel without it all the same: ``hopper.BWD_VARIANT``'s comment)."""
     head_dim, _, causal, det = config
     return 2 if staged and head_dim == 64 and causal and det else 0
+
+
+def _exponentials_around_s_halves(mma_code: str) -> tuple[int, int, int]:
+    """s_halves: MUFU.EX2 counts between the wait for S^T's first half (``gsb0, 0x2``: its
+    second half and dP^T younger) and the wait for the second (``0x1``), from there to the
+    dP^T wait (``0x0``), and from there to the next GEMM."""
+    lines = mma_code.splitlines()
+    first = next(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x2" in line)
+    second = next(
+        i for i in range(first + 1, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in lines[i]
+    )
+    first_count = sum("MUFU.EX2" in line for line in lines[first:second])
+    before, after = _exponentials_around_dp_wait("\n".join(lines[second:]), younger=1)
+    return first_count, before, after
 
 
 def _exponentials_around_dp_wait(mma_code: str, younger: int = 1) -> tuple[int, int]:
@@ -1061,6 +1091,12 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(**full64, pack_truncated=3)
     with pytest.raises(NotImplementedError, match="pack_truncated: bf16 only"):
         HopperAttnBwd(**{**full64, "dtype": cutlass.Float16}, pack_truncated=1)
+    with pytest.raises(NotImplementedError, match=r"s_halves: not with \['dp_late'\]"):
+        HopperAttnBwd(**full64, s_halves=True, dp_late=True)
+    with pytest.raises(NotImplementedError, match=r"s_halves: not with \['exp_tail > half'\]"):
+        HopperAttnBwd(**full64, block_m=128, s_halves=True, exp_tail=33)
+    with pytest.raises(NotImplementedError, match="s_halves: not with .*'dkv_swap'"):
+        HopperAttnBwd(**swapped, s_halves=True)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -383,6 +383,14 @@ for _name in _D64_FULL_4K:
 # construction (the same sums in the same registers).
 for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
     VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "s_halves": True}
+# Session 65 (a probe): the same two hd-64 kernels under other ptxas register-usage levels
+# ("_ru0": levels 0-3 give one other code, 2432 instructions against 2360; "_ru6": levels
+# 6-10 another, 2368; neither spills), as session 56 timed "_ru0" at hd 128.
+for _name in _D64_FULL_4K:
+    for _level in (0, 6):
+        VARIANTS[f"{_name}_ru{_level}"] = {
+            **VARIANTS[_name], "ptxas": f"--register-usage-level={_level}"
+        }  # fmt: skip
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

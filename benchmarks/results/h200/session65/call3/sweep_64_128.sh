@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 65, call 3 (session 59's prepared sweep, as session 60 ran it on an H100): on an H200 if one comes,
+# sweeps with the counted non-det kernels shipped (session 58's call 2 command: hopper det auto and non-det beside FA4 det / non-det,
+# four interleaved rounds), for the README's H100 targets table (its det / non-det column).
+#   bash <this folder>/sweep_64_128.sh <commit>  (carry [".peers"]; on an H200 the results go
+#   under benchmarks/results/h200/<session>/callN and give the H200 targets table too)
+COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
+source tools/device_setup.sh
+cp "${BASH_SOURCE[0]}" "$R/"
+el kit
+for HD in 64 128; do
+  timeout 280 python3 -m dash_attn bench --mode bwd --headdims $HD --no-determinism \
+    --no-model --hidden 2048 --providers dash_hopper_auto,dash_hopper_nondet,fa4_det,fa4_nondet \
+    --rounds 4 --repeat-check 0 --no-plot --deadline-s 260 --commit "$COMMIT" \
+    --out-dir "$R/bwd$HD" > "$R/bwd$HD.log" 2>&1
+  el "bench $HD rc $?"
+  grep "^\[" "$R/bwd$HD.log" | cut -c1-220
+  gzip -f "$R/bwd$HD.log"
+done
+cd "$OUT" && tar czf r.tgz r && rm -rf r; el done

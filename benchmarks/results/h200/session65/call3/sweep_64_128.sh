@@ -1,9 +1,9 @@
 #!/bin/bash
-# Session 65, call 3 (session 59's prepared sweep, as session 60 ran it on an H100): on an H200 if one comes,
-# sweeps with the counted non-det kernels shipped (session 58's call 2 command: hopper det auto and non-det beside FA4 det / non-det,
-# four interleaved rounds), for the README's H100 targets table (its det / non-det column).
-#   bash <this folder>/sweep_64_128.sh <commit>  (carry [".peers"]; on an H200 the results go
-#   under benchmarks/results/h200/<session>/callN and give the H200 targets table too)
+# Session 65, call 3: the hd-64 and hd-128 backward sweeps on the kernels shipped now (hopper det
+# auto and non-det beside FA4 det / non-det, four interleaved rounds; session 60's H100 command),
+# asked for on an H200 (needs_h200) for the README's H200 targets table, which still shows
+# session 55's kernels.
+#   bash benchmarks/results/h200/session65/call3/sweep_64_128.sh <commit>  (carry [".peers"])
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

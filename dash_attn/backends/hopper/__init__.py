@@ -105,7 +105,8 @@ _BWD_TILES = {
 # right after the ring wait, before its flags are read (gemm_before_flags). Bits equal; det
 # 1.018-1.051x at hd 64 full 2k-16k, 1.006-1.018x at hd 128 full 2k-16k, 1.014-1.030x causal
 # 4k-16k at both, non-det 0.991-1.029x, in interleaved rounds on an H100 (session57-2a889b2
-# calls 1-2, ab_kf*); causal 1k-2k 0.996-1.014x det (session58-066a382 call1, ab_nokf*).
+# calls 1-2, ab_kf*, in git history at 2a047ca); causal 1k-2k 0.996-1.014x det
+# (session58-066a382 call1, ab_nokf*).
 # Its tiles must equal _BWD_TILES' (tests check).
 BWD_VARIANT = {
     (64, "full"): "t128_xm24r_sm2_fs_dq2_kp_st_kf",
@@ -129,8 +130,9 @@ BWD_VARIANT = {
 # with "_kf" as BWD_VARIANT's. Every variant of a (head dim, mask) must give the same bits: under
 # a GQA split (the in-kernel dK/dV sums) "_kf" and the kernels without it once rounded the last
 # q head's dK add differently (one FMA against a multiply and an add, the compiler's choice;
-# session57-2a889b2 call 4, kf_bits.txt.gz), so that add is an explicit FMA (bwd_epilogue), and
-# the two are equal for every schedule with and without GQA (session58-066a382 call1).
+# session57-2a889b2 call 4, kf_bits.txt.gz, in git history at 2a047ca), so that add is an
+# explicit FMA (bwd_epilogue), and the two are equal for every schedule with and without GQA
+# (session58-066a382 call1).
 BWD_VARIANT_LONG = {(128, "full"): (8192, "t80_wg2r_p14_fs_kf")}
 # Deterministic backwards run, in place of these variants, their twins with two dQ warps
 # (dq_writers=2, "_w2": warp 2 is a second dQ writer, each writer owns one staging buffer and

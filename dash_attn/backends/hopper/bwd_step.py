@@ -936,13 +936,10 @@ class StepMixin:
         """acc_dQ of MMA thread ``tidx`` into staging buffer ``buf`` in fragment order
         (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 512 j + 4 (tidx %
         128) in its warpgroup's half."""
-        bm, hd = self.block_m, self.head_dim
         self._check_dq_fragment(mma_dq, cute.size(acc))
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        base = buf * (bm * hd) + wg * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
         for j in cutlass.range_constexpr(cute.size(acc) // 4):
-            off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
-            dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
+            dst = self._dq_chunk(flat, buf, wg, tidx, j)
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
 

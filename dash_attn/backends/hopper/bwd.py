@@ -202,7 +202,6 @@ class HopperAttnBwd(
         pack_truncated: int = 0,
         rotate: bool = False,
         s_halves: bool = False,
-        dq_ksplit: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -687,30 +686,6 @@ class HopperAttnBwd(
                 raise NotImplementedError(f"s_halves: not with {bad}")
         self.s_halves = s_halves
 
-        # dq_ksplit: each warpgroup computes dQ for the whole Q tile over its own 64 KV rows
-        #   (dQ_w = dS[:, rows of w] K[rows of w]), so that no warpgroup reads the other's dS:
-        #   the dS barrier, where both warpgroups meet every step, goes, and warpgroup 0 may
-        #   run ahead into its next step's exponentials while warpgroup 1 still runs GEMMs (at
-        #   hd 64 full 4k both warpgroups compute their exponentials at the same time while
-        #   the tensor pipe idles, session 64). Warpgroup 0 stores its partial (both halves of
-        #   the staging buffer) and warpgroup 1 adds its own to it, in that order (fp32, one
-        #   rounding more than one GEMM over 128 rows: dQ's bits differ from the kernel
-        #   without it, still fixed), then hands both halves to the dQ warp. Each warpgroup's
-        #   dQ accumulator is the whole tile (64 registers at hd 64 instead of 32). Named
-        #   barriers: BAR_DKV + w (its own dS^T stores before its dQ GEMM) and BAR_DQ_READ +
-        #   buffer (warpgroup 0's partial stored), so not with ds_guard.
-        if dq_ksplit:
-            unsupported = {
-                "not dq_wg": not dq_wg, "block_m != 128": block_m != 128, "ds_guard": ds_guard,
-                "dk_early": dk_early, "dk_defer": dk_defer, "dv_early": dv_early,
-                "rotate": rotate, "top_sync": top_sync, "wg_stagger": wg_stagger,
-                "dkv_swap": dkv_swap, "do_single": do_single,
-            }  # fmt: skip
-            bad = sorted(name for name, value in unsupported.items() if value)
-            if bad:
-                raise NotImplementedError(f"dq_ksplit: not with {bad}")
-        self.dq_ksplit = dq_ksplit
-
     # ------------------------------------------------------------------ host-side setup
 
     def _smem_layout(
@@ -775,16 +750,6 @@ class HopperAttnBwd(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
-        )  # fmt: skip
-
-    def _ksplit_tiled_mma(self) -> cute.TiledMma:
-        """dQ = dS K of one warpgroup over its own KV rows (dq_ksplit): the whole Q tile as M
-        (two 64-row atoms), the head dim as N, dS and K read MN-major as ``_tiled_mmas``'
-        mma_dq reads them."""
-        mn_major = cute.nvgpu.OperandMajorMode.MN
-        return sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, mn_major, mn_major, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.head_dim),
         )  # fmt: skip
 
     def _s_half_tiled_mma(self) -> cute.TiledMma:

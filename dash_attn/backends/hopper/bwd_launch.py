@@ -391,12 +391,6 @@ for _name in _D64_FULL_4K:
         VARIANTS[f"{_name}_ru{_level}"] = {
             **VARIANTS[_name], "ptxas": f"--register-usage-level={_level}"
         }  # fmt: skip
-# Session 65 (a probe, other dQ bits): each warpgroup computes dQ over its own KV rows and
-# warpgroup 1 adds its partial to warpgroup 0's ("_dqk", dq_ksplit), so the warpgroups no
-# longer meet at a dS barrier every step; on the hd-64 full det twin and counted kernel
-# (without ds_guard, whose barriers it takes over: no warpgroup reads the other's dS).
-for _name in _D64_FULL_4K:
-    VARIANTS[_name + "_dqk"] = {**VARIANTS[_name], "dq_ksplit": True, "ds_guard": False}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

@@ -21,7 +21,6 @@ from ._cute_utils import (
 )
 from .bwd_epilogue import DkvSums
 from .bwd_sync import (
-    BAR_DKV,
     BAR_DQ_EMPTY,
     BAR_DQ_FULL,
     BAR_DQ_READ,
@@ -120,7 +119,6 @@ class StepMixin:
 
         shape_st = (bn, bm)
         s_halves = self._s_halves_fragments(sK, sQ, wg, tidx, mma_sdp, shape_st)
-        ksplit = self._ksplit_fragments(sK, sdS, tidx)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         if const_expr(self.kv_on_full):
@@ -216,10 +214,7 @@ class StepMixin:
                     self._stagger_arrive(wg)
                     if const_expr(self.gemm_before_flags):
                         warpgroup.wait_group(0)
-                    if const_expr(self.dq_ksplit):
-                        self._ksplit_stop(buf, wg)
-                    else:
-                        self._stop_dq_writer(buf, wg, self.ds_guard)
+                    self._stop_dq_writer(buf, wg, self.ds_guard)
                 else:
                     # Step metadata is read from the stage's slot where it is used (it stays
                     # valid until this stage is released), so it does not occupy registers
@@ -334,9 +329,8 @@ class StepMixin:
                     else:
                         rdS.store(acc_dP.load().to(self.dtype))
 
-                    thr_dq_acc = ksplit.thr if const_expr(self.dq_ksplit) else thr_dq
                     acc_dQ = cute.make_rmem_tensor(
-                        thr_dq_acc.partition_shape_C(self.dq_mma_shape), Float32
+                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
                     )
                     # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
                     # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
@@ -350,30 +344,21 @@ class StepMixin:
                     self._trace(dkv_sums, wg, traced, point_index("ds_stored"))
                     if const_expr(not self.dv_early):
                         self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
-                    if const_expr(self.dq_ksplit):
-                        self._ksplit_gemms(
-                            acc_dQ, acc_dK, rdS, tKrQ, mma_dkv, ksplit, ds_stage, stage,
-                            dkv_sums, wg, traced,
-                        )  # fmt: skip
-                    else:
-                        self._ds_barrier_gemms(
-                            self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq,
-                            mma_dkv, ds_stage, stage, storage, dkv_sums, wg, traced,
-                        )  # fmt: skip
+                    self._ds_barrier_gemms(
+                        self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
+                        ds_stage, stage, storage, dkv_sums, wg, traced,
+                    )  # fmt: skip
                     if const_expr(self.do_single):
                         do_phase = do_phase ^ 1
 
                     # Hand the dQ partial to the dQ writer once its buffer is free.
                     self._trace(dkv_sums, wg, traced, point_index("dq_wait"))
-                    if const_expr(self.dq_ksplit):
-                        self._ksplit_handoff(acc_dQ, sdQ, buf, wg, tidx, dkv_sums, traced)
-                    else:
-                        self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
-                        self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
-                        self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                        cute.arch.fence_view_async_shared()
-                        self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
-                        self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
+                    self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+                    self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                    cute.arch.fence_view_async_shared()
+                    self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
+                    self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
                     if const_expr(self.dq_double):
                         buf = buf ^ 1
 
@@ -470,142 +455,6 @@ class StepMixin:
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-
-    def _ksplit_fragments(self, sK: cute.Tensor, sdS: cute.Tensor, tidx: Int32):
-        """dq_ksplit (trace time): the one-warpgroup dQ MMA over the whole Q tile, this
-        thread's slice of it, and its dS and K fragments over all KV rows (the warpgroup takes
-        its own k-blocks). Its accumulator register 32 m + i of thread t must be what
-        ``dq_fragment`` calls register i of MMA thread t + 128 m (warpgroup m's half of the
-        staging buffer): checked for a sample of threads. None without dq_ksplit."""
-        if not self.dq_ksplit:
-            return None
-        bm, hd = self.block_m, self.head_dim
-        mma = self._ksplit_tiled_mma()
-        ident = cute.make_identity_tensor((bm, hd))
-        per_half = dq_fragment.registers(bm, hd)
-        for t in (*range(32), 32, 63, 64, 95, 96, 127):
-            coords = mma.get_slice(t).partition_C(ident)
-            if cute.size(coords) != 2 * per_half:
-                raise AssertionError("dq_ksplit: the accumulator is not the whole tile")
-            for i in range(2 * per_half):
-                half, index = divmod(i, per_half)
-                expected = dq_fragment.fragment_coords(bm, hd, t + 128 * half, index)
-                if tuple(coords[i]) != expected:
-                    raise AssertionError(
-                        f"dq_ksplit: thread {t}, register {i}: {tuple(coords[i])}, "
-                        f"dq_fragment says {expected}"
-                    )
-        first = mma.get_slice(0)
-        return SimpleNamespace(
-            mma=mma,
-            thr=mma.get_slice(tidx % 128),
-            tQrdS=first.make_fragment_A(first.partition_A(transpose_view(sdS))),
-            tQrK=first.make_fragment_B(first.partition_B(transpose_view(sK))),
-        )
-
-    @cute.jit
-    def _ksplit_gemms(
-        self,
-        acc_dQ: cute.Tensor,
-        acc_dK: cute.Tensor,
-        rdS: cute.Tensor,
-        tKrQ: cute.Tensor,
-        mma_dkv: cute.TiledMma,
-        ksplit: SimpleNamespace,
-        ds_stage: Int32,
-        stage: Int32,
-        dkv_sums: DkvSums,
-        wg: Int32,
-        traced: Int32,
-    ):
-        """dq_ksplit, after the dS^T store and the dV GEMM: this warpgroup's own dS^T rows in
-        shared memory (its 128 threads meet), then dQ over its KV rows and dK (the tensor pipe
-        runs dV, dQ, dK back to back, as without it). Returns with dQ done, dK may still run."""
-        cute.arch.fence_view_async_shared()
-        self._trace(dkv_sums, wg, traced, point_index("ds_arrive"))
-        cute.arch.barrier(barrier_id=BAR_DKV + wg, number_of_threads=128)
-        self._trace(dkv_sums, wg, traced, point_index("ds_pass"))
-        warpgroup.fence()
-        atom = cute.make_mma_atom(ksplit.mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, False)
-        own_blocks = self.block_n // 2 // 16
-        for k in cutlass.range_constexpr(own_blocks):
-            block = wg * own_blocks + k
-            cute.gemm(
-                atom, acc_dQ, ksplit.tQrdS[None, None, block, ds_stage],
-                ksplit.tQrK[None, None, block], acc_dQ,
-            )  # fmt: skip
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # dV done (P's registers are free)
-        self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
-        warpgroup.wait_group(1)  # dQ done, dK may still run
-
-    @cute.jit
-    def _ksplit_handoff(
-        self,
-        acc_dQ: cute.Tensor,
-        sdQ: cute.Tensor,
-        buf: Int32,
-        wg: Int32,
-        tidx: Int32,
-        dkv_sums: DkvSums,
-        traced: Int32,
-    ):
-        """dq_ksplit's dQ hand-off: warpgroup 0 waits for both halves of staging buffer
-        ``buf`` to be free and stores its partial there; warpgroup 1 waits for that (barrier
-        BAR_DQ_READ + buf), adds its own partial to it (warpgroup 0's first, always) and hands
-        both halves to the dQ warp. One barrier per buffer: warpgroup 0 cannot arrive at a
-        buffer's again before warpgroup 1 has handed that buffer over (the dQ warp frees it
-        only after)."""
-        per_half = dq_fragment.registers(self.block_m, self.head_dim)
-        if wg == 0:
-            for half in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(half), wait=True)
-            self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
-            for half in cutlass.range_constexpr(2):
-                for j in cutlass.range_constexpr(per_half // 4):
-                    dst = self._dq_chunk(sdQ, buf, half, tidx, j)
-                    for e in cutlass.range_constexpr(4):
-                        dst[e] = acc_dQ[half * per_half + 4 * j + e]
-            self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
-            cute.arch.barrier_arrive(
-                barrier_id=BAR_DQ_READ + buf, number_of_threads=self.num_mma_threads
-            )
-        else:
-            cute.arch.barrier(barrier_id=BAR_DQ_READ + buf, number_of_threads=self.num_mma_threads)
-            self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
-            for half in cutlass.range_constexpr(2):
-                for j in cutlass.range_constexpr(per_half // 4):
-                    dst = self._dq_chunk(sdQ, buf, half, tidx, j)
-                    for e in cutlass.range_constexpr(4):
-                        dst[e] = dst[e] + acc_dQ[half * per_half + 4 * j + e]
-            cute.arch.fence_view_async_shared()
-            self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
-            for half in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_FULL, buf, Int32(half), wait=False)
-
-    @cute.jit
-    def _ksplit_stop(self, buf: Int32, wg: Int32):
-        """dq_ksplit's side of the stop handshake (``_stop_dq_writer``'s, both halves taken by
-        the warpgroup that takes them in a step: the "free" waits by warpgroup 0, the
-        "written" arrivals by warpgroup 1)."""
-        for half in cutlass.range_constexpr(2):
-            if wg == 0:
-                self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(half), wait=True)
-            else:
-                self._dq_barrier(BAR_DQ_FULL, buf, Int32(half), wait=False)
-
-    def _dq_chunk(
-        self, flat: cute.Tensor, buf: Int32, half: int | Int32, tidx: Int32, j: int
-    ) -> cute.Tensor:
-        """The 4 floats of staging buffer ``buf`` that MMA thread ``tidx`` % 128 of warpgroup
-        half ``half`` stores as its registers 4 j .. 4 j + 3 (one 16-byte access; fragment
-        order, dq_fragment.py)."""
-        bm, hd = self.block_m, self.head_dim
-        base = buf * (bm * hd) + half * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
-        off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
-        return cute.make_tensor(flat.iterator + off, cute.make_layout(4))
 
     def _s_halves_fragments(
         self,
@@ -936,10 +785,13 @@ class StepMixin:
         """acc_dQ of MMA thread ``tidx`` into staging buffer ``buf`` in fragment order
         (dq_fragment.py): registers 4 j .. 4 j + 3 as one 16-byte store at 512 j + 4 (tidx %
         128) in its warpgroup's half."""
+        bm, hd = self.block_m, self.head_dim
         self._check_dq_fragment(mma_dq, cute.size(acc))
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        base = buf * (bm * hd) + wg * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
         for j in cutlass.range_constexpr(cute.size(acc) // 4):
-            dst = self._dq_chunk(flat, buf, wg, tidx, j)
+            off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
+            dst = cute.make_tensor(flat.iterator + off, cute.make_layout(4))
             for e in cutlass.range_constexpr(4):
                 dst[e] = acc[4 * j + e]
 

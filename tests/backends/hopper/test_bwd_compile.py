@@ -308,9 +308,6 @@ VARIANT_CONFIGS = [
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_ss", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ss", (64, torch.float16, False, False)),
     ("t80_wgr_p14_sm2_fs_w2_kf_ss", (128, torch.bfloat16, False, True)),
-    # Session 65 (a probe): each warpgroup's dQ over its own KV rows (dq_ksplit).
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dqk", (64, torch.bfloat16, False, True)),
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_dqk", (64, torch.float16, False, False)),
 ]
 
 
@@ -543,17 +540,7 @@ def _check_kernel_code(
     # The dS barrier (id 1, the 256 MMA threads) once a step; with top_sync both warpgroups
     # also meet on it at each step's top.
     ds_syncs = len(re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0x1, 0x100\b", mma_code))
-    if options.get("dq_ksplit"):
-        # No dS barrier: each warpgroup meets only its own threads (0x80) before its dQ GEMM;
-        # warpgroup 0 arrives once its partial is stored and warpgroup 1 waits (0x100) and
-        # reads it back (its 16-byte loads) to add its own.
-        assert ds_syncs == 0
-        assert re.search(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? R\d+, 0x80\b", mma_code)
-        assert re.search(r"\bBAR\.ARV R\d+, 0x100\b", mma_code)
-        assert re.search(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? R\d+, 0x100\b", mma_code)
-        assert len(re.findall(r"\bLDS\.128\b", mma_code)) >= 2 * block_m * head_dim // 256 // 4
-    else:
-        assert ds_syncs == (2 if options.get("top_sync") else 1)
+    assert ds_syncs == (2 if options.get("top_sync") else 1)
     # wg_stagger: warpgroup 1 waits on barrier 15 at each step's top; warpgroup 0 arrives there
     # once it has issued its S^T and dP^T, and at the terminator.
     stagger_waits = re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0xf, 0x100\b", mma_code)
@@ -1110,12 +1097,6 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(**full64, block_m=128, s_halves=True, exp_tail=33)
     with pytest.raises(NotImplementedError, match="s_halves: not with .*'dkv_swap'"):
         HopperAttnBwd(**swapped, s_halves=True)
-    with pytest.raises(NotImplementedError, match=r"dq_ksplit: not with \['not dq_wg'\]"):
-        HopperAttnBwd(**full64, block_m=128, dq_ksplit=True)
-    with pytest.raises(NotImplementedError, match=r"dq_ksplit: not with \['ds_guard'\]"):
-        HopperAttnBwd(
-            **full64, block_m=128, dq_wg=True, dq_double=True, ds_guard=True, dq_ksplit=True
-        )  # fmt: skip
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

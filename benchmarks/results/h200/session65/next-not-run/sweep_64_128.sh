@@ -1,9 +1,11 @@
 #!/bin/bash
-# Session 65, call 3: the hd-64 and hd-128 backward sweeps on the kernels shipped now (hopper det
-# auto and non-det beside FA4 det / non-det, four interleaved rounds; session 60's H100 command),
-# asked for on an H200 (needs_h200) for the README's H200 targets table, which still shows
-# session 55's kernels.
-#   bash benchmarks/results/h200/session65/call3/sweep_64_128.sh <commit>  (carry [".peers"])
+# Prepared in session 65 (not run: no H200 came when asked for with needs_h200): the hd-64 and
+# hd-128 backward sweeps on the kernels shipped now (hopper det auto and non-det beside FA4
+# det / non-det, four interleaved rounds; session 60's H100 command), for the README's H200
+# targets table, which still shows session 55's kernels. Results under
+# benchmarks/results/h200/<session>/callN.
+#   bash benchmarks/results/h200/session65/next-not-run/sweep_64_128.sh <commit>
+#   (carry [".peers"], ~10 minutes)
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

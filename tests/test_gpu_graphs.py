@@ -64,9 +64,7 @@ def _step(fn, q, k, v, dout) -> tuple[torch.Tensor, ...]:
 
 def _attention(backend: str, causal: bool, deterministic: bool):
     def fn(q, k, v):
-        return dash_attn_func(
-            q, k, v, causal=causal, backend=backend, deterministic=deterministic
-        )
+        return dash_attn_func(q, k, v, causal=causal, backend=backend, deterministic=deterministic)
 
     return fn
 

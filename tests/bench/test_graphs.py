@@ -81,9 +81,7 @@ def test_run_writes_every_row_with_times_or_its_reason(
          "--masks", "full", "--rounds", "2", "--commit", "abc1234"]
     )  # fmt: skip
     timer = CountingTimer()
-    status = graphs.run(
-        args, device="cpu", timer=timer, capture=_capture, providers_for=_providers
-    )
+    status = graphs.run(args, device="cpu", timer=timer, capture=_capture, providers_for=_providers)
     assert status == 0
     saved = json.loads((tmp_path / "graphs.json").read_text())
     assert saved["commit"] == "abc1234" and saved["settings"]["rounds"] == 2

@@ -70,9 +70,7 @@ def intervals(stamped: list[str]) -> list[tuple[str, str]]:
     return [*pairs, (stamped[-1], "next " + stamped[0])]
 
 
-def summarise(
-    points: np.ndarray, steps_run: np.ndarray, stamped: list[str] | None = None
-) -> str:
+def summarise(points: np.ndarray, steps_run: np.ndarray, stamped: list[str] | None = None) -> str:
     """The intervals' table and the dS barrier's arrival order, over every CTA's traced steps
     but its last (whose slot the kernel reuses for later steps): ``steps_run`` [cta] counts
     the steps each CTA ran (its stamps hold min(steps_run, N) steps). ``stamped``: the points
@@ -172,9 +170,7 @@ def run(cfg: Config, head_dim: int, det: bool, steps: int, suffix: str = "") -> 
     active = steps_run > 1
     variant = f" (variant <shipped>{suffix})" if suffix else ""
     head = f"## d{head_dim} {cfg.label} {'det' if det else 'non-det'}{variant}: {info}\n"
-    return head + summarise(
-        points[active], steps_run[active], stamped_points(words, ctas, steps)
-    )
+    return head + summarise(points[active], steps_run[active], stamped_points(words, ctas, steps))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -582,7 +582,9 @@ def _check_kernel_code(
         split = per_thread - options.get("exp_tail", 0)
         half = per_thread // 2
         assert (first, before, after) == (
-            2 * sum(on_mufu[:half]), 2 * sum(on_mufu[half:split]), 2 * sum(on_mufu[split:])
+            2 * sum(on_mufu[:half]),
+            2 * sum(on_mufu[half:split]),
+            2 * sum(on_mufu[split:]),
         )
     elif options.get("dv_early"):
         # dV (P^T from registers) is the first GEMM after the S^T wait, behind every

@@ -242,8 +242,14 @@ def test_polled_cast_matches_the_plain_cast_and_times_out(head_dim: int, block_m
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "head_dim,causal,seqlen",
-    [(64, False, 1024), (64, True, 777), (128, False, 1000), (96, True, 1000), (192, True, 1500),
-     (256, False, 2000)],  # fmt: skip
+    [
+        (64, False, 1024),
+        (64, True, 777),
+        (128, False, 1000),
+        (96, True, 1000),
+        (192, True, 1500),
+        (256, False, 2000),
+    ],
 )
 def test_backward_with_the_polled_cast_keeps_the_bits(
     head_dim: int, causal: bool, seqlen: int, monkeypatch

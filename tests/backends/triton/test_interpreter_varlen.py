@@ -344,9 +344,10 @@ def _engine_plan(
         mask=spec.mask, dtype="float16",
     )  # fmt: skip
     return BackwardPlan(
-        problem, INTERPRETER, sched, tiles, "triton", "test", True, "atomic", max(grid, 1), 10.0,
-        gqa_split=split,
-    )
+        problem=problem, device=INTERPRETER, schedule=sched, tiles=tiles, backend="triton",
+        backend_reason="test", deterministic=True, dq_reduce="atomic", grid=max(grid, 1),
+        timeout_s=10.0, gqa_split=split,
+    )  # fmt: skip
 
 
 def _engine_mask(mask: BandMask) -> Mask:

@@ -515,17 +515,10 @@ class StepMixin:
             )
             frag_q = cute.logical_divide(halves.tSrQ, (None, 1, None, None))
             for n in cutlass.range_constexpr(2):
-                warpgroup.fence()
-                atom = cute.make_mma_atom(halves.mma.op)
-                atom.set(warpgroup.Field.ACCUMULATE, False)
-                acc_n = acc[None, None, (None, n)]
-                for k in cutlass.range_constexpr(cute.size(halves.tSrK.shape[2])):
-                    cute.gemm(
-                        atom, acc_n, halves.tSrK[None, None, k],
-                        frag_q[None, (None, n), k, stage], acc_n,
-                    )  # fmt: skip
-                    atom.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.commit_group()
+                wgmma(
+                    halves.mma, acc[None, None, (None, n)], halves.tSrK,
+                    frag_q[None, (None, n), None, stage], zero_init=True,
+                )  # fmt: skip
 
     @cute.jit
     def _issue_dp(

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 66 call 1: session 65's prepared H200 sweep (hd 64 and 128 backward, hopper det auto
+# and non-det beside FA4 det / non-det, four interleaved rounds), run only when the machine that
+# came is an H200; on an H100 it stops after writing env.txt (session 65 has that card's runs).
+#   bash benchmarks/results/h200/session66/sweep_if_h200.sh <commit>   (carry [".peers"])
+COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
+source tools/device_setup.sh
+cp "${BASH_SOURCE[0]}" "$R/"
+if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  el "not an H200: stop"; cd "$OUT" && tar czf r.tgz r && rm -rf r; exit 0
+fi
+for HD in 64 128; do
+  timeout 235 python3 -m dash_attn bench --mode bwd --headdims $HD --no-determinism \
+    --no-model --hidden 2048 --providers dash_hopper_auto,dash_hopper_nondet,fa4_det,fa4_nondet \
+    --rounds 4 --repeat-check 0 --no-plot --deadline-s 215 --commit "$COMMIT" \
+    --out-dir "$R/bwd$HD" > "$R/bwd$HD.log" 2>&1
+  el "bench $HD rc $?"
+  grep "^\[" "$R/bwd$HD.log" | cut -c1-220
+  gzip -f "$R/bwd$HD.log"
+done
+cd "$OUT" && tar czf r.tgz r && rm -rf r; el done

@@ -202,6 +202,7 @@ class HopperAttnBwd(
         pack_truncated: int = 0,
         rotate: bool = False,
         s_halves: bool = False,
+        dq_partials: str | None = None,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -686,6 +687,40 @@ class HopperAttnBwd(
                 raise NotImplementedError(f"s_halves: not with {bad}")
         self.s_halves = s_halves
 
+        # dq_partials ("smem" or "l2"): each warpgroup computes a dQ partial of the whole Q tile
+        #   over its own 64 KV rows, dQ_w = dS[:, rows of w] K[rows of w] (a 64-register
+        #   accumulator at hd 64), so it reads only the dS^T rows it wrote itself: the dS
+        #   barrier, where both warpgroups meet every step, becomes one of its own 128 threads,
+        #   and the warpgroups may run out of phase (at hd 64 full 4k both compute their
+        #   exponentials at the same time while the tensor pipe idles, session 64; out of
+        #   phase those took 793 cycles instead of 963, session 65 item 373). Each warpgroup
+        #   stages its partial in its own buffer (dq_double's two, both taken every step) and
+        #   the dQ warps combine them off the MMA warpgroups' path, in a fixed order: "smem"
+        #   adds warpgroup 0's buffer into warpgroup 1's (one fp32 rounding more than one GEMM
+        #   over 128 KV rows; other dQ bits, still fixed) and reduces the sum once; "l2"
+        #   reduces warpgroup 0's buffer as soon as it is there and warpgroup 1's after those
+        #   adds have landed (twice the L2 reduce traffic). Both dQ warps share the buffer pair
+        #   (dq_shared_writers' hand-over), taking every other step. Named barriers: a buffer's
+        #   "free" and "written" are its warpgroup's (``_dq_barrier``), BAR_DKV + w the
+        #   warpgroup's own dS^T barrier.
+        if dq_partials not in (None, "smem", "l2"):
+            raise ValueError(f"dq_partials must be None, 'smem' or 'l2', got {dq_partials!r}")
+        if dq_partials is not None:
+            unsupported = {
+                "not dq_wg": not dq_wg, "not dq_double": not dq_double,
+                "dq_writers != 2": dq_writers != 2, "not early_turn": not early_turn,
+                "block_m != 128": block_m != 128, "ds_guard": ds_guard, "dk_early": dk_early,
+                "dk_defer": dk_defer, "dv_early": dv_early, "rotate": rotate,
+                "top_sync": top_sync, "wg_stagger": wg_stagger, "dkv_swap": dkv_swap,
+                "do_single": do_single, "s_halves": s_halves,
+            }  # fmt: skip
+            bad = sorted(name for name, value in unsupported.items() if value)
+            if bad:
+                raise NotImplementedError(f"dq_partials: not with {bad}")
+            # The two dQ warps share the buffer pair, as they share one buffer without it.
+            self.dq_shared_writers = True
+        self.dq_partials = dq_partials
+
     # ------------------------------------------------------------------ host-side setup
 
     def _smem_layout(
@@ -750,6 +785,16 @@ class HopperAttnBwd(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
+        )  # fmt: skip
+
+    def _partial_tiled_mma(self) -> cute.TiledMma:
+        """dQ_w = dS[:, rows of w] K[rows of w] of one warpgroup (dq_partials): the whole Q tile
+        as M (two 64-row atoms), the head dim as N, dS and K read MN-major as ``_tiled_mmas``'
+        mma_dq reads them."""
+        mn_major = cute.nvgpu.OperandMajorMode.MN
+        return sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, mn_major, mn_major, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.head_dim),
         )  # fmt: skip
 
     def _s_half_tiled_mma(self) -> cute.TiledMma:

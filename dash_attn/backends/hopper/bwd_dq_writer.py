@@ -55,7 +55,8 @@ class DqWriterMixin:
         part = bm * hd // parts
         # The buffers start free; afterwards each is freed as soon as the TMA unit has read it,
         # so the MMA warpgroups write the next partial while this one's adds complete.
-        for buf0 in cutlass.range_constexpr(self.dq_bufs):
+        # (dq_partials: writer 0 frees the pair, buffer w being warpgroup w's "half".)
+        for buf0 in cutlass.range_constexpr(1 if self.dq_partials else self.dq_bufs):
             if const_expr(not two or buf0 == writer):
                 for p in cutlass.range_constexpr(parts):
                     self._dq_barrier(BAR_DQ_EMPTY, Int32(buf0), Int32(p), wait=False)
@@ -116,45 +117,27 @@ class DqWriterMixin:
                     # The other warp has passed the buffer's "written" barriers of its slot.
                     self._writers_handover(writer, handover, wait=True)
                     handover = Int32(1)
-                for p in cutlass.range_constexpr(parts):
-                    if const_expr(p > 0 or self.early_turn):
-                        self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
-                    if const_expr(self.takes_turns):
-                        if sDqFail[fail] != 0:
-                            # Never a silent wrong result: poison what this step adds and
-                            # raise the error flag (a plain store: every writer writes 1).
-                            nan = Float32(float("nan"))
-                            for i in cutlass.range(
-                                p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
-                            ):
-                                sdQ_buf[i] = nan
-                            cute.arch.fence_view_async_shared()
-                            if lane == 0:
-                                mFlags[1] = Int32(1)
+                if const_expr(self.dq_partials is not None):
+                    self._combine_partials(
+                        mdQ[b, qh, qt, None], sdQ, sDqFail, mFlags, fail, rank, lane, writer
+                    )
+                else:
+                    for p in cutlass.range_constexpr(parts):
+                        if const_expr(p > 0 or self.early_turn):
+                            self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
+                        self._poison_if_failed(sdQ_buf, p * part, part, sDqFail, mFlags, fail, lane)
+                        # One flat bulk reduce per part (the accumulator's tile is in the same
+                        # fragment order), issued and committed by lane 0.
+                        if lane == 0:
+                            self._add_part(mdQ[b, qh, qt, None], sdQ_buf, p * part, part, rank)
+                            cute.arch.cp_async_bulk_commit_group()
+                    if const_expr(self.dq_shared_writers):
+                        self._writers_handover(writer, handover, wait=False)
+                    # Each part may be overwritten once the TMA unit has read it (oldest first).
+                    for p in cutlass.range_constexpr(parts):
+                        cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
                         cute.arch.sync_warp()
-                    # One flat bulk reduce per part (the accumulator's tile is in the same
-                    # fragment order), issued and committed by lane 0.
-                    if lane == 0:
-                        tile = mdQ[b, qh, qt, None]
-                        if const_expr(self.dq_first_store):
-                            # The tile's first contribution in the fixed order: a copy.
-                            if rank == 0:
-                                cute_prims.cp_async_bulk_global_shared_cta(
-                                    tile.iterator + p * part, sdQ_buf.iterator + p * part,
-                                    part * 4,
-                                )  # fmt: skip
-                            else:
-                                self._reduce_part(tile, sdQ_buf, p * part, part)
-                        else:
-                            self._reduce_part(tile, sdQ_buf, p * part, part)
-                        cute.arch.cp_async_bulk_commit_group()
-                if const_expr(self.dq_shared_writers):
-                    self._writers_handover(writer, handover, wait=False)
-                # Each part may be overwritten once the TMA unit has read it (oldest first).
-                for p in cutlass.range_constexpr(parts):
-                    cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
-                    cute.arch.sync_warp()
-                    self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(p), wait=False)
+                        self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(p), wait=False)
                 if const_expr(self.dq_double and not two):
                     buf = buf ^ 1
                 if const_expr(self.takes_turns):
@@ -212,6 +195,105 @@ class DqWriterMixin:
         for p in cutlass.range_constexpr(parts):
             if const_expr(p > 0 or ring_first):
                 self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
+
+    @cute.jit
+    def _add_part(self, tile: cute.Tensor, src: cute.Tensor, offset: int, size: int, rank: Int32):
+        """``size`` fp32 values of a staged partial from ``offset`` into the accumulator's tile
+        (both in fragment order): a bulk reduce-add or, with dq_first_store at the tile's rank
+        0 (its first contribution in the fixed order), a bulk copy. Lane 0 only."""
+        if const_expr(self.dq_first_store):
+            if rank == 0:
+                cute_prims.cp_async_bulk_global_shared_cta(
+                    tile.iterator + offset, src.iterator + offset, size * 4
+                )
+            else:
+                self._reduce_part(tile, src, offset, size)
+        else:
+            self._reduce_part(tile, src, offset, size)
+
+    @cute.jit
+    def _poison_if_failed(
+        self,
+        buf: cute.Tensor,
+        offset: int,
+        size: int,
+        sDqFail: cute.Tensor,
+        mFlags: cute.Tensor,
+        fail: cutlass.Constexpr[int],
+        lane: Int32,
+    ):
+        """After this warp's turn timed out (kernels that take turns): NaN into the ``size``
+        values of ``buf`` from ``offset`` that this step adds, and the error flag raised (a
+        plain store: every writer writes 1). Never a silent wrong result."""
+        if const_expr(self.takes_turns):
+            if sDqFail[fail] != 0:
+                nan = Float32(float("nan"))
+                for i in cutlass.range(offset + lane, offset + size, cute.arch.WARP_SIZE, unroll=4):
+                    buf[i] = nan
+                cute.arch.fence_view_async_shared()
+                if lane == 0:
+                    mFlags[1] = Int32(1)
+            cute.arch.sync_warp()
+
+    @cute.jit
+    def _combine_partials(
+        self,
+        tile: cute.Tensor,
+        sdQ: cute.Tensor,
+        sDqFail: cute.Tensor,
+        mFlags: cute.Tensor,
+        fail: cutlass.Constexpr[int],
+        rank: Int32,
+        lane: Int32,
+        writer: cutlass.Constexpr[int],
+    ):
+        """dq_partials: one step's two warpgroup partials (staging buffer w holds warpgroup w's
+        whole tile) into the accumulator's tile, warpgroup 0's first. "smem": once both are
+        in, buffer 1 += buffer 0 (16 bytes per lane and access), buffer 0 freed, the sum
+        added; "l2": buffer 0 added as soon as it is in, buffer 1 once it is in and buffer 0's
+        adds have landed. Each buffer is freed once read; the other dQ warp gets the pair's
+        "written" barriers once both are passed. Returns with the adds issued (the caller
+        waits for them to land before its release)."""
+        words = self.block_m * self.head_dim
+        bufs = [cute.make_tensor(sdQ.iterator + w * words, cute.make_layout(words)) for w in (0, 1)]
+        if const_expr(self.dq_partials == "smem"):
+            for w in cutlass.range_constexpr(2):
+                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
+            if const_expr(self.dq_shared_writers):
+                self._writers_handover(writer, Int32(1), wait=False)
+            for i in cutlass.range(lane * 4, words, 4 * cute.arch.WARP_SIZE, unroll=2):
+                off = cute.assume(i, divby=4)
+                src = cute.make_tensor(bufs[0].iterator + off, cute.make_layout(4))
+                dst = cute.make_tensor(bufs[1].iterator + off, cute.make_layout(4))
+                dst.store(src.load() + dst.load())
+            self._poison_if_failed(bufs[1], 0, words, sDqFail, mFlags, fail, lane)
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+            self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(0), wait=False)
+            if lane == 0:
+                self._add_part(tile, bufs[1], 0, words, rank)
+                cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(1), wait=False)
+        else:
+            for w in cutlass.range_constexpr(2):
+                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
+                if const_expr(w == 1 and self.dq_shared_writers):
+                    self._writers_handover(writer, Int32(1), wait=False)
+                self._poison_if_failed(bufs[w], 0, words, sDqFail, mFlags, fail, lane)
+                if lane == 0:
+                    if const_expr(w == 0):
+                        self._add_part(tile, bufs[0], 0, words, rank)
+                    else:
+                        # Buffer 0's adds (or first store) have been performed: buffer 1's
+                        # come after them, element by element.
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        self._reduce_part(tile, bufs[1], 0, words)
+                    cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(w), wait=False)
 
     @cute.jit
     def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):

@@ -705,10 +705,10 @@ class StepMixin:
         word of the buffer the kernel takes for the dK/dV sums: word
         (((cta * 2 + wg) * step_trace + step) * len(TRACE_POINTS) + point) * 4 + warp. Every
         lane stores the same value to the same word (one transaction, no branch). The
-        ``FINE_POINTS`` are stamped at hd 64 only; their words stay zero elsewhere."""
-        if const_expr(
-            self.step_trace > 0 and (TRACE_POINTS[point] not in FINE_POINTS or self.head_dim == 64)
-        ):
+        ``FINE_POINTS`` are stamped at hd 64 only, and not with dq_partials (whose 64-register
+        dQ accumulator made the traced kernel spill with them); their words stay zero elsewhere."""
+        fine = self.head_dim == 64 and not self.dq_partials
+        if const_expr(self.step_trace > 0 and (TRACE_POINTS[point] not in FINE_POINTS or fine)):
             cta = cute.arch.block_idx()[0]
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx() % 4)
             row = cta * 2 + wg

@@ -261,6 +261,9 @@ class DqWriterMixin:
                 self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
             if const_expr(self.dq_shared_writers):
                 self._writers_handover(writer, Int32(1), wait=False)
+            # Unrolled twice: this warp has 24 registers (the launch gives 168 a thread, and
+            # 240 for each MMA thread leaves 24 to the producer warpgroup); unrolled 4 or 8
+            # times, ptxas spilled in the MMA warpgroups' code (26 local-memory instructions).
             for i in cutlass.range(lane * 4, words, 4 * cute.arch.WARP_SIZE, unroll=2):
                 off = cute.assume(i, divby=4)
                 src = cute.make_tensor(bufs[0].iterator + off, cute.make_layout(4))

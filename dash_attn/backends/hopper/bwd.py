@@ -39,7 +39,9 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              ``dq_writers=2`` warp 2 is a second dQ writer: each takes every other step (one
              ring stage and one staging buffer each, or, without dq_double, the one buffer
              in turn).
-warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
+warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2`` and
+             warp 3 with ``dq_partials="smem"`` (the adder: half of each step's sum of the
+             two warpgroups' partials).
 WG 1, WG 2   MMA warpgroups (below: the usual step; hd 192/256 run ``mma_swapped``): each owns
              64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
@@ -125,7 +127,7 @@ from .bwd_producer import ProducerMixin
 from .bwd_step import StepMixin
 from .bwd_step_rotated import RotatedStepMixin
 from .bwd_step_swapped import SwappedStepMixin
-from .bwd_sync import INFO_WORDS, SyncMixin
+from .bwd_sync import INFO_WORDS, STOP_WORD, SyncMixin
 from .exp2_poly import EXP2_POLY_COEFFS
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -928,6 +930,9 @@ class HopperAttnBwd(
         # dkv_stage's buffer in 32-bit words: two 16-bit (bn, hd) tiles.
         dkv_words = cute.cosize(sK_layout) if const_expr(self.dkv_stage) else 0
 
+        # The dQ warps' and the dK/dV sums' timeout words, and dq_partials "smem"'s stop word.
+        fail_words = STOP_WORD + 1 if const_expr(self.dq_partials == "smem") else 4
+
         @cute.struct
         class Storage:
             full_bar: cute.struct.MemRange[Int64, st]
@@ -937,7 +942,7 @@ class HopperAttnBwd(
             do_full: cute.struct.MemRange[Int64, 1]
             do_empty: cute.struct.MemRange[Int64, 1]
             info: cute.struct.MemRange[Int32, st * INFO_WORDS]
-            dq_fail: cute.struct.MemRange[Int32, 4]
+            dq_fail: cute.struct.MemRange[Int32, fail_words]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -1060,6 +1065,8 @@ class HopperAttnBwd(
                 # (with drain_at_turn, once its last turn is taken).
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), 1)
             cute.arch.mbarrier_init_fence()
+            if const_expr(self.dq_partials == "smem"):
+                storage.dq_fail.get_tensor(cute.make_layout(STOP_WORD + 1))[STOP_WORD] = Int32(0)
         cute.arch.barrier()
         if const_expr(self.cast_trigger):
             cute.arch.griddepcontrol_launch_dependents()
@@ -1077,7 +1084,9 @@ class HopperAttnBwd(
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((INFO_WORDS, self.stages)))
-        sDqFail = storage.dq_fail.get_tensor(cute.make_layout(4))
+        sDqFail = storage.dq_fail.get_tensor(
+            cute.make_layout(STOP_WORD + 1 if const_expr(self.dq_partials == "smem") else 4)
+        )
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -1099,6 +1108,9 @@ class HopperAttnBwd(
                         mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
                         sInfo, storage, 1,
                     )  # fmt: skip
+            if const_expr(self.dq_partials == "smem"):  # noqa: SIM102 (compile-time, then runtime)
+                if warp_idx == 3:
+                    self.dq_adder(sdQ, sDqFail)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             # The dK/dV semaphores (dkv_sum) follow the dQ tiles' in mFlags.

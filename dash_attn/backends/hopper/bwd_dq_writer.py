@@ -13,6 +13,7 @@ import cutlass.experimental.primitives as cute_prims
 from cutlass import Float32, Int32, Int64, const_expr
 
 from .bwd_sync import (
+    BAR_DQ_ADDED,
     BAR_DQ_EMPTY,
     BAR_DQ_FULL,
     BAR_WRITERS,
@@ -24,6 +25,7 @@ from .bwd_sync import (
     I_QH,
     I_QT,
     I_RANK,
+    STOP_WORD,
 )
 
 
@@ -162,7 +164,10 @@ class DqWriterMixin:
                 if const_expr(self.dq_shared_writers):
                     self._writers_handover(writer, handover, wait=True)
                 if info[I_FLAGS] & F_QUIET == 0:
-                    self._writer_stop(buf, parts, ring_first)
+                    if const_expr(self.dq_partials == "smem"):
+                        self._stop_adder(sDqFail, lane)
+                    else:
+                        self._writer_stop(buf, parts, ring_first)
                     if const_expr(self.dq_shared_writers):
                         # The quiet terminator, the last slot, takes this hand-over.
                         self._writers_handover(writer, Int32(1), wait=False)
@@ -212,6 +217,56 @@ class DqWriterMixin:
             self._reduce_part(tile, src, offset, size)
 
     @cute.jit
+    def dq_adder(self, sdQ: cute.Tensor, sDqFail: cute.Tensor):
+        """dq_partials "smem": warp 3 adds the second half of each step's two partials (buffer
+        1 += buffer 0) while the step's dQ warp adds the first, then arrives at BAR_DQ_ADDED.
+        It waits at the buffers' "written" barriers as the dQ warps do and leaves at the MMA
+        warpgroups' stop handshake (the stop word, set before it by the dQ warp that takes
+        that handshake)."""
+        lane = cute.arch.lane_idx()
+        words = self.block_m * self.head_dim
+        stop = Int32(0)
+        while stop == 0:
+            for w in cutlass.range_constexpr(2):
+                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
+            stop = sDqFail[STOP_WORD]
+            if stop == 0:
+                self._add_buffers(sdQ, words // 2, words, lane)
+                cute.arch.barrier_arrive(
+                    barrier_id=BAR_DQ_ADDED, number_of_threads=2 * cute.arch.WARP_SIZE
+                )
+
+    @cute.jit
+    def _stop_adder(self, sDqFail: cute.Tensor, lane: Int32):
+        """dq_partials "smem": the stop handshake's "written" barriers, the stop word set
+        between them. Set any sooner, the adder warp could read it for the last step (it reads
+        the word once past both barriers of a step, and this warp's hand-over comes right after
+        the other dQ warp has passed them): once this warp is past the first barrier, the adder
+        is too, and it reads the word once past the second, which this warp's arrival orders
+        after the store."""
+        self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(0), wait=True)
+        if lane == 0:
+            sDqFail[STOP_WORD] = Int32(1)
+        cute.arch.sync_warp()
+        self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(1), wait=True)
+
+    @cute.jit
+    def _add_buffers(self, sdQ: cute.Tensor, start: int, stop: int, lane: Int32):
+        """dq_partials "smem": staging buffer 1 += buffer 0 over words [start, stop), 16 bytes
+        per lane and access, fenced for the bulk reduce that reads buffer 1 (each writing
+        thread's proxy fence; the barrier after it orders the two warps' halves)."""
+        words = self.block_m * self.head_dim
+        # Unrolled twice: this warp has 24 registers (the launch gives 168 a thread, and
+        # 240 for each MMA thread leaves 24 to the producer warpgroup); unrolled 4 or 8
+        # times, ptxas spilled in the MMA warpgroups' code (26 local-memory instructions).
+        for i in cutlass.range(start + lane * 4, stop, 4 * cute.arch.WARP_SIZE, unroll=2):
+            off = cute.assume(i, divby=4)
+            src = cute.make_tensor(sdQ.iterator + off, cute.make_layout(4))
+            dst = cute.make_tensor(sdQ.iterator + words + off, cute.make_layout(4))
+            dst.store(src.load() + dst.load())
+        cute.arch.fence_view_async_shared()
+
+    @cute.jit
     def _poison_if_failed(
         self,
         buf: cute.Tensor,
@@ -249,11 +304,11 @@ class DqWriterMixin:
     ):
         """dq_partials: one step's two warpgroup partials (staging buffer w holds warpgroup w's
         whole tile) into the accumulator's tile, warpgroup 0's first. "smem": once both are
-        in, buffer 1 += buffer 0 (16 bytes per lane and access), buffer 0 freed, the sum
-        added; "l2": buffer 0 added as soon as it is in, buffer 1 once it is in and buffer 0's
-        adds have landed. Each buffer is freed once read; the other dQ warp gets the pair's
-        "written" barriers once both are passed. Returns with the adds issued (the caller
-        waits for them to land before its release)."""
+        in, buffer 1 += buffer 0 (this warp one half, the adder warp the other), buffer 0
+        freed, the sum added; "l2": buffer 0 added as soon as it is in, buffer 1 once it is in
+        and buffer 0's adds have landed. Each buffer is freed once read; the other dQ warp gets
+        the pair's "written" barriers once both are passed. Returns with the adds issued (the
+        caller waits for them to land before its release)."""
         words = self.block_m * self.head_dim
         bufs = [cute.make_tensor(sdQ.iterator + w * words, cute.make_layout(words)) for w in (0, 1)]
         if const_expr(self.dq_partials == "smem"):
@@ -261,16 +316,10 @@ class DqWriterMixin:
                 self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
             if const_expr(self.dq_shared_writers):
                 self._writers_handover(writer, Int32(1), wait=False)
-            # Unrolled twice: this warp has 24 registers (the launch gives 168 a thread, and
-            # 240 for each MMA thread leaves 24 to the producer warpgroup); unrolled 4 or 8
-            # times, ptxas spilled in the MMA warpgroups' code (26 local-memory instructions).
-            for i in cutlass.range(lane * 4, words, 4 * cute.arch.WARP_SIZE, unroll=2):
-                off = cute.assume(i, divby=4)
-                src = cute.make_tensor(bufs[0].iterator + off, cute.make_layout(4))
-                dst = cute.make_tensor(bufs[1].iterator + off, cute.make_layout(4))
-                dst.store(src.load() + dst.load())
+            # The first half here, the second by the adder warp (dq_adder) at the same time.
+            self._add_buffers(sdQ, 0, words // 2, lane)
+            cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=2 * cute.arch.WARP_SIZE)
             self._poison_if_failed(bufs[1], 0, words, sDqFail, mFlags, fail, lane)
-            cute.arch.fence_view_async_shared()
             cute.arch.sync_warp()
             self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(0), wait=False)
             if lane == 0:

@@ -27,6 +27,14 @@ BAR_WRITERS = 6
 # wg_stagger: warpgroup 0 arrives once it has issued a step's S^T and dP^T, warpgroup 1 waits
 # before issuing its own (256 MMA threads).
 BAR_STAGGER = 15
+# dq_partials "smem": the adder warp (warp 3) has added its half of the step's partials (it
+# arrives, the step's dQ warp waits; 64 threads). Id 8 is dq_double's otherwise (buffer 1 of
+# warpgroup 1), which dq_partials does not use.
+BAR_DQ_ADDED = 8
+# dq_partials "smem": the word of sDqFail where the dQ warp that takes the MMA warpgroups' stop
+# handshake tells the adder warp to stop (the words before it: the dQ warps' and the dK/dV
+# sums' timeouts).
+STOP_WORD = 4
 
 # Step metadata slot (int32 words per stage).
 INFO_WORDS = 8
@@ -57,7 +65,8 @@ class SyncMixin:
         (of warpgroup ``wg``'s half with dq_wg): ``base + 2 (buf + dq_bufs wg)``, ids 2-9;
         with dq_partials warpgroup ``wg``'s buffer: ``base + 2 wg``.
         With dq_wg the barrier holds that warpgroup and the dQ warp (160 threads), else both
-        MMA warpgroups and the dQ warp (288)."""
+        MMA warpgroups and the dQ warp (288); with dq_partials "smem" a "written" barrier
+        holds the adder warp too (192)."""
         index = Int32(0)
         if const_expr(self.dq_partials is not None):
             # Buffer w is warpgroup w's, every step (``buf`` is not used).
@@ -68,6 +77,9 @@ class SyncMixin:
             if const_expr(self.dq_wg):
                 index = index + self.dq_bufs * wg
         threads = (128 if const_expr(self.dq_wg) else self.num_mma_threads) + cute.arch.WARP_SIZE
+        if const_expr(self.dq_partials == "smem" and base == BAR_DQ_FULL):
+            # The adder warp waits for the partials too.
+            threads = threads + cute.arch.WARP_SIZE
         if const_expr(wait):
             cute.arch.barrier(barrier_id=base + 2 * index, number_of_threads=threads)
         else:

@@ -705,8 +705,12 @@ class HopperAttnBwd(
         #   (dq_shared_writers' hand-over), taking every other step. Named barriers: a buffer's
         #   "free" and "written" are its warpgroup's (``_dq_barrier``), BAR_DKV + w the
         #   warpgroup's own dS^T barrier.
-        if dq_partials not in (None, "smem", "l2"):
-            raise ValueError(f"dq_partials must be None, 'smem' or 'l2', got {dq_partials!r}")
+        #   ("none", a probe with wrong dQ: the partials are dropped, the buffers freed as
+        #   soon as written: the step with a hand-off that costs nothing.)
+        if dq_partials not in (None, "smem", "l2", "none"):
+            raise ValueError(
+                f"dq_partials must be None, 'smem', 'l2' or 'none', got {dq_partials!r}"
+            )
         if dq_partials is not None:
             unsupported = {
                 "not dq_wg": not dq_wg, "not dq_double": not dq_double,

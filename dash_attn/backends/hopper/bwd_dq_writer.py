@@ -328,6 +328,12 @@ class DqWriterMixin:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
             self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(1), wait=False)
+        elif const_expr(self.dq_partials == "none"):
+            for w in cutlass.range_constexpr(2):
+                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
+                if const_expr(w == 1 and self.dq_shared_writers):
+                    self._writers_handover(writer, Int32(1), wait=False)
+                self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(w), wait=False)
         else:
             for w in cutlass.range_constexpr(2):
                 self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)

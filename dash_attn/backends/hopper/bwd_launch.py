@@ -397,7 +397,7 @@ for _name in _D64_FULL_4K:
 # session 65's "_dqk" added them on the MMA path (NOTES item 373). On the hd-64 full det twin
 # and counted kernel (without ds_guard: no warpgroup reads the other's dS^T rows).
 for _name in _D64_FULL_4K:
-    for _how in ("smem", "l2"):
+    for _how in ("smem", "l2", "none"):
         VARIANTS[f"{_name}_dp{_how[0]}"] = {
             **VARIANTS[_name], "dq_partials": _how, "ds_guard": False
         }  # fmt: skip

@@ -1121,7 +1121,7 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(**full64, block_m=128, s_halves=True, exp_tail=33)
     with pytest.raises(NotImplementedError, match="s_halves: not with .*'dkv_swap'"):
         HopperAttnBwd(**swapped, s_halves=True)
-    with pytest.raises(ValueError, match="dq_partials must be None, 'smem' or 'l2'"):
+    with pytest.raises(ValueError, match="dq_partials must be None, 'smem', 'l2' or 'none'"):
         HopperAttnBwd(**full64, block_m=128, dq_partials="regs")
     pair = {"block_m": 128, "dq_wg": True, "dq_double": True, "early_turn": True}
     with pytest.raises(NotImplementedError, match=r"dq_partials: not with \['dq_writers != 2'\]"):

@@ -308,12 +308,6 @@ VARIANT_CONFIGS = [
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_ss", (64, torch.bfloat16, False, True)),
     ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_ss", (64, torch.float16, False, False)),
     ("t80_wgr_p14_sm2_fs_w2_kf_ss", (128, torch.bfloat16, False, True)),
-    # Session 66 (probes): each warpgroup's dQ partial over its own KV rows, combined by the dQ
-    # warps in shared memory ("_dps") or by two reduces in order ("_dpl").
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dps", (64, torch.bfloat16, False, True)),
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_dps", (64, torch.float16, False, False)),
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_dpl", (64, torch.bfloat16, False, True)),
-    ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_nc_dpl", (64, torch.float16, False, False)),
 ]
 
 
@@ -497,11 +491,7 @@ def _check_kernel_code(
     writers = options.get("dq_writers", 1)
     copies = ptx.count("cp.async.bulk.global.shared::cta.bulk_group")
     first_store = bool(options.get("dq_first_store")) and turns
-    # (dq_partials: a step's partials leave as the whole tile, summed in shared memory, or as
-    # two whole tiles, of which only warpgroup 0's can be the first store.)
-    partials = options.get("dq_partials")
-    hand_offs = 2 if options.get("dq_wg") and not partials else 1
-    assert copies == (hand_offs * writers if first_store else 0)
+    assert copies == ((2 if options.get("dq_wg") else 1) * writers if first_store else 0)
     if turns:
         # One acquire loop and one release per dQ warp.
         assert ptx.count("red.release.gpu") == writers + (1 if dkv_sum else 0)
@@ -509,10 +499,7 @@ def _check_kernel_code(
     # no tensor (TMA) reduce.
     assert "cp.reduce.async.bulk.tensor" not in ptx
     reduces = ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
-    assert reduces == (2 if options.get("dq_wg") and partials != "smem" else 1) * writers
-    if partials == "smem":
-        # The dQ warp adds warpgroup 0's buffer into warpgroup 1's, 16 bytes a lane and access.
-        assert re.search(r"ld\.shared\.v4\.b32[^;]*;\s*ld\.shared\.v4\.b32[^;]*;\s*add\.f32", ptx)
+    assert reduces == (2 if options.get("dq_wg") else 1) * writers
     sass = disassemble(compiled.__cubin__)
     if sass is None:
         pytest.skip("nvdisasm not available: SASS checks skipped")
@@ -524,10 +511,7 @@ def _check_kernel_code(
     mma_code = sass[alloc:]
     staged = options.get("dkv_smem", False) and not dkv_sum
     spills = re.findall(r"\b(?:STL|LDL)\b[^;]*", mma_code)
-    # (dq_partials, a probe: in the fp16 counted kernel ptxas keeps three addresses of the
-    # chain's dK/dV staging in local memory, stored once and loaded at each chain's end.)
-    allowed = _known_spills(config, staged) + (6 if options.get("dq_partials") else 0)
-    assert len(spills) <= allowed, ("MMA warpgroups spill", spills)
+    assert len(spills) <= _known_spills(config, staged), ("MMA warpgroups spill", spills)
     # No serialised WGMMA (ptxas C7510 inserts waits after every wgmma when it gives up).
     assert sass.count("HGMMA") >= ptx.count("wgmma.mma_async")
     # Nor serialised for want of registers (C7512: a WARPGROUP.ARRIVE before every HGMMA).
@@ -556,12 +540,7 @@ def _check_kernel_code(
     # The dS barrier (id 1, the 256 MMA threads) once a step; with top_sync both warpgroups
     # also meet on it at each step's top.
     ds_syncs = len(re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0x1, 0x100\b", mma_code))
-    if partials:
-        # No dS barrier: each warpgroup meets only its own threads (0x80) before its dQ GEMM.
-        assert ds_syncs == 0
-        assert re.search(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? R\d+, 0x80\b", mma_code)
-    else:
-        assert ds_syncs == (2 if options.get("top_sync") else 1)
+    assert ds_syncs == (2 if options.get("top_sync") else 1)
     # wg_stagger: warpgroup 1 waits on barrier 15 at each step's top; warpgroup 0 arrives there
     # once it has issued its S^T and dP^T, and at the terminator.
     stagger_waits = re.findall(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0xf, 0x100\b", mma_code)
@@ -625,8 +604,7 @@ def _check_kernel_code(
         # the dQ writer frees every one at its start with immediate ids, later ones come from
         # a register.
         halves = 2 if options.get("dq_wg") else 1
-        # (dq_partials: buffer w is warpgroup w's, ids 2 + 2 w.)
-        bufs = 2 if options.get("dq_double") and not partials else 1
+        bufs = 2 if options.get("dq_double") else 1
         for index in range(halves * bufs):
             assert f"BAR.ARV {hex(2 + 2 * index)}, {dq_threads}" in sass
         assert re.search(rf"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, {dq_threads}", mma_code)
@@ -1121,15 +1099,6 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(**full64, block_m=128, s_halves=True, exp_tail=33)
     with pytest.raises(NotImplementedError, match="s_halves: not with .*'dkv_swap'"):
         HopperAttnBwd(**swapped, s_halves=True)
-    with pytest.raises(ValueError, match="dq_partials must be None, 'smem', 'l2' or 'none'"):
-        HopperAttnBwd(**full64, block_m=128, dq_partials="regs")
-    pair = {"block_m": 128, "dq_wg": True, "dq_double": True, "early_turn": True}
-    with pytest.raises(NotImplementedError, match=r"dq_partials: not with \['dq_writers != 2'\]"):
-        HopperAttnBwd(**full64, **pair, dq_partials="smem")
-    with pytest.raises(NotImplementedError, match=r"dq_partials: not with \['ds_guard'\]"):
-        HopperAttnBwd(**full64, **pair, dq_writers=2, ds_guard=True, dq_partials="l2")
-    with pytest.raises(NotImplementedError, match=r"dq_partials: not with .*'not dq_wg'"):
-        HopperAttnBwd(**full64, block_m=128, dq_partials="l2")
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -1,8 +1,12 @@
 #!/bin/bash
-# Session 66 call 1: session 65's prepared H200 sweep (hd 64 and 128 backward, hopper det auto
-# and non-det beside FA4 det / non-det, four interleaved rounds), run only when the machine that
-# came is an H200; on an H100 it stops after writing env.txt (session 65 has that card's runs).
-#   bash benchmarks/results/h200/session66/sweep_if_h200.sh <commit>   (carry [".peers"])
+# The H200 sweep for the README's H200 targets table, which still shows session 55's kernels
+# (prepared in session 65 as next-not-run/sweep_64_128.sh, since removed): hd 64 and 128
+# backward, hopper det auto and non-det beside FA4 det / non-det, four interleaved rounds, 215 s
+# a head dim. It runs only when the machine that came is an H200; on an H100 it stops after
+# writing env.txt. Session 66 ran it twice: no machine, then an H100 (it stopped). Results under
+# benchmarks/results/h200/<session>/callN, then `python -m tools.targets_table`.
+#   bash benchmarks/results/h200/session66/next-not-run/sweep_if_h200.sh <commit>
+#   (carry [".peers"], ~8 minutes on an H200)
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

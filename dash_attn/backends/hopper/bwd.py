@@ -39,9 +39,7 @@ warp 1       dQ writer: takes each step's fp32 dQ partial from shared memory, (d
              ``dq_writers=2`` warp 2 is a second dQ writer: each takes every other step (one
              ring stage and one staging buffer each, or, without dq_double, the one buffer
              in turn).
-warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2`` and
-             warp 3 with ``dq_partials="smem"`` (the adder: half of each step's sum of the
-             two warpgroups' partials).
+warps 2-3    idle (they only give registers back), but for warp 2 with ``dq_writers=2``.
 WG 1, WG 2   MMA warpgroups (below: the usual step; hd 192/256 run ``mma_swapped``): each owns
              64 KV rows of the chain's tile. Per step
              S^T = K Q^T and dP^T = V dO^T (SS WGMMA), P^T = exp2(S^T*scale_log2 - lse2) with
@@ -127,7 +125,7 @@ from .bwd_producer import ProducerMixin
 from .bwd_step import StepMixin
 from .bwd_step_rotated import RotatedStepMixin
 from .bwd_step_swapped import SwappedStepMixin
-from .bwd_sync import INFO_WORDS, STOP_WORD, SyncMixin
+from .bwd_sync import INFO_WORDS, SyncMixin
 from .exp2_poly import EXP2_POLY_COEFFS
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -204,8 +202,6 @@ class HopperAttnBwd(
         pack_truncated: int = 0,
         rotate: bool = False,
         s_halves: bool = False,
-        dq_partials: str | None = None,
-        start_stagger: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -690,50 +686,6 @@ class HopperAttnBwd(
                 raise NotImplementedError(f"s_halves: not with {bad}")
         self.s_halves = s_halves
 
-        # dq_partials ("smem" or "l2"): each warpgroup computes a dQ partial of the whole Q tile
-        #   over its own 64 KV rows, dQ_w = dS[:, rows of w] K[rows of w] (a 64-register
-        #   accumulator at hd 64), so it reads only the dS^T rows it wrote itself: the dS
-        #   barrier, where both warpgroups meet every step, becomes one of its own 128 threads,
-        #   and the warpgroups may run out of phase (at hd 64 full 4k both compute their
-        #   exponentials at the same time while the tensor pipe idles, session 64; out of
-        #   phase those took 793 cycles instead of 963, session 65 item 373). Each warpgroup
-        #   stages its partial in its own buffer (dq_double's two, both taken every step) and
-        #   the dQ warps combine them off the MMA warpgroups' path, in a fixed order: "smem"
-        #   adds warpgroup 0's buffer into warpgroup 1's (one fp32 rounding more than one GEMM
-        #   over 128 KV rows; other dQ bits, still fixed) and reduces the sum once; "l2"
-        #   reduces warpgroup 0's buffer as soon as it is there and warpgroup 1's after those
-        #   adds have landed (twice the L2 reduce traffic). Both dQ warps share the buffer pair
-        #   (dq_shared_writers' hand-over), taking every other step. Named barriers: a buffer's
-        #   "free" and "written" are its warpgroup's (``_dq_barrier``), BAR_DKV + w the
-        #   warpgroup's own dS^T barrier.
-        #   ("none", a probe with wrong dQ: the partials are dropped, the buffers freed as
-        #   soon as written: the step with a hand-off that costs nothing.)
-        if dq_partials not in (None, "smem", "l2", "none"):
-            raise ValueError(
-                f"dq_partials must be None, 'smem', 'l2' or 'none', got {dq_partials!r}"
-            )
-        if dq_partials is not None:
-            unsupported = {
-                "not dq_wg": not dq_wg, "not dq_double": not dq_double,
-                "dq_writers != 2": dq_writers != 2, "not early_turn": not early_turn,
-                "block_m != 128": block_m != 128, "ds_guard": ds_guard, "dk_early": dk_early,
-                "dk_defer": dk_defer, "dv_early": dv_early, "rotate": rotate,
-                "top_sync": top_sync, "wg_stagger": wg_stagger, "dkv_swap": dkv_swap,
-                "do_single": do_single, "s_halves": s_halves,
-            }  # fmt: skip
-            bad = sorted(name for name, value in unsupported.items() if value)
-            if bad:
-                raise NotImplementedError(f"dq_partials: not with {bad}")
-            # The two dQ warps share the buffer pair, as they share one buffer without it.
-            self.dq_shared_writers = True
-        self.dq_partials = dq_partials
-        # start_stagger (a probe, with dq_partials): warpgroup 1 starts its first step once
-        #   warpgroup 0 has stored its first dS^T (barrier 15, once), so that the two start
-        #   about half a step apart; nothing after that holds them apart or together.
-        if start_stagger and (dq_partials is None or wg_stagger):
-            raise NotImplementedError("start_stagger: needs dq_partials, not with wg_stagger")
-        self.start_stagger = start_stagger
-
     # ------------------------------------------------------------------ host-side setup
 
     def _smem_layout(
@@ -798,16 +750,6 @@ class HopperAttnBwd(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
-        )  # fmt: skip
-
-    def _partial_tiled_mma(self) -> cute.TiledMma:
-        """dQ_w = dS[:, rows of w] K[rows of w] of one warpgroup (dq_partials): the whole Q tile
-        as M (two 64-row atoms), the head dim as N, dS and K read MN-major as ``_tiled_mmas``'
-        mma_dq reads them."""
-        mn_major = cute.nvgpu.OperandMajorMode.MN
-        return sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, mn_major, mn_major, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.head_dim),
         )  # fmt: skip
 
     def _s_half_tiled_mma(self) -> cute.TiledMma:
@@ -941,9 +883,6 @@ class HopperAttnBwd(
         # dkv_stage's buffer in 32-bit words: two 16-bit (bn, hd) tiles.
         dkv_words = cute.cosize(sK_layout) if const_expr(self.dkv_stage) else 0
 
-        # The dQ warps' and the dK/dV sums' timeout words, and dq_partials "smem"'s stop word.
-        fail_words = STOP_WORD + 1 if const_expr(self.dq_partials == "smem") else 4
-
         @cute.struct
         class Storage:
             full_bar: cute.struct.MemRange[Int64, st]
@@ -953,7 +892,7 @@ class HopperAttnBwd(
             do_full: cute.struct.MemRange[Int64, 1]
             do_empty: cute.struct.MemRange[Int64, 1]
             info: cute.struct.MemRange[Int32, st * INFO_WORDS]
-            dq_fail: cute.struct.MemRange[Int32, fail_words]
+            dq_fail: cute.struct.MemRange[Int32, 4]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, lse_stride * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -1076,8 +1015,6 @@ class HopperAttnBwd(
                 # (with drain_at_turn, once its last turn is taken).
                 cute.arch.mbarrier_init(storage.do_empty.data_ptr(), 1)
             cute.arch.mbarrier_init_fence()
-            if const_expr(self.dq_partials == "smem"):
-                storage.dq_fail.get_tensor(cute.make_layout(STOP_WORD + 1))[STOP_WORD] = Int32(0)
         cute.arch.barrier()
         if const_expr(self.cast_trigger):
             cute.arch.griddepcontrol_launch_dependents()
@@ -1095,9 +1032,7 @@ class HopperAttnBwd(
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDelta = storage.sDelta.get_tensor(sLSE_layout)
         sInfo = storage.info.get_tensor(cute.make_layout((INFO_WORDS, self.stages)))
-        sDqFail = storage.dq_fail.get_tensor(
-            cute.make_layout(STOP_WORD + 1 if const_expr(self.dq_partials == "smem") else 4)
-        )
+        sDqFail = storage.dq_fail.get_tensor(cute.make_layout(4))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -1119,9 +1054,6 @@ class HopperAttnBwd(
                         mdQ, mFlags, q_tiles, heads, timeout_ns, sdQ, sDqFail,
                         sInfo, storage, 1,
                     )  # fmt: skip
-            if const_expr(self.dq_partials == "smem"):  # noqa: SIM102 (compile-time, then runtime)
-                if warp_idx == 3:
-                    self.dq_adder(sdQ, sDqFail)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             # The dK/dV semaphores (dkv_sum) follow the dQ tiles' in mFlags.

@@ -13,7 +13,6 @@ import cutlass.experimental.primitives as cute_prims
 from cutlass import Float32, Int32, Int64, const_expr
 
 from .bwd_sync import (
-    BAR_DQ_ADDED,
     BAR_DQ_EMPTY,
     BAR_DQ_FULL,
     BAR_WRITERS,
@@ -25,7 +24,6 @@ from .bwd_sync import (
     I_QH,
     I_QT,
     I_RANK,
-    STOP_WORD,
 )
 
 
@@ -57,8 +55,7 @@ class DqWriterMixin:
         part = bm * hd // parts
         # The buffers start free; afterwards each is freed as soon as the TMA unit has read it,
         # so the MMA warpgroups write the next partial while this one's adds complete.
-        # (dq_partials: writer 0 frees the pair, buffer w being warpgroup w's "half".)
-        for buf0 in cutlass.range_constexpr(1 if self.dq_partials else self.dq_bufs):
+        for buf0 in cutlass.range_constexpr(self.dq_bufs):
             if const_expr(not two or buf0 == writer):
                 for p in cutlass.range_constexpr(parts):
                     self._dq_barrier(BAR_DQ_EMPTY, Int32(buf0), Int32(p), wait=False)
@@ -119,27 +116,45 @@ class DqWriterMixin:
                     # The other warp has passed the buffer's "written" barriers of its slot.
                     self._writers_handover(writer, handover, wait=True)
                     handover = Int32(1)
-                if const_expr(self.dq_partials is not None):
-                    self._combine_partials(
-                        mdQ[b, qh, qt, None], sdQ, sDqFail, mFlags, fail, rank, lane, writer
-                    )
-                else:
-                    for p in cutlass.range_constexpr(parts):
-                        if const_expr(p > 0 or self.early_turn):
-                            self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
-                        self._poison_if_failed(sdQ_buf, p * part, part, sDqFail, mFlags, fail, lane)
-                        # One flat bulk reduce per part (the accumulator's tile is in the same
-                        # fragment order), issued and committed by lane 0.
-                        if lane == 0:
-                            self._add_part(mdQ[b, qh, qt, None], sdQ_buf, p * part, part, rank)
-                            cute.arch.cp_async_bulk_commit_group()
-                    if const_expr(self.dq_shared_writers):
-                        self._writers_handover(writer, handover, wait=False)
-                    # Each part may be overwritten once the TMA unit has read it (oldest first).
-                    for p in cutlass.range_constexpr(parts):
-                        cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
+                for p in cutlass.range_constexpr(parts):
+                    if const_expr(p > 0 or self.early_turn):
+                        self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
+                    if const_expr(self.takes_turns):
+                        if sDqFail[fail] != 0:
+                            # Never a silent wrong result: poison what this step adds and
+                            # raise the error flag (a plain store: every writer writes 1).
+                            nan = Float32(float("nan"))
+                            for i in cutlass.range(
+                                p * part + lane, (p + 1) * part, cute.arch.WARP_SIZE, unroll=4
+                            ):
+                                sdQ_buf[i] = nan
+                            cute.arch.fence_view_async_shared()
+                            if lane == 0:
+                                mFlags[1] = Int32(1)
                         cute.arch.sync_warp()
-                        self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(p), wait=False)
+                    # One flat bulk reduce per part (the accumulator's tile is in the same
+                    # fragment order), issued and committed by lane 0.
+                    if lane == 0:
+                        tile = mdQ[b, qh, qt, None]
+                        if const_expr(self.dq_first_store):
+                            # The tile's first contribution in the fixed order: a copy.
+                            if rank == 0:
+                                cute_prims.cp_async_bulk_global_shared_cta(
+                                    tile.iterator + p * part, sdQ_buf.iterator + p * part,
+                                    part * 4,
+                                )  # fmt: skip
+                            else:
+                                self._reduce_part(tile, sdQ_buf, p * part, part)
+                        else:
+                            self._reduce_part(tile, sdQ_buf, p * part, part)
+                        cute.arch.cp_async_bulk_commit_group()
+                if const_expr(self.dq_shared_writers):
+                    self._writers_handover(writer, handover, wait=False)
+                # Each part may be overwritten once the TMA unit has read it (oldest first).
+                for p in cutlass.range_constexpr(parts):
+                    cute.arch.cp_async_bulk_wait_group(parts - 1 - p, read=True)
+                    cute.arch.sync_warp()
+                    self._dq_barrier(BAR_DQ_EMPTY, buf, Int32(p), wait=False)
                 if const_expr(self.dq_double and not two):
                     buf = buf ^ 1
                 if const_expr(self.takes_turns):
@@ -164,10 +179,7 @@ class DqWriterMixin:
                 if const_expr(self.dq_shared_writers):
                     self._writers_handover(writer, handover, wait=True)
                 if info[I_FLAGS] & F_QUIET == 0:
-                    if const_expr(self.dq_partials == "smem"):
-                        self._stop_adder(sDqFail, lane)
-                    else:
-                        self._writer_stop(buf, parts, ring_first)
+                    self._writer_stop(buf, parts, ring_first)
                     if const_expr(self.dq_shared_writers):
                         # The quiet terminator, the last slot, takes this hand-over.
                         self._writers_handover(writer, Int32(1), wait=False)
@@ -200,158 +212,6 @@ class DqWriterMixin:
         for p in cutlass.range_constexpr(parts):
             if const_expr(p > 0 or ring_first):
                 self._dq_barrier(BAR_DQ_FULL, buf, Int32(p), wait=True)
-
-    @cute.jit
-    def _add_part(self, tile: cute.Tensor, src: cute.Tensor, offset: int, size: int, rank: Int32):
-        """``size`` fp32 values of a staged partial from ``offset`` into the accumulator's tile
-        (both in fragment order): a bulk reduce-add or, with dq_first_store at the tile's rank
-        0 (its first contribution in the fixed order), a bulk copy. Lane 0 only."""
-        if const_expr(self.dq_first_store):
-            if rank == 0:
-                cute_prims.cp_async_bulk_global_shared_cta(
-                    tile.iterator + offset, src.iterator + offset, size * 4
-                )
-            else:
-                self._reduce_part(tile, src, offset, size)
-        else:
-            self._reduce_part(tile, src, offset, size)
-
-    @cute.jit
-    def dq_adder(self, sdQ: cute.Tensor, sDqFail: cute.Tensor):
-        """dq_partials "smem": warp 3 adds the second half of each step's two partials (buffer
-        1 += buffer 0) while the step's dQ warp adds the first, then arrives at BAR_DQ_ADDED.
-        It waits at the buffers' "written" barriers as the dQ warps do and leaves at the MMA
-        warpgroups' stop handshake (the stop word, set before it by the dQ warp that takes
-        that handshake)."""
-        lane = cute.arch.lane_idx()
-        words = self.block_m * self.head_dim
-        stop = Int32(0)
-        while stop == 0:
-            for w in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
-            stop = sDqFail[STOP_WORD]
-            if stop == 0:
-                self._add_buffers(sdQ, words // 2, words, lane)
-                cute.arch.barrier_arrive(
-                    barrier_id=BAR_DQ_ADDED, number_of_threads=2 * cute.arch.WARP_SIZE
-                )
-
-    @cute.jit
-    def _stop_adder(self, sDqFail: cute.Tensor, lane: Int32):
-        """dq_partials "smem": the stop handshake's "written" barriers, the stop word set
-        between them. Set any sooner, the adder warp could read it for the last step (it reads
-        the word once past both barriers of a step, and this warp's hand-over comes right after
-        the other dQ warp has passed them): once this warp is past the first barrier, the adder
-        is too, and it reads the word once past the second, which this warp's arrival orders
-        after the store."""
-        self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(0), wait=True)
-        if lane == 0:
-            sDqFail[STOP_WORD] = Int32(1)
-        cute.arch.sync_warp()
-        self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(1), wait=True)
-
-    @cute.jit
-    def _add_buffers(self, sdQ: cute.Tensor, start: int, stop: int, lane: Int32):
-        """dq_partials "smem": staging buffer 1 += buffer 0 over words [start, stop), 16 bytes
-        per lane and access, fenced for the bulk reduce that reads buffer 1 (each writing
-        thread's proxy fence; the barrier after it orders the two warps' halves)."""
-        words = self.block_m * self.head_dim
-        # Unrolled twice: this warp has 24 registers (the launch gives 168 a thread, and
-        # 240 for each MMA thread leaves 24 to the producer warpgroup); unrolled 4 or 8
-        # times, ptxas spilled in the MMA warpgroups' code (26 local-memory instructions).
-        for i in cutlass.range(start + lane * 4, stop, 4 * cute.arch.WARP_SIZE, unroll=2):
-            off = cute.assume(i, divby=4)
-            src = cute.make_tensor(sdQ.iterator + off, cute.make_layout(4))
-            dst = cute.make_tensor(sdQ.iterator + words + off, cute.make_layout(4))
-            dst.store(src.load() + dst.load())
-        cute.arch.fence_view_async_shared()
-
-    @cute.jit
-    def _poison_if_failed(
-        self,
-        buf: cute.Tensor,
-        offset: int,
-        size: int,
-        sDqFail: cute.Tensor,
-        mFlags: cute.Tensor,
-        fail: cutlass.Constexpr[int],
-        lane: Int32,
-    ):
-        """After this warp's turn timed out (kernels that take turns): NaN into the ``size``
-        values of ``buf`` from ``offset`` that this step adds, and the error flag raised (a
-        plain store: every writer writes 1). Never a silent wrong result."""
-        if const_expr(self.takes_turns):
-            if sDqFail[fail] != 0:
-                nan = Float32(float("nan"))
-                for i in cutlass.range(offset + lane, offset + size, cute.arch.WARP_SIZE, unroll=4):
-                    buf[i] = nan
-                cute.arch.fence_view_async_shared()
-                if lane == 0:
-                    mFlags[1] = Int32(1)
-            cute.arch.sync_warp()
-
-    @cute.jit
-    def _combine_partials(
-        self,
-        tile: cute.Tensor,
-        sdQ: cute.Tensor,
-        sDqFail: cute.Tensor,
-        mFlags: cute.Tensor,
-        fail: cutlass.Constexpr[int],
-        rank: Int32,
-        lane: Int32,
-        writer: cutlass.Constexpr[int],
-    ):
-        """dq_partials: one step's two warpgroup partials (staging buffer w holds warpgroup w's
-        whole tile) into the accumulator's tile, warpgroup 0's first. "smem": once both are
-        in, buffer 1 += buffer 0 (this warp one half, the adder warp the other), buffer 0
-        freed, the sum added; "l2": buffer 0 added as soon as it is in, buffer 1 once it is in
-        and buffer 0's adds have landed. Each buffer is freed once read; the other dQ warp gets
-        the pair's "written" barriers once both are passed. Returns with the adds issued (the
-        caller waits for them to land before its release)."""
-        words = self.block_m * self.head_dim
-        bufs = [cute.make_tensor(sdQ.iterator + w * words, cute.make_layout(words)) for w in (0, 1)]
-        if const_expr(self.dq_partials == "smem"):
-            for w in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
-            if const_expr(self.dq_shared_writers):
-                self._writers_handover(writer, Int32(1), wait=False)
-            # The first half here, the second by the adder warp (dq_adder) at the same time.
-            self._add_buffers(sdQ, 0, words // 2, lane)
-            cute.arch.barrier(barrier_id=BAR_DQ_ADDED, number_of_threads=2 * cute.arch.WARP_SIZE)
-            self._poison_if_failed(bufs[1], 0, words, sDqFail, mFlags, fail, lane)
-            cute.arch.sync_warp()
-            self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(0), wait=False)
-            if lane == 0:
-                self._add_part(tile, bufs[1], 0, words, rank)
-                cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.sync_warp()
-            self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(1), wait=False)
-        elif const_expr(self.dq_partials == "none"):
-            for w in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
-                if const_expr(w == 1 and self.dq_shared_writers):
-                    self._writers_handover(writer, Int32(1), wait=False)
-                self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(w), wait=False)
-        else:
-            for w in cutlass.range_constexpr(2):
-                self._dq_barrier(BAR_DQ_FULL, Int32(0), Int32(w), wait=True)
-                if const_expr(w == 1 and self.dq_shared_writers):
-                    self._writers_handover(writer, Int32(1), wait=False)
-                self._poison_if_failed(bufs[w], 0, words, sDqFail, mFlags, fail, lane)
-                if lane == 0:
-                    if const_expr(w == 0):
-                        self._add_part(tile, bufs[0], 0, words, rank)
-                    else:
-                        # Buffer 0's adds (or first store) have been performed: buffer 1's
-                        # come after them, element by element.
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        self._reduce_part(tile, bufs[1], 0, words)
-                    cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.sync_warp()
-                self._dq_barrier(BAR_DQ_EMPTY, Int32(0), Int32(w), wait=False)
 
     @cute.jit
     def _reduce_part(self, tile: cute.Tensor, sdQ_buf: cute.Tensor, offset: int, size: int):

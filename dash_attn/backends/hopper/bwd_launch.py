@@ -391,18 +391,6 @@ for _name in _D64_FULL_4K:
         VARIANTS[f"{_name}_ru{_level}"] = {
             **VARIANTS[_name], "ptxas": f"--register-usage-level={_level}"
         }  # fmt: skip
-# Session 66 (a probe, other dQ bits): each warpgroup's dQ partial over its own KV rows, so the
-# warpgroups no longer meet at a dS barrier every step, combined by the dQ warps (dq_partials):
-# added in shared memory and reduced once ("_dps"), or reduced one after the other ("_dpl");
-# session 65's "_dqk" added them on the MMA path (NOTES item 373). On the hd-64 full det twin
-# and counted kernel (without ds_guard: no warpgroup reads the other's dS^T rows).
-for _name in _D64_FULL_4K:
-    for _how in ("smem", "l2", "none"):
-        VARIANTS[f"{_name}_dp{_how[0]}"] = {
-            **VARIANTS[_name], "dq_partials": _how, "ds_guard": False
-        }  # fmt: skip
-    # (a probe) "_dpn" with the warpgroups started about half a step apart (start_stagger).
-    VARIANTS[f"{_name}_dpnh"] = {**VARIANTS[f"{_name}_dpn"], "start_stagger": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

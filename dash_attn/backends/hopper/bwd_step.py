@@ -21,7 +21,6 @@ from ._cute_utils import (
 )
 from .bwd_epilogue import DkvSums
 from .bwd_sync import (
-    BAR_DKV,
     BAR_DQ_EMPTY,
     BAR_DQ_FULL,
     BAR_DQ_READ,
@@ -120,7 +119,6 @@ class StepMixin:
 
         shape_st = (bn, bm)
         s_halves = self._s_halves_fragments(sK, sQ, wg, tidx, mma_sdp, shape_st)
-        partial = self._partial_fragments(sK, sdS, tidx)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         if const_expr(self.kv_on_full):
@@ -186,12 +184,6 @@ class StepMixin:
                 )
             )  # fmt: skip
         else:
-            if const_expr(self.start_stagger):  # noqa: SIM102 (compile-time, then runtime)
-                if wg == 1:
-                    # About half a step (2100 of the shipped 4201 cycles) after warpgroup 0.
-                    start = cute.arch.clock()
-                    while cute.arch.clock() - start < 2100:
-                        pass
             while done == 0:
                 cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
                 if const_expr(self.top_sync):
@@ -337,9 +329,8 @@ class StepMixin:
                     else:
                         rdS.store(acc_dP.load().to(self.dtype))
 
-                    thr_dq_acc = partial.thr if const_expr(self.dq_partials) else thr_dq
                     acc_dQ = cute.make_rmem_tensor(
-                        thr_dq_acc.partition_shape_C(self.dq_mma_shape), Float32
+                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
                     )
                     # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
                     # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
@@ -353,16 +344,10 @@ class StepMixin:
                     self._trace(dkv_sums, wg, traced, point_index("ds_stored"))
                     if const_expr(not self.dv_early):
                         self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
-                    if const_expr(self.dq_partials):
-                        self._partial_gemms(
-                            acc_dQ, acc_dK, rdS, tKrQ, mma_dkv, partial, ds_stage, stage,
-                            dkv_sums, wg, traced,
-                        )  # fmt: skip
-                    else:
-                        self._ds_barrier_gemms(
-                            self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq,
-                            mma_dkv, ds_stage, stage, storage, dkv_sums, wg, traced,
-                        )  # fmt: skip
+                    self._ds_barrier_gemms(
+                        self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
+                        ds_stage, stage, storage, dkv_sums, wg, traced,
+                    )  # fmt: skip
                     if const_expr(self.do_single):
                         do_phase = do_phase ^ 1
 
@@ -370,14 +355,11 @@ class StepMixin:
                     self._trace(dkv_sums, wg, traced, point_index("dq_wait"))
                     self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
                     self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
-                    if const_expr(self.dq_partials):
-                        self._store_partial(acc_dQ, sdQ, wg, tidx)
-                    else:
-                        self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
                     cute.arch.fence_view_async_shared()
                     self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
                     self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
-                    if const_expr(self.dq_double and not self.dq_partials):
+                    if const_expr(self.dq_double):
                         buf = buf ^ 1
 
                     warpgroup.wait_group(0)
@@ -473,92 +455,6 @@ class StepMixin:
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-
-    def _partial_fragments(self, sK: cute.Tensor, sdS: cute.Tensor, tidx: Int32):
-        """dq_partials (trace time): the one-warpgroup dQ MMA over the whole Q tile, this
-        thread's slice of it, and its dS and K fragments over all KV rows (each warpgroup
-        takes its own k-blocks). Accumulator register 32 m + i of thread t must be what
-        ``dq_fragment`` calls register i of MMA thread t + 128 m (half m of a tile in fragment
-        order): checked for a sample of threads. None without dq_partials."""
-        if not self.dq_partials:
-            return None
-        bm, hd = self.block_m, self.head_dim
-        mma = self._partial_tiled_mma()
-        ident = cute.make_identity_tensor((bm, hd))
-        per_half = dq_fragment.registers(bm, hd)
-        for t in (*range(32), 32, 63, 64, 95, 96, 127):
-            coords = mma.get_slice(t).partition_C(ident)
-            if cute.size(coords) != 2 * per_half:
-                raise AssertionError("dq_partials: the accumulator is not the whole tile")
-            for i in range(2 * per_half):
-                half, index = divmod(i, per_half)
-                expected = dq_fragment.fragment_coords(bm, hd, t + 128 * half, index)
-                if tuple(coords[i]) != expected:
-                    raise AssertionError(
-                        f"dq_partials: thread {t}, register {i}: {tuple(coords[i])}, "
-                        f"dq_fragment says {expected}"
-                    )
-        first = mma.get_slice(0)
-        return SimpleNamespace(
-            mma=mma,
-            thr=mma.get_slice(tidx % 128),
-            tQrdS=first.make_fragment_A(first.partition_A(transpose_view(sdS))),
-            tQrK=first.make_fragment_B(first.partition_B(transpose_view(sK))),
-        )
-
-    @cute.jit
-    def _partial_gemms(
-        self,
-        acc_dQ: cute.Tensor,
-        acc_dK: cute.Tensor,
-        rdS: cute.Tensor,
-        tKrQ: cute.Tensor,
-        mma_dkv: cute.TiledMma,
-        partial: SimpleNamespace,
-        ds_stage: Int32,
-        stage: Int32,
-        dkv_sums: DkvSums,
-        wg: Int32,
-        traced: Int32,
-    ):
-        """dq_partials, after the dS^T store and the dV GEMM: this warpgroup's own dS^T rows in
-        shared memory (its 128 threads meet), then its dQ partial over its KV rows and dK (the
-        tensor pipe runs dV, dQ, dK back to back, as with the dS barrier). Returns with dQ
-        done; dK may still run."""
-        cute.arch.fence_view_async_shared()
-        self._trace(dkv_sums, wg, traced, point_index("ds_arrive"))
-        cute.arch.barrier(barrier_id=BAR_DKV + wg, number_of_threads=128)
-        self._trace(dkv_sums, wg, traced, point_index("ds_pass"))
-        warpgroup.fence()
-        atom = cute.make_mma_atom(partial.mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, False)
-        own_blocks = self.block_n // 2 // 16
-        for k in cutlass.range_constexpr(own_blocks):
-            block = wg * own_blocks + k
-            cute.gemm(
-                atom, acc_dQ, partial.tQrdS[None, None, block, ds_stage],
-                partial.tQrK[None, None, block], acc_dQ,
-            )  # fmt: skip
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # dV done (P's registers are free)
-        self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
-        warpgroup.wait_group(1)  # dQ done, dK may still run
-
-    @cute.jit
-    def _store_partial(self, acc_dQ: cute.Tensor, sdQ: cute.Tensor, wg: Int32, tidx: Int32):
-        """dq_partials: this warpgroup's whole-tile partial into staging buffer ``wg`` in
-        fragment order, its registers 32 m .. 32 m + 31 into the tile's half m as MMA thread
-        ``tidx % 128 + 128 m`` would store them (16-byte stores)."""
-        bm, hd = self.block_m, self.head_dim
-        per_half = dq_fragment.registers(bm, hd)
-        for half in cutlass.range_constexpr(2):
-            base = wg * (bm * hd) + half * dq_fragment.half_size(bm, hd) + (tidx % 128) * 4
-            for j in cutlass.range_constexpr(per_half // 4):
-                off = cute.assume(base + dq_fragment.fragment_offset(bm, hd, 0, 4 * j), divby=4)
-                dst = cute.make_tensor(sdQ.iterator + off, cute.make_layout(4))
-                for e in cutlass.range_constexpr(4):
-                    dst[e] = acc_dQ[half * per_half + 4 * j + e]
 
     def _s_halves_fragments(
         self,
@@ -711,10 +607,10 @@ class StepMixin:
         word of the buffer the kernel takes for the dK/dV sums: word
         (((cta * 2 + wg) * step_trace + step) * len(TRACE_POINTS) + point) * 4 + warp. Every
         lane stores the same value to the same word (one transaction, no branch). The
-        ``FINE_POINTS`` are stamped at hd 64 only, and not with dq_partials (whose 64-register
-        dQ accumulator made the traced kernel spill with them); their words stay zero elsewhere."""
-        fine = self.head_dim == 64 and not self.dq_partials
-        if const_expr(self.step_trace > 0 and (TRACE_POINTS[point] not in FINE_POINTS or fine)):
+        ``FINE_POINTS`` are stamped at hd 64 only; their words stay zero elsewhere."""
+        if const_expr(
+            self.step_trace > 0 and (TRACE_POINTS[point] not in FINE_POINTS or self.head_dim == 64)
+        ):
             cta = cute.arch.block_idx()[0]
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx() % 4)
             row = cta * 2 + wg

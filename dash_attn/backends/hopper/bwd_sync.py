@@ -13,11 +13,9 @@ BAR_DS = 1  # dS of a step fully in shared memory (256 MMA threads)
 BAR_DQ_EMPTY = 2  # dQ buffer free (dQ warp arrives, MMA threads wait)
 BAR_DQ_FULL = 3  # dQ buffer written (MMA threads arrive, dQ warp waits)
 # Per dQ buffer b (dq_double) and, with dq_wg, warpgroup half w: BAR_DQ_EMPTY + 2 (b + bufs w)
-# and BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier); with dq_partials + 2 w (ids 2-5,
-# warpgroup w's buffer), so that the shared writers' hand-over (ids 6-7) fits beside them.
+# and BAR_DQ_FULL + 2 (b + bufs w) (ids 2-9; _dq_barrier).
 BAR_DQ_READ = 10  # ds_guard: + w, warpgroup w's dQ GEMM done (w arrives, the other waits)
-BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads);
-# with dq_partials also its own dS^T barrier of each step
+BAR_DKV = 12  # dkv_sum / dkv_smem: + w, warpgroup w's chain epilogue (its 128 threads)
 BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 MMA threads)
 # dq_shared_writers: + w, dQ warp w hands the staging buffer to the other (64 threads). One
 # barrier per direction: on a single one, a warp that arrived and then waited for the next
@@ -27,14 +25,6 @@ BAR_WRITERS = 6
 # wg_stagger: warpgroup 0 arrives once it has issued a step's S^T and dP^T, warpgroup 1 waits
 # before issuing its own (256 MMA threads).
 BAR_STAGGER = 15
-# dq_partials "smem": the adder warp (warp 3) has added its half of the step's partials (it
-# arrives, the step's dQ warp waits; 64 threads). Id 8 is dq_double's otherwise (buffer 1 of
-# warpgroup 1), which dq_partials does not use.
-BAR_DQ_ADDED = 8
-# dq_partials "smem": the word of sDqFail where the dQ warp that takes the MMA warpgroups' stop
-# handshake tells the adder warp to stop (the words before it: the dQ warps' and the dK/dV
-# sums' timeouts).
-STOP_WORD = 4
 
 # Step metadata slot (int32 words per stage).
 INFO_WORDS = 8
@@ -62,24 +52,15 @@ class SyncMixin:
     @cute.jit
     def _dq_barrier(self, base: int, buf: Int32, wg: Int32, wait: cutlass.Constexpr[bool]):
         """Wait on (``wait``) or arrive at the named barrier ``base`` of dQ buffer ``buf``
-        (of warpgroup ``wg``'s half with dq_wg): ``base + 2 (buf + dq_bufs wg)``, ids 2-9;
-        with dq_partials warpgroup ``wg``'s buffer: ``base + 2 wg``.
+        (of warpgroup ``wg``'s half with dq_wg): ``base + 2 (buf + dq_bufs wg)``, ids 2-9.
         With dq_wg the barrier holds that warpgroup and the dQ warp (160 threads), else both
-        MMA warpgroups and the dQ warp (288); with dq_partials "smem" a "written" barrier
-        holds the adder warp too (192)."""
+        MMA warpgroups and the dQ warp (288)."""
         index = Int32(0)
-        if const_expr(self.dq_partials is not None):
-            # Buffer w is warpgroup w's, every step (``buf`` is not used).
-            index = index + wg
-        else:
-            if const_expr(self.dq_double):
-                index = index + buf
-            if const_expr(self.dq_wg):
-                index = index + self.dq_bufs * wg
+        if const_expr(self.dq_double):
+            index = index + buf
+        if const_expr(self.dq_wg):
+            index = index + self.dq_bufs * wg
         threads = (128 if const_expr(self.dq_wg) else self.num_mma_threads) + cute.arch.WARP_SIZE
-        if const_expr(self.dq_partials == "smem" and base == BAR_DQ_FULL):
-            # The adder warp waits for the partials too.
-            threads = threads + cute.arch.WARP_SIZE
         if const_expr(wait):
             cute.arch.barrier(barrier_id=base + 2 * index, number_of_threads=threads)
         else:

@@ -1,9 +1,14 @@
 #!/bin/bash
-# Session 66, call 6: "_dpnh" ("_dpn", the partials dropped, wrong dQ, with warpgroup 1
+# Prepared in session 66 as its call 6, not run (no H100 came, then too little device time was
+# left to start one). It needs the probe's code, removed from the tree: first
+#   git checkout 1cfbe4e -- dash_attn/backends/hopper/{bwd,bwd_step,bwd_sync,bwd_dq_writer,bwd_launch}.py
+# (the kernel sources of 2eee6cd plus start_stagger), then put the results under
+# benchmarks/results/h100/<session>/callN and restore the sources.
+# "_dpnh" ("_dpn", the partials dropped, wrong dQ, with warpgroup 1
 # started 2100 cycles after warpgroup 0, start_stagger): whether the warpgroups stay about half a
 # step apart once nothing holds them in phase, and what the step is then. 6 interleaved rounds
 # beside FA4 at full 4k (its rule check fails by construction), then its step trace.
-#   bash benchmarks/results/h100/session66/call6/run.sh <commit>  (carry [".peers"])
+#   bash benchmarks/results/h100/session66/next-not-run/run_dpnh.sh <commit>  (carry [".peers"])
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

@@ -40,6 +40,37 @@ def test_arguments() -> None:
         variant_ab.parse_args(["--suffix", "_x", "--variant-sm-margin", "-1", "1024:full"])
 
 
+def test_other_tiles() -> None:
+    """--tiles alone names a variant: the shipped kernel on a plan with those tiles."""
+    args = variant_ab.parse_args(["--tiles", "64x128", "--bits", "rule", "4096:full"])
+    assert args.tiles == (64, 128) and args.suffix is None
+    assert variant_ab.variant_name("t128_kp", args) == "t128_kp"
+    assert variant_ab.variant_label(args) == "<shipped> on 64x128 tiles"
+    args = variant_ab.parse_args(["--tiles", "80X128", "--suffix", "_x", "4096:full"])
+    assert args.tiles == (80, 128)
+    assert variant_ab.variant_label(args) == "<shipped>_x on 80x128 tiles"
+    for bad in ("64", "64x", "0x128", "64x128x2", "ax128"):
+        with pytest.raises(SystemExit):
+            variant_ab.parse_args(["--tiles", bad, "4096:full"])
+    with pytest.raises(SystemExit):  # its own plan either way: one at a time
+        variant_ab.parse_args(["--tiles", "64x128", "--variant-sm-margin", "4", "4096:full"])
+
+
+def test_backward_tiles_are_restored() -> None:
+    """bwd_probe.backward_tiles: the plan's tiles inside, the shipped ones after (no GPU)."""
+    pytest.importorskip("torch")
+    from dash_attn.backends import hopper
+    from tools.hopper.bwd_probe import backward_tiles
+
+    shipped, causal = hopper.bwd_tiles(64, False), hopper.bwd_tiles(64, True)
+    with backward_tiles(64, False, 64, 128):
+        inside = hopper.bwd_tiles(64, False)
+        assert (inside.block_m, inside.block_n) == (64, 128)
+        assert inside.num_stages == shipped.num_stages
+        assert hopper.bwd_tiles(64, True) == causal  # the other mask's kept
+    assert hopper.bwd_tiles(64, False) == shipped
+
+
 def test_variant_names() -> None:
     args = variant_ab.parse_args(["--replace", "_st=", "--suffix", "_x", "8192:full"])
     assert variant_ab.variant_name("t128_kp_w2_st", args) == "t128_kp_w2_x"

@@ -147,6 +147,30 @@ def nondet_kernels(counted: bool) -> Iterator[None]:
         hopper_launch._launches.clear()
 
 
+@contextlib.contextmanager
+def backward_tiles(head_dim: int, causal: bool, block_m: int, block_n: int) -> Iterator[None]:
+    """Within it the hopper backward plans ``head_dim`` and the mask with ``block_m x block_n``
+    tiles instead of the shipped ones (``hopper.bwd_tiles``): the schedule tables are built for
+    them and the shipped kernel variant is compiled for them (its options, other tiles). A
+    probe of another tile shape; other tiles give other bits. Plans and prepared launches are
+    made anew on entry and on exit."""
+    from dash_attn.backends import hopper
+    from dash_attn.backends.hopper import launch as hopper_launch
+    from dash_attn.plan import make_backward_plan
+
+    key = (head_dim, "causal" if causal else "full")
+    shipped = hopper._BWD_TILES[key]
+    hopper._BWD_TILES[key] = dataclasses.replace(shipped, block_m=block_m, block_n=block_n)
+    make_backward_plan.cache_clear()
+    hopper_launch._launches.clear()
+    try:
+        yield
+    finally:
+        hopper._BWD_TILES[key] = shipped
+        make_backward_plan.cache_clear()
+        hopper_launch._launches.clear()
+
+
 def variant_launch(plan: Any, q: torch.Tensor, variant_of: Callable[[str], str]) -> Any:
     """``plan`` prepared for the kernel variant ``variant_of(shipped variant)`` instead of the
     shipped one (``kernel_variant``)."""

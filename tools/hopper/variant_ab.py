@@ -23,6 +23,10 @@ cast this way, then named ``<shipped>_ct``; since it shipped, a deterministic pl
 _st=`` times the shipped kernels against themselves without ``dkv_stage``); an empty suffix and
 no replacement is an A/A.
 
+``--tiles 64x128`` runs the variant on a plan of its own with other tiles (its schedule tables
+built for them, the kernel compiled for them; ``bwd_probe.backward_tiles``): other bits, so
+check it with ``--bits rule``. With it alone the variant is the shipped kernel on those tiles.
+
 A config is ``seqlen:mask[:kv_heads]`` at ``--headdim`` (the sweep's shapes: batch 16384 //
 seqlen, 2048 // headdim heads; a seqlen that is not a power of two runs batch 3).
 """
@@ -30,6 +34,7 @@ seqlen, 2048 // headdim heads; a seqlen that is not a power of two runs batch 3)
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +78,18 @@ def parse_config(text: str, head_dim: int) -> Config:
     return Config(seqlen, parts[1] == "causal", batch, heads, kv_heads)
 
 
+def parse_tiles(text: str) -> tuple[int, int]:
+    """``BMxBN`` as (block_m, block_n).
+
+    >>> parse_tiles("64x128")
+    (64, 128)
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(f"tiles are BMxBN (e.g. 64x128), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="+", help="seqlen:full|causal[:kv_heads]")
@@ -87,12 +104,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run the variant's calls with sm_margin=N (its plan on N workers fewer; the "
         "order-invariant tables keep the bits)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tiles", type=parse_tiles, default=None, metavar="BMxBN",
+        help="run the variant with block_m x block_n tiles on a plan of its own",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--bits", choices=("same", "rule"), default="same")
     parser.add_argument("--rule-max", type=int, default=4096, help="longest seqlen checked")
     args = parser.parse_args(argv)
-    if args.suffix is None and args.replace is None:
-        parser.error("name the variant: --suffix and/or --replace")
+    if args.suffix is None and args.replace is None and args.tiles is None:
+        parser.error("name the variant: --suffix, --replace and/or --tiles")
+    if args.tiles is not None and args.variant_sm_margin:
+        parser.error("--tiles and --variant-sm-margin: one at a time")
     if args.variant_sm_margin < 0:
         parser.error(f"--variant-sm-margin must be >= 0, got {args.variant_sm_margin}")
     if args.replace is not None and "=" not in args.replace:
@@ -123,7 +146,10 @@ def variant_label(args: argparse.Namespace) -> str:
     if args.replace is not None:
         old, new = args.replace.split("=", 1)
         label += f".replace({old!r}, {new!r})"
-    return label + (args.suffix or "")
+    label += args.suffix or ""
+    if args.tiles is not None:
+        label += " on {}x{} tiles".format(*args.tiles)
+    return label
 
 
 def run(args: argparse.Namespace) -> None:  # pragma: no cover - needs an sm_90 GPU
@@ -137,7 +163,7 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     import torch
     from flash_attn.cute import flash_attn_func as fa4
 
-    from tools.hopper.bwd_probe import capture, grad_verdict, variant_launch
+    from tools.hopper.bwd_probe import backward_tiles, capture, grad_verdict, variant_launch
     from tools.hopper.fwd_probe import time_contenders
 
     hd = args.headdim
@@ -146,13 +172,18 @@ def run_config(cfg: Config, args: argparse.Namespace) -> None:  # pragma: no cov
     for base, det in (("S", True), ("ND", False)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         runs[base] = capture(leaves, dout, causal=cfg.causal, deterministic=det)
-        # The variant on the shipped call's plan, or on its own call with SMs left free.
+        # The variant on the shipped call's plan, or on its own call with SMs left free or
+        # with other tiles.
         own = runs[base]
-        if args.variant_sm_margin:
-            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            own = capture(leaves, dout, causal=cfg.causal, deterministic=det,
-                          sm_margin=args.variant_sm_margin)  # fmt: skip
-        prepared = variant_launch(own.plan, leaves[0], lambda n: variant_name(n, args))
+        tiles = contextlib.nullcontext()
+        if args.tiles is not None:
+            tiles = backward_tiles(hd, cfg.causal, *args.tiles)
+        with tiles:
+            if args.variant_sm_margin or args.tiles is not None:
+                leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                own = capture(leaves, dout, causal=cfg.causal, deterministic=det,
+                              sm_margin=args.variant_sm_margin)  # fmt: skip
+            prepared = variant_launch(own.plan, leaves[0], lambda n: variant_name(n, args))
         runs[base + "_v"] = own.with_launch(prepared)
     det_plan, nondet_plan = runs["S"].plan, runs["ND"].plan
     print(

@@ -121,21 +121,6 @@ def inline_ptx(
 
 
 @dsl_user_op
-def unpack_16bit_half(
-    word: Int32, high: bool, bf16: bool, *, loc: Any = None, ip: Any = None
-) -> Float32:
-    """One 16-bit value of a packed register (``pack_16bit_pair``'s layout) as fp32: for bf16 a
-    shift or a mask of the bits, for fp16 one ``cvt``."""
-    if bf16:
-        op = "and.b32 t, $1, 0xffff0000;" if high else "shl.b32 t, $1, 16;"
-        body = f"{{ .reg .b32 t; {op} mov.b32 $0, t; }}"
-    else:
-        half = "h" if high else "l"
-        body = f"{{ .reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.f32.f16 $0, {half}; }}"
-    return Float32(inline_ptx(T.f32(), [Int32(word)], body, "=f,r", loc=loc, ip=ip))
-
-
-@dsl_user_op
 def pack_16bit_pair(
     lo: Float32, hi: Float32, bf16: bool, *, loc: Any = None, ip: Any = None
 ) -> Int32:
@@ -145,21 +130,9 @@ def pack_16bit_pair(
     return Int32(inline_ptx(T.i32(), [Float32(hi), Float32(lo)], body, "=r,f,f", loc=loc, ip=ip))
 
 
-@dsl_user_op
-def pack_bf16_truncated(lo: Float32, hi: Float32, *, loc: Any = None, ip: Any = None) -> Int32:
-    """Two fp32 -> one register of two bf16 values by truncation (the high halves, one
-    ``prmt`` on the integer pipe): a probe's stand-in for ``pack_16bit_pair``, whose rounding
-    ``cvt`` it replaces (other last bits)."""
-    body = "{ .reg .b32 l, h; mov.b32 l, $1; mov.b32 h, $2; prmt.b32 $0, l, h, 0x7632; }"
-    return Int32(inline_ptx(T.i32(), [Float32(lo), Float32(hi)], body, "=r,f,f", loc=loc, ip=ip))
-
-
 @cute.jit
-def convert_16bit(
-    src: cute.Tensor, dst: cute.Tensor, truncated: cutlass.Constexpr[bool] = False
-) -> None:
-    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise; with ``truncated``
-    (bf16 only, a probe) by ``pack_bf16_truncated`` instead of the rounding cvt.
+def convert_16bit(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """fp32 fragment -> 16-bit fragment of the same shape, packed pairwise.
 
     `TensorSSA.to()` does not always pair the conversions (seen for 96-wide P tiles): the
     16-bit halves are then re-packed with movs between WGMMAs and ptxas serialises them (C7519).
@@ -167,7 +140,4 @@ def convert_16bit(
     bf16 = const_expr(dst.element_type == cutlass.BFloat16)
     dst32 = cute.recast_tensor(dst, Int32)
     for i in cutlass.range(cute.size(dst32), unroll_full=True):
-        if const_expr(truncated):
-            dst32[i] = pack_bf16_truncated(src[2 * i], src[2 * i + 1])
-        else:
-            dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)
+        dst32[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], bf16)

@@ -97,7 +97,7 @@ each dQ tile's rank-0 partial instead of adding it; ``pdl`` launches the kernel 
 dependent; ``cast_trigger`` lets the polled dQ cast start beside it; ``drain_ticket`` has the
 producer take a dynamic ticket only after the chain's last dQ turn is released (with
 ``drain_at_turn``, once that turn is taken); ``stages`` is the depth of the Q/dO ring;
-``lse_early`` reads the first LSE2 rows while S^T runs; ``nondet_first_store`` gives the
+``nondet_first_store`` gives the
 non-deterministic kernel the first store and the counting releases (only the first add ordered).
 
 (The next step's S^T issued inside this step measured 0.91-0.95x
@@ -123,7 +123,6 @@ from .bwd_dq_writer import DqWriterMixin
 from .bwd_epilogue import DkvSums, EpilogueMixin
 from .bwd_producer import ProducerMixin
 from .bwd_step import StepMixin
-from .bwd_step_rotated import RotatedStepMixin
 from .bwd_step_swapped import SwappedStepMixin
 from .bwd_sync import INFO_WORDS, SyncMixin
 from .exp2_poly import EXP2_POLY_COEFFS
@@ -139,7 +138,6 @@ class HopperAttnBwd(
     ProducerMixin,
     DqWriterMixin,
     StepMixin,
-    RotatedStepMixin,
     SwappedStepMixin,
     EpilogueMixin,
     SyncMixin,
@@ -189,19 +187,8 @@ class HopperAttnBwd(
         cast_trigger: bool = False,
         kv_on_full: bool = False,
         gemm_before_flags: bool = False,
-        lse_early: int = 0,
         nondet_first_store: bool = False,
         step_trace: int = 0,
-        dk_early: bool = False,
-        dk_defer: bool = False,
-        dp_late: bool = False,
-        dv_early: bool = False,
-        top_sync: bool = False,
-        wg_stagger: bool = False,
-        skip_elementwise: bool = False,
-        pack_truncated: int = 0,
-        rotate: bool = False,
-        s_halves: bool = False,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype must be BFloat16 or Float16, got {dtype}")
@@ -336,17 +323,6 @@ class HopperAttnBwd(
             )
         self.exp_poly = (count, period)
         self.exp_poly_degree = exp_poly_degree
-        # lse_early: the LSE2 rows of the first lse_early of the thread's query columns (in
-        #   fragment order) are read into registers right after S^T and dP^T are issued; the
-        #   others where they are used, after the S^T wait. The exponentials' first FFMAs then
-        #   do not wait for a shared load (short-scoreboard stalls on those FFMAs: 6% of our
-        #   samples at hd 128 full 4k, none in FA4's, which reads its LSE while S^T runs,
-        #   session 55 call 4). All of them early (session 22's early_lse, 16-20 registers
-        #   held across the wait) measured 0.92-0.97x det at hd 128; a few hold a few
-        #   registers. Same values, same arithmetic: the same bits.
-        if lse_early < 0:
-            raise ValueError(f"lse_early must be >= 0, got {lse_early}")
-        self.lse_early = lse_early
         # dkv_sum: a GQA split's chains (one per q head) add their dK/dV into fp32
         #   accumulators of the kv heads in q-head order (the chain epilogue in the module
         #   docstring) instead of writing per-q-head 16-bit partials for a pass after the
@@ -496,7 +472,7 @@ class HopperAttnBwd(
             swap_needs = {"dq_wg": dq_wg, "do_single": do_single}
             swap_excludes = {
                 "dq_double": dq_double, "exp_tail": exp_tail, "exp_poly": exp_poly != (0, 1),
-                "dkv_smem": dkv_smem, "stages != 2": stages != 2, "lse_early": lse_early,
+                "dkv_smem": dkv_smem, "stages != 2": stages != 2,
             }  # fmt: skip
             missing = [k for k, v in swap_needs.items() if not v]
             extra = [k for k, v in swap_excludes.items() if v]
@@ -547,144 +523,6 @@ class HopperAttnBwd(
         if step_trace and (dkv_sum or dkv_swap):
             raise ValueError("step_trace: not with dkv_sum (its buffer) or dkv_swap (its loop)")
         self.step_trace = step_trace
-        # dk_early: each MMA warpgroup issues its dK GEMM (dS^T from its own registers, no
-        #   other warpgroup's rows) before the dS barrier, not after the dQ GEMM, so that the
-        #   warpgroup that reaches the barrier first leaves the tensor pipe its dK while it
-        #   waits for the other's dS^T (at hd 128 full 4k the MMA warps waited there 3.4x as
-        #   long as FA4's, NOTES item 333); the dQ partials are done one dK later. The same
-        #   GEMMs on the same operands: the bits do not change. Measured 0.92-0.97x the
-        #   shipped kernels at full 4k (session 61). (Only one warpgroup's dK early, a runtime
-        #   branch on the warpgroup around the GEMMs, makes ptxas serialise every WGMMA of the
-        #   kernel and spill.)
-        if dk_early and dkv_swap:
-            raise NotImplementedError("dk_early: not with the swapped dK/dV layout (dkv_swap)")
-        self.dk_early = dk_early
-        # dk_defer: each step's dK GEMM is issued at the warpgroup's next step, between its
-        #   S^T and dP^T GEMMs (a chain's last step issues its own, which the epilogue reads):
-        #   after the dS barrier the tensor pipe then has only dV and dQ, and while both
-        #   warpgroups compute exponentials (the tensor pipe idle, session 61's step trace at
-        #   hd 128 full 4k) it has the previous step's dK GEMMs. That GEMM reads the step's
-        #   dS^T from shared memory (the dQ GEMM's copy, which the warpgroup overwrites only
-        #   after it), and the step's ring slot (Q) is held until it is done (the next step's
-        #   dP^T wait). The same products summed in the same order per accumulator. At hd 64
-        #   0.92x the shipped kernel at full 4k (session 61); at hd 128 ptxas serialises every
-        #   WGMMA for want of registers.
-        if dk_defer and (dk_early or dkv_swap or not (dkv_row_ptr or dkv_sum)):
-            raise NotImplementedError(
-                "dk_defer: with the row-addressed dK/dV epilogue (dkv_row_ptr) or the in-kernel "
-                "sums (dkv_sum) only, not with dk_early or the swapped layout (dkv_swap)"
-            )
-        self.dk_defer = dk_defer
-        # dp_late: a step's dP^T GEMM is issued once its S^T is done, not right after S^T.
-        #   The two warpgroups' steps are offset by about one GEMM pair (session 61's trace at
-        #   hd 128 full 4k: warpgroup 1's S^T is done 300-600 cycles after warpgroup 0's, and
-        #   it reaches the dS barrier last in 58-70% of steps, 415-520 cycles late on
-        #   average); issued late, warpgroup 0's dP^T can queue behind warpgroup 1's S^T, whose
-        #   exponentials then start earlier, while warpgroup 0 has its first exponentials to
-        #   compute before it needs dP^T. The same GEMMs: the bits do not change. Measured
-        #   1.00-1.01x the shipped kernels at hd 64 and 128 full 4k (session 61).
-        self.dp_late = dp_late
-        # dv_early: a step's dV GEMM is issued as soon as P^T is computed, before the wait
-        #   for dP^T and the dS^T arithmetic, not after the dS^T store. The warpgroup that
-        #   reaches the dS barrier last (session 61's trace at hd 128 full 4k: 415-520 cycles
-        #   after the other on average) issued its dV right before it, so the dQ GEMMs queued
-        #   behind that dV; issued early, it runs while dS^T is computed and stored. P^T in
-        #   fp32 as well as in 16 bits (dV's A operand) across the dP^T wait made ptxas
-        #   serialise every WGMMA at hd 128 for want of registers, so dS^T = P^T (dP^T - delta)
-        #   takes the 16-bit P^T (as a same-dtype PyTorch backward does): dV's bits stay, dS^T
-        #   and with it dQ and dK change. All of a step's exponentials must precede dV, so not
-        #   with exp_tail. Measured at hd 128 full (session 62, an H100): 4k 1.000x det and
-        #   1.002x non-det the shipped kernels, 2k 0.998x / 1.025x; the step trace shows the
-        #   dQ GEMMs done 300-400 cycles sooner after the barrier and the warpgroups' offset
-        #   there down from 415-520 to 296-455 cycles, and the exponential phase as much longer.
-        if dv_early and (exp_tail or dkv_swap):
-            raise NotImplementedError(
-                "dv_early: not with exp_tail (exponentials after the dP^T wait) or the swapped "
-                "dK/dV layout (dkv_swap)"
-            )
-        self.dv_early = dv_early
-        # top_sync: the two MMA warpgroups meet on a named barrier at each step's top, once its
-        #   ring slot is full, before either issues its S^T: the tensor pipe then takes both
-        #   S^T GEMMs before either dP^T. Without it warpgroup 1 starts its step about 700
-        #   cycles after warpgroup 0 at hd 128 full 4k (session 61's trace), and its S^T
-        #   queues behind warpgroup 0's S^T and dP^T. The same GEMMs: the bits do not change.
-        #   Measured 0.99-1.00x det, 0.97-0.99x non-det at hd 128 full 2k-4k, 0.95x at hd 64
-        #   (session 62), the warpgroups' offset at the dS barrier down to a third.
-        if top_sync and dkv_swap:
-            raise NotImplementedError("top_sync: not with the swapped dK/dV layout (dkv_swap)")
-        self.top_sync = top_sync
-        # wg_stagger: the opposite of top_sync. Warpgroup 1 issues a step's S^T and dP^T only
-        #   once warpgroup 0 has issued its own (a named barrier, warpgroup 0 arriving without
-        #   waiting), so that the tensor pipe takes S^T, dP^T of warpgroup 0, then warpgroup
-        #   1's, and the warpgroups' exponentials start a GEMM pair apart. At hd 64 full 4k
-        #   the two run nearly in step (session 64's trace: 110-155 cycles apart at the dS
-        #   barrier), so their exponentials share the MUFU pipe while the tensor pipe waits;
-        #   without the element-wise work the step is 18% shorter. The same GEMMs on the same
-        #   operands: the bits do not change. Warpgroup 0 cannot arrive twice in one
-        #   generation: it passes each step's dS barrier only after warpgroup 1 has.
-        if wg_stagger and (top_sync or dp_late or dkv_swap):
-            raise NotImplementedError(
-                "wg_stagger: not with top_sync, dp_late or the swapped dK/dV layout (dkv_swap)"
-            )
-        self.wg_stagger = wg_stagger
-        # skip_elementwise (a probe whose gradients are wrong, never shipped): the step without
-        #   its element-wise work (no exponentials, masks or dS^T arithmetic: P^T = S^T and
-        #   dS^T = dP^T), so that a timing shows what the GEMMs, the barriers and the dQ
-        #   hand-off take alone.
-        self.skip_elementwise = skip_elementwise
-        # pack_truncated (a probe whose last bits differ, never shipped): P^T and dS^T to bf16
-        #   by truncation, one integer-pipe prmt per pair instead of the rounding cvt
-        #   (F2FP), to time what the conversions' pipe takes from the step: 1 converts dS^T
-        #   that way, 2 both. At hd 64 each MMA thread converts 128 values a step, as many as
-        #   its exponentials (64) twice over.
-        if pack_truncated not in (0, 1, 2):
-            raise ValueError(f"pack_truncated must be 0, 1 or 2, got {pack_truncated}")
-        if pack_truncated and (dtype is not cutlass.BFloat16 or dv_early or rotate):
-            raise NotImplementedError("pack_truncated: bf16 only, not with dv_early or rotate")
-        self.pack_truncated = pack_truncated
-        # rotate: the step loop rotated (bwd_step_rotated.py) so that each step's dK GEMM is
-        #   still running when the next step's S^T and dP^T are issued (ptxas waits for any
-        #   WGMMA in flight at a loop's back-edge, so the loop turns between a step's dP^T
-        #   wait and its dS^T store). The same GEMMs on the same operands, a chain's first dK
-        #   started from zero by its ACCUMULATE flag instead of zeroed registers: the bits do
-        #   not change. It compiles without spills or serialised WGMMAs only without
-        #   gemm_before_flags and dkv_smem. Measured 0.99x det, 0.96x non-det the shipped
-        #   kernel at hd 128 full 4k (session 62).
-        if rotate:
-            unsupported = {
-                "exp_tail": exp_tail, "lse_early": lse_early, "early_meta": early_meta,
-                "dk_early": dk_early, "dk_defer": dk_defer, "dp_late": dp_late,
-                "dv_early": dv_early, "top_sync": top_sync, "dkv_swap": dkv_swap,
-                "wg_stagger": wg_stagger, "not kv_on_full": not kv_on_full,
-                "neither dkv_row_ptr nor dkv_sum": not (dkv_row_ptr or dkv_sum),
-                # Untested: the hd-64 kernel with these (a first build of the loop) did not
-                # finish in session 62, not investigated.
-                "dq_double": dq_double, "ds_guard": ds_guard, "do_single": do_single,
-            }  # fmt: skip
-            bad = sorted(name for name, value in unsupported.items() if value)
-            if bad:
-                raise NotImplementedError(f"rotate: not with {bad}")
-        self.rotate = rotate
-
-        # s_halves: S^T issued as two GEMMs over the halves of the Q tile (one commit group
-        #   each, then dP^T), so that a warpgroup's first exponentials start once its first
-        #   half is done instead of the whole S^T: at hd 64 full 4k both warpgroups' S^T take
-        #   about 500 cycles of a 4200-cycle step before either computes an exponential, and
-        #   the element-wise stretch after it holds the step (session 64). Each element's
-        #   sum over the head dim is the same, and the halves' accumulators are the same
-        #   registers in the same order (an accumulator's N/8 column groups are its last
-        #   value mode): the bits do not change. The first half's exponentials follow the
-        #   first wait, the rest but exp_tail the second, so exp_tail is at most half of them.
-        if s_halves:
-            unsupported = {
-                "dp_late": dp_late, "dk_defer": dk_defer, "dv_early": dv_early,
-                "rotate": rotate, "dkv_swap": dkv_swap, "block_m % 16": block_m % 16,
-                "exp_tail > half": exp_tail > block_m * block_n // 512,
-            }  # fmt: skip
-            bad = sorted(name for name, value in unsupported.items() if value)
-            if bad:
-                raise NotImplementedError(f"s_halves: not with {bad}")
-        self.s_halves = s_halves
 
     # ------------------------------------------------------------------ host-side setup
 
@@ -741,26 +579,6 @@ class HopperAttnBwd(
             atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
         )  # fmt: skip
         return mma_sdp, mma_dkv, mma_dq
-
-    def _dk_smem_tiled_mma(self) -> cute.TiledMma:
-        """dK += dS^T Q with dS^T read from shared memory (K-major: its Q rows are contiguous),
-        the layout of ``_tiled_mmas``' mma_dkv otherwise (the same accumulator): dk_defer's
-        deferred GEMM."""
-        return sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.head_dim),
-        )  # fmt: skip
-
-    def _s_half_tiled_mma(self) -> cute.TiledMma:
-        """S^T = K Q^T over half of the Q tile's rows (s_halves): ``_tiled_mmas``' mma_sdp with
-        an atom half as wide, so that a thread's fragment of the whole S^T has two N modes,
-        each issued as a GEMM of its own."""
-        return sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.block_m // 2),
-        )  # fmt: skip
 
     @cute.jit
     def __call__(

@@ -24,8 +24,6 @@ from cutlass.cute.runtime import make_fake_stream
 from ...schedule import TABLE_FIELDS
 from . import (
     BWD_DET_TWIN,
-    BWD_VARIANT,
-    BWD_VARIANT_LONG,
     NONDET_COUNTED_SUFFIX,
     bwd_variant,
     counted_nondet_twins,
@@ -242,16 +240,11 @@ _CAUSAL_64_128 = (
 )  # fmt: skip
 for _name in _D64_FULL + _CAUSAL_64_128:
     VARIANTS[_name + "_kf"] = {**VARIANTS[_name], **_KF}
-# Session 58: the LSE2 rows of the first 2 / 4 / 8 query columns of each thread read while S^T
-# runs ("_le2", "_le4", "_le8", lse_early), on the shipped hd-128 full kernels (base, long, its
-# det twin): their first exponentials' FFMAs waited on those loads (NOTES item 326). Not timed.
-# And with the step's tile indices and edge test read before the S^T wait too ("_kf_em",
-# "_kf_eml4": early_meta; then no shared load sits between that wait and the first FFMA).
+# Session 58: the shipped hd-128 full kernels (base, long, its det twin) with the step's tile
+# indices and edge test read before the S^T wait ("_kf_em", early_meta; then no shared load
+# sits between that wait and the first FFMA).
 for _name in _D128_FULL:
-    for _rows in (2, 4, 8):
-        VARIANTS[f"{_name}_kf_le{_rows}"] = {**VARIANTS[_name + "_kf"], "lse_early": _rows}
     VARIANTS[_name + "_kf_em"] = {**VARIANTS[_name + "_kf"], "early_meta": True}
-    VARIANTS[_name + "_kf_eml4"] = {**VARIANTS[_name + "_kf_em"], "lse_early": 4}
 # Session 56: the shipped hd-128 full kernels with another ptxas setting ("ptxas", passed as
 # --ptxas-options). Compiled on the CPU (non-det, det with the cast trigger): -O2 gives the
 # same SASS as the default -O3; register-usage levels 0-3 give one other code (1888 / 1976
@@ -292,59 +285,15 @@ _COUNTED_DET_KERNELS = {
 }
 for _det in sorted(_COUNTED_DET_KERNELS):
     VARIANTS[_det + NONDET_COUNTED_SUFFIX] = {**VARIANTS[_det], "nondet_first_store": True}
-# Session 61 (probes, none faster; bits equal to the shipped kernels'; session61-9efb573 calls
-# 1 and 3, in git history at a85b24d; 12-16 interleaved rounds at full 4k): the MMA
-# warpgroups' dK GEMMs before the dS barrier ("_dke", dk_early), 0.97x / 0.96x det / non-det at
-# hd 128 and 0.92x at hd 64; each step's dK at the next step ("_dkd", dk_defer), hd 64 only
-# (at hd 128 ptxas serialises every WGMMA for want of registers, C7512), 0.92x; dP^T issued
-# once S^T is done ("_dpl", dp_late), 1.00-1.01x at both head dims. On every kernel the hd-64
-# and hd-128 full backwards run.
-_FULL_KERNELS = (
-    BWD_VARIANT[64, "full"],
-    BWD_VARIANT[128, "full"],
-    BWD_VARIANT_LONG[128, "full"][1],
-)
-
-
-def _probe_kernels(shipped: str) -> tuple[str, ...]:
-    """``shipped``, its det twin and its counted kernel as sessions 61-62 probed them."""
-    det = _DET_TWIN_BEFORE_63.get(shipped, shipped)
-    return tuple(dict.fromkeys((shipped, det, det + NONDET_COUNTED_SUFFIX)))
-
-
-for _shipped in _FULL_KERNELS:
-    for _name in _probe_kernels(_shipped):
-        VARIANTS[_name + "_dke"] = {**VARIANTS[_name], "dk_early": True}
-        VARIANTS[_name + "_dpl"] = {**VARIANTS[_name], "dp_late": True}
-        if _shipped == BWD_VARIANT[64, "full"]:
-            VARIANTS[_name + "_dkd"] = {**VARIANTS[_name], "dk_defer": True}
-# Session 62 (a probe): each step's dV GEMM issued once P^T is computed, before the dP^T wait
-# ("_dve", dv_early), so that the late warpgroup's dV no longer sits in the tensor pipe ahead of
-# the dQ GEMMs after the dS barrier; dS^T from the 16-bit P^T (other dQ and dK bits). All
-# exponentials precede it: at hd 64 (exp_tail 24 shipped) the variant computes them all before
-# the dP^T wait (exp_tail 0). Rule met, det repeats bitwise; d128 full 4k 1.000x det / 1.002x
-# non-det the shipped kernels, 2k 0.998x / 1.025x (session62-cbcd682 call 2, an H100;
-# the session's results are in git history at a85b24d).
-for _shipped in _FULL_KERNELS:
-    for _name in _probe_kernels(_shipped):
-        VARIANTS[_name + "_dve"] = {**VARIANTS[_name], "dv_early": True, "exp_tail": 0}
-        VARIANTS[_name + "_ts"] = {**VARIANTS[_name], "top_sync": True}
-        VARIANTS[_name + "_noew"] = {**VARIANTS[_name], "skip_elementwise": True}
-# Session 62 (a probe): the step loop rotated ("_rot", rotate: each dK GEMM still running when
-# the next step's S^T and dP^T are issued), on the hd-128 full 4k kernel and its counted twin
-# only. It compiles without spills or serialised WGMMAs only without the S^T issued before the
-# flags read and with the dK/dV epilogue of plain row stores (neither changes the bits):
-# "_rotc" is that kernel unrotated, the control. Bits equal to the shipped kernel's; 0.99x
-# det, 0.96x non-det at d128 full 4k (session62-cbcd682 call 6, in git history at
-# a85b24d).
-_D128_FULL_4K = _probe_kernels(BWD_VARIANT[128, "full"])
-for _name in _D128_FULL_4K:
-    _control = {
-        **VARIANTS[_name], "gemm_before_flags": False, "dkv_smem": False,
-        "dkv_smem_unroll": 1,
-    }  # fmt: skip
-    VARIANTS[_name + "_rotc"] = _control
-    VARIANTS[_name + "_rot"] = {**_control, "rotate": True}
+# Sessions 58-65's probes of the step's order on these kernels, none faster than the shipped
+# step, left the kernel in session 67 with their options (code in git history at 8a7b4f3;
+# benchmarks/NOTES.md items 326-374 have their numbers): LSE2 rows read while S^T runs
+# ("_le*", lse_early), dK before the dS barrier ("_dke", dk_early) or at the next step ("_dkd",
+# dk_defer), dP^T issued late ("_dpl", dp_late), dV before the dP^T wait ("_dve", dv_early), a
+# barrier at each step's top ("_ts", top_sync), the step without its element-wise work
+# ("_noew", skip_elementwise), the rotated loop ("_rot", rotate), the warpgroups staggered
+# ("_sg", wg_stagger), bf16 by truncation ("_pt1", "_pt2", pack_truncated) and S^T in two
+# halves ("_ss", s_halves).
 # Session 63 (a probe): the hd-64 full det twin and its counted kernel with 1 of 4 / 1 of 8
 # exponentials by the FMA pipe's polynomial ("_p14", "_p18", exp_poly): at d64 full 4k the
 # step goes to the stretch from S^T to the dS barrier (NOTES item 358); session 22 timed
@@ -354,22 +303,6 @@ _D64_FULL_4K = ("t128_xm24r_sm2_fs_dq2_kp_w2_st_kf", "t128_xm24r_sm2_fs_dq2_kp_w
 for _name in _D64_FULL_4K:
     for _n in (4, 8):
         VARIANTS[f"{_name}_p1{_n}"] = {**VARIANTS[_name], "exp_poly": (1, _n)}
-# Session 64 (a probe): the same two kernels with the LSE2 rows of each thread's first 8 / 16
-# of its 32 query columns read while S^T runs ("_le8", "_le16", lse_early; session 58's
-# variants at hd 128, where they did not pay in det mode, NOTES item 329): at hd 64 the step's
-# element-wise stretch is 39-46% of it (item 358), and its first FFMAs wait on those loads.
-for _name in _D64_FULL_4K:
-    for _rows in (8, 16):
-        VARIANTS[f"{_name}_le{_rows}"] = {**VARIANTS[_name], "lse_early": _rows}
-# Session 64 (a probe): warpgroup 1 issues each step's S^T and dP^T after warpgroup 0's
-# ("_sg", wg_stagger), on the det twins and counted kernels of hd 64 full and hd 128 full below
-# 8k keys.
-for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
-    VARIANTS[_name + "_sg"] = {**VARIANTS[_name], "wg_stagger": True}
-    # (a probe, other last bits) dS^T ("_pt1"), and P^T too ("_pt2"), to bf16 by truncation:
-    # what the rounding conversions' pipe takes from the step (pack_truncated).
-    for _which in (1, 2):
-        VARIANTS[f"{_name}_pt{_which}"] = {**VARIANTS[_name], "pack_truncated": _which}
 # Session 64 (a probe): the hd-64 full det twin and counted kernel with more of each thread's
 # 64 exponentials after the dP^T wait (exp_tail 48 / 64; 24 shipped), beside the dS^T
 # arithmetic they can interleave with: before that wait the exponentials run back to back, one
@@ -377,12 +310,6 @@ for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_
 for _name in _D64_FULL_4K:
     for _tail in (48, 64):
         VARIANTS[f"{_name}_xt{_tail}"] = {**VARIANTS[_name], "exp_tail": _tail}
-# Session 65 (a probe): S^T issued as two GEMMs over the Q tile's halves ("_ss", s_halves), so
-# that each warpgroup's first 32 exponentials start once the first half is done, on the
-# det twins and counted kernels of hd 64 full and hd 128 full below 8k keys. Bits equal by
-# construction (the same sums in the same registers).
-for _name in (*_D64_FULL_4K, "t80_wgr_p14_sm2_fs_w2_kf", "t80_wgr_p14_sm2_fs_w2_kf_nc"):
-    VARIANTS[_name + "_ss"] = {**VARIANTS[_name], "s_halves": True}
 # Session 65 (a probe): the same two hd-64 kernels under other ptxas register-usage levels
 # ("_ru0": levels 0-3 give one other code, 2432 instructions against 2360; "_ru6": levels
 # 6-10 another, 2368; neither spills), as session 56 timed "_ru0" at hd 128.

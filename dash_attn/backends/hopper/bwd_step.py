@@ -4,28 +4,19 @@ to the dQ warp, then the chain epilogue at a chain's last step."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from . import dq_fragment
-from ._cute_utils import (
-    acc_to_operand_a,
-    convert_16bit,
-    transpose_view,
-    unpack_16bit_half,
-    wgmma,
-)
+from ._cute_utils import acc_to_operand_a, transpose_view, wgmma
 from .bwd_epilogue import DkvSums
 from .bwd_sync import (
     BAR_DQ_EMPTY,
     BAR_DQ_FULL,
     BAR_DQ_READ,
     BAR_DS,
-    BAR_STAGGER,
     F_DONE,
     F_FIRST,
     F_LAST,
@@ -61,10 +52,6 @@ point_index = TRACE_POINTS.index
 # Points stamped at hd 64 only: at hd 128 their two clock reads made the kernel spill (six
 # local-memory instructions, session 64), which would change the step they time.
 FINE_POINTS = ("dp_done", "ds_stored")
-
-# Where a step issues its dK GEMM (``_ds_barrier_gemms``): after the dQ GEMM (FA4's order),
-# before the dS barrier (dk_early), or at the next step, between its S^T and dP^T (dk_defer).
-DK_AFTER_DQ, DK_BEFORE_DS, DK_NEXT_STEP = 0, 1, 2
 
 
 class StepMixin:
@@ -118,7 +105,6 @@ class StepMixin:
             tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
 
         shape_st = (bn, bm)
-        s_halves = self._s_halves_fragments(sK, sQ, wg, tidx, mma_sdp, shape_st)
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, hd)), Float32)
         if const_expr(self.kv_on_full):
@@ -128,10 +114,6 @@ class StepMixin:
             acc_dV.fill(0.0)
         # Coordinates of every accumulator element: (kv row, q row) of S^T, (kv row, d) of dK.
         tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_st))
-        # lse_early: the elements whose LSE2 rows are read right after the GEMMs are issued
-        # (one per row), and each element's register among them (trace time).
-        lse_reps = self._plan_lse_early(mma_sdp, shape_st)
-        rLSE = cute.make_rmem_tensor(cute.make_layout(max(len(lse_reps), 1)), Float32)
         tKcK = thr_dkv.partition_C(cute.make_identity_tensor((bn, hd)))
         # dS^T leaves by stmatrix (not transposed): it takes each thread's 16-bit pairs in
         # exactly the accumulator's layout and writes rows of sdS, whose Q rows are contiguous
@@ -151,267 +133,164 @@ class StepMixin:
         done = Int32(0)
         buf = Int32(0)  # the dQ staging buffer of this step (always 0 without dq_double)
         traced = Int32(0)  # steps this warpgroup has run (step_trace)
-        kept_stage = Int32(0)  # dk_defer: the stage of the previous step's deferred dK
-        kept_slot = Int32(0)  # dk_defer: 1 while a deferred dK is due (its slot held for it)
-        dk_smem = None
-        if const_expr(self.dk_defer or self.rotate):
-            # The deferred dK (and the rotated loop's) reads this warpgroup's rows of dS^T
-            # from shared memory (where the dQ GEMM reads them too): held in registers across
-            # the step, they made ptxas serialise every WGMMA for want of registers.
-            mma_dk_smem = self._dk_smem_tiled_mma()
-            wg_dk = mma_dk_smem.get_slice(wg * 128)
-            tKsdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
-            tKsQ = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_view(sQ)))
-            dk_smem = (mma_dk_smem, tKsdS, tKsQ)
         if const_expr(self.ds_guard):
             # As if a step -1's dQ GEMM were done: the other warpgroup's first dS store passes.
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-        if const_expr(self.rotate):
-            # The step loop rotated (bwd_step_rotated.py): each iteration from a step's dS^T
-            # store through the next step's dS^T arithmetic.
-            self._rotated_loop(
-                SimpleNamespace(
-                    mdK=mdK, mdV=mdV, scale_log2=scale_log2, softmax_scale=softmax_scale,
-                    seqlen_q=seqlen_q, seqlen_k=seqlen_k, sdQ=sdQ, sLSE=sLSE, sDelta=sDelta,
-                    sInfo=sInfo, storage=storage, mma_sdp=mma_sdp, mma_dkv=mma_dkv,
-                    mma_dq=mma_dq, tidx=tidx, dkv_sums=dkv_sums, sK_out=sK_out, sV_out=sV_out,
-                    wg=wg, thr_sdp=thr_sdp, thr_dq=thr_dq, tSrK=tSrK, tSrQ=tSrQ, tPrV=tPrV,
-                    tPrdO=tPrdO, tVrdO=tVrdO, tKrQ=tKrQ, tQrK=tQrK, tQrdS=tQrdS,
-                    shape_st=shape_st, acc_dK=acc_dK, acc_dV=acc_dV, tScS=tScS, rLSE=rLSE,
-                    tKcK=tKcK, ds_copy=ds_copy, thr_ds=thr_ds, tDsdS=tDsdS, dk_smem=dk_smem,
-                )
-            )  # fmt: skip
-        else:
-            while done == 0:
-                cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
-                if const_expr(self.top_sync):
-                    # Both warpgroups issue their S^T together (the dS barrier's id: all 256 MMA
-                    # threads meet on it in the same order).
-                    cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
-                self._trace(dkv_sums, wg, traced, point_index("top"))
-                if const_expr(self.wg_stagger):  # noqa: SIM102 (compile-time, then runtime)
-                    # Warpgroup 0's S^T and dP^T of this step are issued (or it saw the
-                    # terminator).
-                    if wg == 1:
-                        cute.arch.barrier(
-                            barrier_id=BAR_STAGGER, number_of_threads=self.num_mma_threads
-                        )
-                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+        while done == 0:
+            cute.arch.mbarrier_wait(storage.full_bar.data_ptr() + stage, phase)
+            self._trace(dkv_sums, wg, traced, point_index("top"))
+            acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+            if const_expr(self.gemm_before_flags):
+                # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
+                # first step's barrier); at the terminator the result is dropped.
+                self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage)
+            flags = sInfo[I_FLAGS, stage]
+            done = flags & F_DONE
+            # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
+            # stage else.
+            ds_stage = Int32(0) if const_expr(self.dq_double) else stage
+            # dO's buffer: its one buffer with do_single, the step's ring stage else.
+            do_stage = Int32(0) if const_expr(self.do_single) else stage
+            if done != 0:
                 if const_expr(self.gemm_before_flags):
-                    # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
-                    # first step's barrier); at the terminator the result is dropped.
-                    self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage, s_halves)
-                flags = sInfo[I_FLAGS, stage]
-                done = flags & F_DONE
-                # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
-                # stage else.
-                ds_stage = Int32(0) if const_expr(self.dq_double) else stage
-                # dO's buffer: its one buffer with do_single, the step's ring stage else.
-                do_stage = Int32(0) if const_expr(self.do_single) else stage
-                if done != 0:
-                    self._stagger_arrive(wg)
-                    if const_expr(self.gemm_before_flags):
-                        warpgroup.wait_group(0)
-                    self._stop_dq_writer(buf, wg, self.ds_guard)
-                else:
-                    # Step metadata is read from the stage's slot where it is used (it stays
-                    # valid until this stage is released), so it does not occupy registers
-                    # across the MMAs.
-                    if const_expr(not self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
-                        if flags & F_FIRST != 0:
-                            cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
-                            kv_phase = kv_phase ^ 1
-                            acc_dK.fill(0.0)
-                            acc_dV.fill(0.0)
-
-                    if const_expr(self.early_meta):
-                        n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                    # S^T = K Q^T (issued above with gemm_before_flags), dP^T = V dO^T (two commit
-                    # groups).
-                    acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
-                    if const_expr(not self.gemm_before_flags):
-                        self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage, s_halves)
-                    if const_expr(self.dk_defer):
-                        # The previous step's dK between S^T and dP^T (its Q and dS^T still in
-                        # their buffers): the tensor pipe has it while the exponentials start. At a
-                        # chain's first step none is due (the last step issued its own): an empty
-                        # commit group keeps the waits' counts.
-                        if kept_slot != 0:
-                            kept_ds = Int32(0) if const_expr(self.dq_double) else kept_stage
-                            wgmma(
-                                mma_dk_smem, acc_dK, tKsdS[None, None, None, kept_ds],
-                                tKsQ[None, None, None, kept_stage], zero_init=False,
-                            )  # fmt: skip
-                        else:
-                            warpgroup.commit_group()
-                    if const_expr(not self.dp_late):
-                        self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
-                    self._stagger_arrive(wg)
-                    for r in cutlass.range_constexpr(len(lse_reps)):
-                        rLSE[r] = sLSE[tScS[lse_reps[r]][1], stage]
-                    # S^T done (dP^T, and dk_defer's dK, may still run); with s_halves its first
-                    # half (the second and dP^T may still run).
-                    warpgroup.wait_group(
-                        int(not self.dp_late) + int(self.dk_defer) + int(self.s_halves)
-                    )
-                    self._trace(dkv_sums, wg, traced, point_index("s_done"))
-                    if const_expr(self.dp_late):
-                        self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
-
-                    # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
-                    # shared memory here.
-                    if const_expr(not self.early_meta):
-                        n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
-                    probs_args = (
-                        acc_S, tScS, sLSE, rLSE, stage, scale_log2, n0, m0, shift, seqlen_k,
-                    )  # fmt: skip
-                    if const_expr(self.exp_tail > 0 or self.s_halves):
-                        # The last exp_tail exponentials after the dP^T wait, in one block with
-                        # dS^T; with s_halves the first half's before the wait for the second.
-                        # Each wait sits in a block between two branches: ptxas hoists a
-                        # wgmma wait above every exponential of its own block.
-                        split = max(cute.size(acc_S) - self.exp_tail, 0)
-                        first = 0
-                        if const_expr(self.s_halves):
-                            first = cute.size(acc_S) // 2
-                            if edge != 0:
-                                self._probs(*probs_args, True, 0, first)
-                            else:
-                                self._probs(*probs_args, False, 0, first)
-                            warpgroup.wait_group(1)
-                        if const_expr(split > first):
-                            if edge != 0:
-                                self._probs(*probs_args, True, first, split)
-                            else:
-                                self._probs(*probs_args, False, first, split)
-                        warpgroup.wait_group(0)
-                        self._trace(dkv_sums, wg, traced, point_index("dp_done"))
-                        if edge != 0:
-                            self._probs(*probs_args, True, split)
-                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-                        else:
-                            self._probs(*probs_args, False, split)
-                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-                    else:
-                        if edge != 0:
-                            self._probs(*probs_args, True)
-                        else:
-                            self._probs(*probs_args, False)
-                        if const_expr(self.dv_early):
-                            # dV now, in the tensor pipe while dS^T is computed (younger than
-                            # dP^T: the wait leaves it running).
-                            rP = cute.make_fragment_like(acc_S, self.dtype)
-                            convert_16bit(acc_S, rP)
-                            self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
-                            warpgroup.wait_group(1)
-                            self._trace(dkv_sums, wg, traced, point_index("dp_done"))
-                            self._grad_scores(rP, acc_dP, tScS, sDelta, stage)
-                        else:
-                            warpgroup.wait_group(0)
-                            self._trace(dkv_sums, wg, traced, point_index("dp_done"))
-                            self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
-
-                    if const_expr(not self.dv_early):
-                        rP = cute.make_fragment_like(acc_S, self.dtype)
-                        if const_expr(self.pack_truncated == 2):
-                            convert_16bit(acc_S, rP, truncated=True)
-                        else:
-                            rP.store(acc_S.load().to(self.dtype))
-                    if const_expr(self.dk_defer):  # noqa: SIM102 (compile-time, then runtime)
-                        # The dP^T wait took the deferred dK too: its slot is free.
-                        if kept_slot != 0:
-                            cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + kept_stage)
-                    rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                    if const_expr(self.pack_truncated > 0):
-                        convert_16bit(acc_dP, rdS, truncated=True)
-                    else:
-                        rdS.store(acc_dP.load().to(self.dtype))
-
-                    acc_dQ = cute.make_rmem_tensor(
-                        thr_dq.partition_shape_C(self.dq_mma_shape), Float32
-                    )
-                    # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
-                    # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
-                    # back. P's registers stay live until dV is done.
-                    if const_expr(self.ds_guard):
-                        # The other warpgroup's previous dQ GEMM has read the dS buffer.
-                        cute.arch.barrier(
-                            barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
-                        )
-                    cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
-                    self._trace(dkv_sums, wg, traced, point_index("ds_stored"))
-                    if const_expr(not self.dv_early):
-                        self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
-                    self._ds_barrier_gemms(
-                        self._dk_at(), acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv,
-                        ds_stage, stage, storage, dkv_sums, wg, traced,
-                    )  # fmt: skip
-                    if const_expr(self.do_single):
-                        do_phase = do_phase ^ 1
-
-                    # Hand the dQ partial to the dQ writer once its buffer is free.
-                    self._trace(dkv_sums, wg, traced, point_index("dq_wait"))
-                    self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
-                    self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
-                    self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
-                    cute.arch.fence_view_async_shared()
-                    self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
-                    self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
-                    if const_expr(self.dq_double):
-                        buf = buf ^ 1
-
                     warpgroup.wait_group(0)
-                    if const_expr(self.dkv_sum or self.dkv_row_ptr):
-                        # The chain's (batch, kv head, kv tile) are read at its last step only:
-                        # read at every step, ptxas moves them into uniform registers before the
-                        # branch, and every step waits there for the shared load (queued behind
-                        # the dQ partial's stores).
-                        if flags & F_LAST == 0:
-                            if const_expr(self.dk_defer):
-                                kept_stage, kept_slot = stage, Int32(1)
-                            else:
-                                cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                        else:
-                            if const_expr(self.dk_defer):
-                                self._chain_last_dk(acc_dK, rdS, tKrQ, stage, mma_dkv)
-                                kept_slot = Int32(0)
-                            self._end_chain(
-                                storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
-                                softmax_scale, seqlen_k, sK_out, sV_out, dkv_sums, tidx, wg,
-                            )  # fmt: skip
-                            self._zero_for_next_chain(acc_dK, acc_dV)
-                    else:
-                        b = sInfo[I_BATCH, stage]
-                        kvh = sInfo[I_KVH, stage]
-                        kvt = sInfo[I_KVT, stage]
-                        # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
-                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
-                        if flags & F_LAST != 0:
-                            # K/V are free for the next chain; dK/dV leave from registers.
-                            cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
-                            rdK = cute.make_fragment_like(acc_dK, self.dtype)
-                            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
-                            rdV = cute.make_fragment_like(acc_dV, self.dtype)
-                            rdV.store(acc_dV.load().to(self.dtype))
-                            gdK = mdK[b, None, kvh, None]
-                            gdV = mdV[b, None, kvh, None]
-                            # 32-bit stores of two neighbouring 16-bit values (the accumulator
-                            # holds column pairs), rows past seqlen_k dropped.
-                            self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                            self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
-                            self._zero_for_next_chain(acc_dK, acc_dV)
+                self._stop_dq_writer(buf, wg, self.ds_guard)
+            else:
+                # Step metadata is read from the stage's slot where it is used (it stays
+                # valid until this stage is released), so it does not occupy registers
+                # across the MMAs.
+                if const_expr(not self.kv_on_full):  # noqa: SIM102 (compile-time, then runtime)
+                    if flags & F_FIRST != 0:
+                        cute.arch.mbarrier_wait(storage.kv_full.data_ptr(), kv_phase)
+                        kv_phase = kv_phase ^ 1
+                        acc_dK.fill(0.0)
+                        acc_dV.fill(0.0)
 
-                    self._trace(dkv_sums, wg, traced, point_index("end"))
-                    if const_expr(self.step_trace > 0):
-                        traced = traced + 1
-                    stage, phase = self._next_stage(stage, phase)
+                if const_expr(self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                # S^T = K Q^T (issued above with gemm_before_flags), dP^T = V dO^T (two commit
+                # groups).
+                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
+                if const_expr(not self.gemm_before_flags):
+                    self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage)
+                self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
+                warpgroup.wait_group(1)  # S^T done (dP^T may still run)
+                self._trace(dkv_sums, wg, traced, point_index("s_done"))
+
+                # P^T = exp2(S^T * scale_log2 - lse2), masked (_probs), the LSE2 rows read from
+                # shared memory here.
+                if const_expr(not self.early_meta):
+                    n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
+                probs_args = (
+                    acc_S, tScS, sLSE, stage, scale_log2, n0, m0, shift, seqlen_k,
+                )  # fmt: skip
+                if const_expr(self.exp_tail > 0):
+                    # The last exp_tail exponentials after the dP^T wait, in one block with
+                    # dS^T. The wait sits in a block between two branches: ptxas hoists a
+                    # wgmma wait above every exponential of its own block.
+                    split = max(cute.size(acc_S) - self.exp_tail, 0)
+                    if const_expr(split > 0):
+                        if edge != 0:
+                            self._probs(*probs_args, True, 0, split)
+                        else:
+                            self._probs(*probs_args, False, 0, split)
+                    warpgroup.wait_group(0)
+                    self._trace(dkv_sums, wg, traced, point_index("dp_done"))
+                    if edge != 0:
+                        self._probs(*probs_args, True, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                    else:
+                        self._probs(*probs_args, False, split)
+                        self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+                else:
+                    if edge != 0:
+                        self._probs(*probs_args, True)
+                    else:
+                        self._probs(*probs_args, False)
+                    warpgroup.wait_group(0)
+                    self._trace(dkv_sums, wg, traced, point_index("dp_done"))
+                    self._grad_scores(acc_S, acc_dP, tScS, sDelta, stage)
+
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(self.dq_mma_shape), Float32)
+                # dS^T to shared memory first, then dV (FA4's order): dV runs through the dS
+                # barrier and dQ queues behind it, so the tensor cores see dV, dQ, dK back to
+                # back. P's registers stay live until dV is done.
+                if const_expr(self.ds_guard):
+                    # The other warpgroup's previous dQ GEMM has read the dS buffer.
+                    cute.arch.barrier(
+                        barrier_id=BAR_DQ_READ + 1 - wg, number_of_threads=self.num_mma_threads
+                    )
+                cute.copy(ds_copy, thr_ds.retile(rdS), tDsdS[None, None, None, ds_stage])
+                self._trace(dkv_sums, wg, traced, point_index("ds_stored"))
+                self._dv_gemm(acc_dV, rP, tVrdO, do_stage, mma_dkv)
+                self._ds_barrier_gemms(
+                    acc_dQ, acc_dK, rdS, tQrK, tQrdS, tKrQ, mma_dq, mma_dkv, ds_stage, stage,
+                    storage, dkv_sums, wg, traced,
+                )  # fmt: skip
+                if const_expr(self.do_single):
+                    do_phase = do_phase ^ 1
+
+                # Hand the dQ partial to the dQ writer once its buffer is free.
+                self._trace(dkv_sums, wg, traced, point_index("dq_wait"))
+                self._dq_barrier(BAR_DQ_EMPTY, buf, wg, wait=True)
+                self._trace(dkv_sums, wg, traced, point_index("dq_pass"))
+                self._store_dq_fragment(acc_dQ, sdQ, buf, tidx, mma_dq)
+                cute.arch.fence_view_async_shared()
+                self._trace(dkv_sums, wg, traced, point_index("dq_stored"))
+                self._dq_barrier(BAR_DQ_FULL, buf, wg, wait=False)
+                if const_expr(self.dq_double):
+                    buf = buf ^ 1
+
+                warpgroup.wait_group(0)
+                if const_expr(self.dkv_sum or self.dkv_row_ptr):
+                    # The chain's (batch, kv head, kv tile) are read at its last step only:
+                    # read at every step, ptxas moves them into uniform registers before the
+                    # branch, and every step waits there for the shared load (queued behind
+                    # the dQ partial's stores).
+                    if flags & F_LAST == 0:
+                        cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    else:
+                        self._end_chain(
+                            storage, sInfo, stage, acc_dK, acc_dV, mdK, mdV, tKcK, mma_dkv,
+                            softmax_scale, seqlen_k, sK_out, sV_out, dkv_sums, tidx, wg,
+                        )  # fmt: skip
+                        self._zero_for_next_chain(acc_dK, acc_dV)
+                else:
+                    b = sInfo[I_BATCH, stage]
+                    kvh = sInfo[I_KVH, stage]
+                    kvt = sInfo[I_KVT, stage]
+                    # Q, dO, LSE2, delta and the metadata of this stage are no longer read.
+                    cute.arch.mbarrier_arrive(storage.empty_bar.data_ptr() + stage)
+                    if flags & F_LAST != 0:
+                        # K/V are free for the next chain; dK/dV leave from registers.
+                        cute.arch.mbarrier_arrive(storage.kv_empty.data_ptr())
+                        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+                        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+                        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+                        rdV.store(acc_dV.load().to(self.dtype))
+                        gdK = mdK[b, None, kvh, None]
+                        gdV = mdV[b, None, kvh, None]
+                        # 32-bit stores of two neighbouring 16-bit values (the accumulator
+                        # holds column pairs), rows past seqlen_k dropped.
+                        self._store_pairs(rdK, gdK, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._store_pairs(rdV, gdV, tKcK, mma_dkv, kvt * bn, seqlen_k)
+                        self._zero_for_next_chain(acc_dK, acc_dV)
+
+                self._trace(dkv_sums, wg, traced, point_index("end"))
+                if const_expr(self.step_trace > 0):
+                    traced = traced + 1
+                stage, phase = self._next_stage(stage, phase)
 
     @cute.jit
     def _ds_barrier_gemms(
         self,
-        dk_at: cutlass.Constexpr[int],
         acc_dQ: cute.Tensor,
         acc_dK: cute.Tensor,
         rdS: cute.Tensor,
@@ -428,12 +307,8 @@ class StepMixin:
         traced: Int32,
     ):
         """After the dS^T store and the dV GEMM: the dS barrier, then the dQ and dK GEMMs
-        (``dk_at`` DK_AFTER_DQ, FA4's order: the tensor pipe runs dV, dQ, dK back to back),
-        dK before the barrier and dQ after it (DK_BEFORE_DS), or dQ alone (DK_NEXT_STEP: the
-        next step issues this dK). Returns with dQ done (dK may still run) and, with
-        do_single, dO's buffer released (dV was its last reader)."""
-        if const_expr(dk_at == DK_BEFORE_DS):
-            self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
+        (FA4's order: the tensor pipe runs dV, dQ, dK back to back). Returns with dQ done (dK
+        may still run) and, with do_single, dO's buffer released (dV was its last reader)."""
         cute.arch.fence_view_async_shared()
         self._trace(dkv_sums, wg, traced, point_index("ds_arrive"))
         cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_mma_threads)
@@ -442,55 +317,15 @@ class StepMixin:
             wgmma(mma_dq, acc_dQ, tQrK, tQrdS[None, None, None, ds_stage], zero_init=True)
         else:
             wgmma(mma_dq, acc_dQ, tQrdS[None, None, None, ds_stage], tQrK, zero_init=True)
-        # dV done (P's registers are free): with dK first two groups are younger, else one.
-        warpgroup.wait_group(2 if const_expr(dk_at == DK_BEFORE_DS) else 1)
+        warpgroup.wait_group(1)  # dV done (P's registers are free)
         if const_expr(self.do_single):
             cute.arch.mbarrier_arrive(storage.do_empty.data_ptr())
-        if const_expr(dk_at != DK_AFTER_DQ):
-            warpgroup.wait_group(0)  # dQ done (and dK before it, DK_BEFORE_DS)
-        else:
-            self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
-            warpgroup.wait_group(1)  # dQ done, dK may still run
+        self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
+        warpgroup.wait_group(1)  # dQ done, dK may still run
         if const_expr(self.ds_guard):
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-
-    def _s_halves_fragments(
-        self,
-        sK: cute.Tensor,
-        sQ: cute.Tensor,
-        wg: Int32,
-        tidx: Int32,
-        mma_sdp: cute.TiledMma,
-        shape_st: tuple[int, int],
-    ) -> SimpleNamespace | None:
-        """s_halves (trace time): the half-width S^T MMA, its K and Q fragments (Q's with an N
-        mode per half) and the layout under which a thread's S^T registers are its two
-        halves' accumulators, checked to hold the same (kv row, q row) coordinates in the same
-        registers as the whole MMA's fragment. None without s_halves."""
-        if not self.s_halves:
-            return None
-        mma_half = self._s_half_tiled_mma()
-        wg_half = mma_half.get_slice(wg * 128)
-        ident = cute.make_identity_tensor(shape_st)
-        for t in (0, 31, 32, 127, 128, 255):
-            whole = mma_sdp.get_slice(t).partition_C(ident)
-            halves = mma_half.get_slice(t).partition_C(ident)
-            if cute.size(whole) != cute.size(halves):
-                raise AssertionError("s_halves: the halves' fragments differ in size")
-            for i in range(cute.size(whole)):
-                if tuple(whole[i]) != tuple(halves[i]):
-                    raise AssertionError(
-                        f"s_halves: thread {t}, register {i}: {tuple(halves[i])} in the halves, "
-                        f"{tuple(whole[i])} in the whole S^T"
-                    )
-        return SimpleNamespace(
-            mma=mma_half,
-            tSrK=wg_half.make_fragment_A(wg_half.partition_A(sK)),
-            tSrQ=wg_half.make_fragment_B(wg_half.partition_B(sQ)),
-            layout=cute.make_layout(mma_half.get_slice(tidx).partition_shape_C(shape_st)),
-        )
 
     @cute.jit
     def _issue_s(
@@ -500,25 +335,9 @@ class StepMixin:
         tSrK: cute.Tensor,
         tSrQ: cute.Tensor,
         stage: Int32,
-        halves: SimpleNamespace | None,
     ):
-        """S^T = K Q^T from ring stage ``stage``: one commit group, or with s_halves
-        (``halves``, ``_s_halves_fragments``) one per half of the Q tile, the first half
-        first."""
-        if const_expr(halves is None):
-            wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-        else:
-            # The N mode as (1, 2), so that a half keeps the (value, M, N) modes cute.gemm
-            # takes.
-            acc = cute.logical_divide(
-                cute.make_tensor(acc_S.iterator, halves.layout), (None, None, 1)
-            )
-            frag_q = cute.logical_divide(halves.tSrQ, (None, 1, None, None))
-            for n in cutlass.range_constexpr(2):
-                wgmma(
-                    halves.mma, acc[None, None, (None, n)], halves.tSrK,
-                    frag_q[None, (None, n), None, stage], zero_init=True,
-                )  # fmt: skip
+        """S^T = K Q^T from ring stage ``stage`` (one commit group)."""
+        wgmma(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
 
     @cute.jit
     def _issue_dp(
@@ -552,27 +371,6 @@ class StepMixin:
             zero_init=False,
         )  # fmt: skip
 
-    def _dk_at(self) -> int:
-        """Where a step issues its dK GEMM (trace time): DK_NEXT_STEP with dk_defer,
-        DK_BEFORE_DS with dk_early, else DK_AFTER_DQ."""
-        if self.dk_defer:
-            return DK_NEXT_STEP
-        return DK_BEFORE_DS if self.dk_early else DK_AFTER_DQ
-
-    @cute.jit
-    def _chain_last_dk(
-        self,
-        acc_dK: cute.Tensor,
-        rdS: cute.Tensor,
-        tKrQ: cute.Tensor,
-        stage: Int32,
-        mma_dkv: cute.TiledMma,
-    ):
-        """dk_defer, at a chain's last step: its own dK GEMM (dS^T still in registers),
-        awaited: the chain epilogue reads acc_dK."""
-        self._dk_gemm(acc_dK, rdS, tKrQ, stage, mma_dkv)
-        warpgroup.wait_group(0)
-
     @cute.jit
     def _dk_gemm(
         self,
@@ -588,15 +386,6 @@ class StepMixin:
             mma_dkv, acc_dK, acc_to_operand_a(rdS), tKrQ[None, None, None, stage],
             zero_init=False,
         )  # fmt: skip
-
-    @cute.jit
-    def _stagger_arrive(self, wg: Int32) -> None:
-        """wg_stagger: warpgroup 0 lets warpgroup 1 issue this step's GEMMs (no wait)."""
-        if const_expr(self.wg_stagger):  # noqa: SIM102 (compile-time, then runtime)
-            if wg == 0:
-                cute.arch.barrier_arrive(
-                    barrier_id=BAR_STAGGER, number_of_threads=self.num_mma_threads
-                )
 
     @cute.jit
     def _trace(
@@ -666,7 +455,6 @@ class StepMixin:
         acc_S: cute.Tensor,
         tScS: cute.Tensor,
         sLSE: cute.Tensor,
-        rLSE: cute.Tensor,
         stage: Int32,
         scale_log2: Float32,
         n0: Int32,
@@ -681,17 +469,12 @@ class StepMixin:
         first..end; with ``masked``, zero for keys past seqlen_k (TMA gave zeros there, not
         -inf) and, causal, keys after the bottom-right diagonal. Rows past seqlen_q have
         lse2 = +inf, so P = 0 there without a mask. The LSE2 values come from the stage's
-        ``sLSE`` rows, or from ``rLSE`` for the elements lse_early read before the S^T wait."""
-        if const_expr(self.skip_elementwise):
-            return
+        ``sLSE`` rows."""
         end = cute.size(acc_S) if const_expr(end is None) else end
         poly_count, poly_period = self.exp_poly
         for i in cutlass.range_constexpr(first, end):
             n, m = tScS[i]
-            if const_expr(i in self._lse_slot):
-                x = acc_S[i] * scale_log2 - rLSE[self._lse_slot[i]]
-            else:
-                x = acc_S[i] * scale_log2 - sLSE[m, stage]
+            x = acc_S[i] * scale_log2 - sLSE[m, stage]
             if const_expr(i % poly_period >= poly_period - poly_count):
                 p = exp2_poly(x, self.exp_poly_degree)
             else:
@@ -699,36 +482,6 @@ class StepMixin:
             if const_expr(masked):
                 p = self._mask_prob(p, n, m, n0, m0, shift, seqlen_k)
             acc_S[i] = p
-
-    def _plan_lse_early(self, mma_sdp: cute.TiledMma, shape_st: tuple[int, int]) -> list[int]:
-        """Trace time (plain Python): for lse_early, one fragment element per LSE2 row read
-        early (the first lse_early distinct query columns in fragment order), and
-        ``self._lse_slot``, each element's register among them. The columns are read off the
-        MMA's thread-0 partition and checked to be the same pattern (shifted) for one thread
-        of each warp, as the kernel indexes them with its own thread's coordinates."""
-        self._lse_slot = {}
-        if self.lse_early == 0:
-            return []
-        ident = cute.make_identity_tensor(shape_st)
-
-        def columns(t: int) -> list[int]:
-            coords = mma_sdp.get_slice(t).partition_C(ident)
-            return [int(tuple(coords[i])[1]) for i in range(cute.size(coords))]
-
-        base = columns(0)
-        for t in range(0, self.num_mma_threads, 32):
-            shifted = columns(t)
-            if [c - shifted[0] for c in shifted] != [c - base[0] for c in base]:
-                raise AssertionError(f"S^T fragment columns of thread {t} are not thread 0's")
-        reps: list[int] = []
-        slot_of_column: dict[int, int] = {}
-        for i, column in enumerate(base):
-            if column not in slot_of_column and len(reps) < self.lse_early:
-                slot_of_column[column] = len(reps)
-                reps.append(i)
-            if column in slot_of_column:
-                self._lse_slot[i] = slot_of_column[column]
-        return reps
 
     @cute.jit
     def _mask_prob(
@@ -752,24 +505,10 @@ class StepMixin:
         sDelta: cute.Tensor,
         stage: Int32,
     ):
-        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T: fp32, or with dv_early
-        the 16-bit copy dV reads)."""
-        if const_expr(self.skip_elementwise):
-            return
-        packed = const_expr(acc_S.element_type is not Float32)
-        if const_expr(packed):
-            # Each value from its 32-bit pair (the packed conversion's registers). Read as
-            # 16-bit values, ptxas converted each on its own (one F2F per value, beside the
-            # exponentials, and both copies live: spills); that build was 0.95x (session 62).
-            words = cute.recast_tensor(acc_S, Int32)
-            bf16 = const_expr(acc_S.element_type == cutlass.BFloat16)
+        """dS^T = P^T (dP^T - delta) in place of dP^T (acc_S holds P^T in fp32)."""
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             _, m = tScS[i]
-            if const_expr(packed):
-                p = unpack_16bit_half(words[i // 2], i % 2 == 1, bf16)
-            else:
-                p = acc_S[i]
-            acc_dP[i] = p * (acc_dP[i] - sDelta[m, stage])
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - sDelta[m, stage])
 
     @cute.jit
     def _store_dq_fragment(

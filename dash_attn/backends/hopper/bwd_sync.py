@@ -22,9 +22,6 @@ BAR_KV_FREE = 14  # dkv_smem: both warpgroups' last GEMMs of a chain done (256 M
 # hand-over would complete a generation by itself. Ids 6-7 belong to dq_double's second
 # buffer otherwise, which a shared buffer excludes.
 BAR_WRITERS = 6
-# wg_stagger: warpgroup 0 arrives once it has issued a step's S^T and dP^T, warpgroup 1 waits
-# before issuing its own (256 MMA threads).
-BAR_STAGGER = 15
 
 # Step metadata slot (int32 words per stage).
 INFO_WORDS = 8

@@ -122,4 +122,4 @@ def test_unknown_variant_suffix_exits() -> None:
     from dash_attn.backends.hopper import bwd_launch, bwd_variant
 
     for det in (True, False):
-        assert bwd_variant(64, False, 4096, det) + "_dpl" in bwd_launch.VARIANTS
+        assert bwd_variant(64, False, 4096, det) + "_p18" in bwd_launch.VARIANTS

@@ -3,7 +3,7 @@
 ``bwd_step.TRACE_POINTS`` names, for each CTA's first N steps) runs once in place of the
 shipped kernel, and the stamps are summarised.
 
-    python tools/hopper/step_trace.py --headdim 128 4096:full [--modes det,nondet] [--suffix _dpl]
+    python tools/hopper/step_trace.py --headdim 64 4096:full [--modes det,nondet] [--suffix _xt48]
 
 Each config is ``seqlen:mask[:kv_heads]`` at the sweep's sizes, as ``variant_ab``'s (hidden
 2048, 16k tokens), bf16.

@@ -95,17 +95,24 @@ class BwdPreprocess:
     """LSE2 and delta of every row, and the zero fill of the flags (and of the dQ accumulator
     where the main kernel adds every partial; see the module)."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False) -> None:
+    def __init__(
+        self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False, rows: int = PRE_ROWS
+    ) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
+        # rows: rows per CTA (a probe's knob, tools/hopper/preprocess_rows_ab.py; a multiple of
+        # the rows one pass of the CTA's threads covers).
+        self.rows = rows
         # pdl: let the main kernel (a programmatic dependent launch) start once this CTA's loads
         # are issued; the main kernel waits for this grid's end before reading its outputs.
         self.pdl = pdl
         self.lanes = _row_lanes(head_dim)
         self.per_lane = head_dim // VEC // self.lanes  # vectors per thread and row
         self.rows_per_pass = PRE_THREADS // self.lanes
+        if rows % self.rows_per_pass:
+            raise ValueError(f"rows must be a multiple of {self.rows_per_pass}, got {rows}")
 
     @cute.jit
     def __call__(
@@ -119,7 +126,7 @@ class BwdPreprocess:
         stream: cuda.CUstream,
     ):
         batch, heads = mO.shape[0], mO.shape[2]
-        blocks = (mLSE2.shape[1] + PRE_ROWS - 1) // PRE_ROWS
+        blocks = (mLSE2.shape[1] + self.rows - 1) // self.rows
         self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mZero).launch(
             grid=[blocks, batch * heads, 1], block=[PRE_THREADS, 1, 1], stream=stream
         )
@@ -149,7 +156,7 @@ class BwdPreprocess:
         # it cannot prove is to another address (the first version ran at about half the
         # Triton preprocess's bandwidth on the H200, session 13).
         lane = tid % self.lanes
-        passes = PRE_ROWS // self.rows_per_pass
+        passes = self.rows // self.rows_per_pass
         o_vecs = [
             [cute.make_rmem_tensor((VEC,), self.dtype) for _ in range(self.per_lane)]
             for _ in range(passes)
@@ -160,7 +167,7 @@ class BwdPreprocess:
         ]
         lses = cute.make_rmem_tensor((passes,), Float32)
         for p in cutlass.range_constexpr(passes):
-            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
+            row = block * self.rows + p * self.rows_per_pass + tid // self.lanes
             lses[p] = -Float32.inf
             if row < seqlen_q:
                 load_row_vectors(
@@ -172,10 +179,10 @@ class BwdPreprocess:
             cute.arch.griddepcontrol_launch_dependents()
         totals = cute.make_rmem_tensor((passes,), Float32)
         for p in cutlass.range_constexpr(passes):
-            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
+            row = block * self.rows + p * self.rows_per_pass + tid // self.lanes
             totals[p] = row_dot(o_vecs[p], do_vecs[p], row < seqlen_q, self.lanes)
         for p in cutlass.range_constexpr(passes):
-            row = block * PRE_ROWS + p * self.rows_per_pass + tid // self.lanes
+            row = block * self.rows + p * self.rows_per_pass + tid // self.lanes
             if lane == 0 and row < rows_pad:
                 lse2 = Float32(float("inf"))
                 if lses[p] != -Float32.inf:  # rows past seqlen_q were left at -inf

@@ -114,6 +114,23 @@ def test_preprocess_refuses_odd_head_dim() -> None:
         BwdPreprocess(cutlass.BFloat16, 72)
 
 
+def test_preprocess_rows_per_cta() -> None:
+    """The probe's knob (``tools/hopper/preprocess_rows_ab.py``): rows per CTA must fill whole
+    passes of the CTA's threads (16 rows a pass at hd 64, 32 at hd 96), and the probe's
+    variants compile."""
+    import cutlass
+
+    from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess
+    from tools.hopper.preprocess_rows_ab import ROWS, compile_rows
+
+    with pytest.raises(ValueError, match="rows must be a multiple of 16"):
+        BwdPreprocess(cutlass.BFloat16, 64, rows=24)
+    with pytest.raises(ValueError, match="rows must be a multiple of 32"):
+        BwdPreprocess(cutlass.BFloat16, 96, rows=48)
+    assert BwdPreprocess(cutlass.BFloat16, 128).rows == 64  # the shipped kernel's
+    assert callable(compile_rows(cutlass.BFloat16, 64, max(ROWS)))
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])

@@ -13,7 +13,10 @@ Compiles bypass the kernel cache; about 3 s per kernel.
 det kernels with ``dkv_sum`` (the GQA split's in-kernel dK/dV sums, chosen at launch) and every
 variant of ``bwd_launch.VARIANTS`` (det causal and non-det full, at the head dims of its step
 layout; a combination the constructor refuses prints its error), about 600 compiles, 15-20
-minutes. ``--fwd`` adds the forward kernels the backend runs (``fwd_launch.compile_report``).
+minutes. ``--fwd`` adds the forward kernels the backend runs (``fwd_launch.compile_report``);
+``--pre-post`` the small kernels around the backward (``bwd_pre_post``: the preprocess, plain
+and as a programmatic primary, and the dQ casts, plain, programmatic and polled, per head dim
+and shipped Q tile).
 
 A change of the kernel's parameters (one more or one fewer) changes every PTX digest without
 changing what the kernel computes. ``--sass`` adds three digests of the SASS (``nvdisasm`` from
@@ -136,6 +139,40 @@ def forward_masked_ptx(config: tuple[int, bool, int, bool, bool, bool]) -> str:
     return _NAMES.sub("K", ptx)
 
 
+def pre_post_configs() -> list[tuple[str, int, int]]:
+    """(kind, head dim, Q tile rows) of ``--pre-post``'s compiles: kinds ``pre``, ``pre_pdl``
+    (rows 0: the preprocess has no tile), ``cast``, ``cast_pdl``, ``cast_poll``."""
+    from dash_attn.backends.hopper import BWD_HEADDIMS, bwd_tiles
+
+    configs: list[tuple[str, int, int]] = []
+    for head_dim in BWD_HEADDIMS:
+        configs += [("pre", head_dim, 0), ("pre_pdl", head_dim, 0)]
+        for block_m in sorted({bwd_tiles(head_dim, causal).block_m for causal in (False, True)}):
+            configs += [(kind, head_dim, block_m) for kind in ("cast", "cast_pdl", "cast_poll")]
+    return configs
+
+
+def pre_post_masked_ptx(kind: str, head_dim: int, block_m: int) -> str:
+    """The PTX of one bf16 ``pre_post_configs`` kernel, its generated names replaced by ``K``."""
+    import cutlass
+
+    from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast, compile_preprocess
+
+    with tempfile.TemporaryDirectory() as dump:
+        options = f"--keep-ptx --dump-dir {dump}"
+        if kind.startswith("pre"):
+            compile_preprocess(
+                cutlass.BFloat16, head_dim, pdl=kind == "pre_pdl", extra_options=options
+            )
+        else:
+            compile_dq_cast(
+                cutlass.BFloat16, head_dim, block_m, pdl=kind == "cast_pdl",
+                poll=kind == "cast_poll", extra_options=options,
+            )  # fmt: skip
+        (path,) = Path(dump).glob("*.ptx")
+        return _NAMES.sub("K", path.read_text())
+
+
 def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
 
@@ -182,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "--all", action="store_true", help="add dkv_sum kernels and every variant (PTX only)"
     )
     parser.add_argument("--fwd", action="store_true", help="add the forward kernels (PTX only)")
+    parser.add_argument(
+        "--pre-post", action="store_true", help="add the preprocess and dQ casts (PTX only)"
+    )
     args = parser.parse_args(argv)
     seen: dict[tuple, str] = {}
     for head_dim, causal, det, label, variant in shipped_configs():
@@ -222,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{_md5(forward_masked_ptx(config))}",
                 flush=True,
             )
+    if args.pre_post:
+        for kind, head_dim, block_m in pre_post_configs():
+            tile = f"bm{block_m}" if block_m else ""
+            digest = _md5(pre_post_masked_ptx(kind, head_dim, block_m))
+            print(f"{kind:9s} hd{head_dim} {tile:5s} {digest}", flush=True)
     return 0
 
 

@@ -102,3 +102,26 @@ def test_forward_configs_are_the_launch_choices() -> None:
 def test_forward_masked_ptx_masks_the_generated_names() -> None:
     ptx = ptx_digest.forward_masked_ptx(ptx_digest.forward_configs()[0])
     assert "cutlass_" not in ptx and "wgmma" in ptx and ".entry kernel_K(" in ptx
+
+
+def test_pre_post_configs_cover_the_shipped_tiles() -> None:
+    """``--pre-post``: both preprocess builds per head dim, the three dQ casts per shipped Q
+    tile (the full and causal tiles of each head dim), each once."""
+    from dash_attn.backends.hopper import bwd_tiles
+
+    configs = ptx_digest.pre_post_configs()
+    assert len(set(configs)) == len(configs)
+    for head_dim in BWD_HEADDIMS:
+        assert {("pre", head_dim, 0), ("pre_pdl", head_dim, 0)} <= set(configs)
+        for causal in (False, True):
+            block_m = bwd_tiles(head_dim, causal).block_m
+            for kind in ("cast", "cast_pdl", "cast_poll"):
+                assert (kind, head_dim, block_m) in configs
+
+
+def test_pre_post_masked_ptx_masks_the_generated_names() -> None:
+    pre = ptx_digest.pre_post_masked_ptx("pre", 64, 0)
+    polled = ptx_digest.pre_post_masked_ptx("cast_poll", 64, 128)
+    assert "cutlass_" not in pre + polled
+    assert "ld.global.v4" in pre and "griddepcontrol" not in pre
+    assert "griddepcontrol" in polled and pre != polled

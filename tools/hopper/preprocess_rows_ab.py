@@ -10,9 +10,10 @@ Rows per CTA change only which CTA computes a row, not its arithmetic: every var
 delta must be ``torch.equal`` to the shipped kernel's (checked before timing).
 
 Per head dim (the sweep's 4k shape: b4 x 4096 x hidden 2048), interleaved rounds of 20
-back-to-back launches each (``tools.hopper.interleaved``): ``r64`` (shipped), ``r128``,
-``r256``, and ``add``, ``torch.add(o, do, out=...)`` (reads the same 134 MB, writes 67 MB): a
-bandwidth reference, not a contender. Prints each side's median time per launch, the bandwidth
+back-to-back launches each (``tools.hopper.interleaved``): ``r64`` (shipped: 64 rows, 128
+threads), ``r128``, ``r256``, ``r128t256`` and ``r256t256`` (256 threads), and ``add``,
+``torch.add(o, do, out=...)`` (reads the same 134 MB, writes 67 MB): a bandwidth reference,
+not a contender. Prints each side's median time per launch, the bandwidth
 its bytes mean, and the ratios to ``r64``. From the repository root on an sm_90 GPU with the
 CuTe-DSL kit sourced::
 
@@ -25,13 +26,14 @@ import argparse
 import statistics
 from collections.abc import Callable
 
-ROWS = (64, 128, 256)
+# (rows, threads) per CTA of each side; (64, 128) is the shipped kernel's.
+SIDES = ((64, 128), (128, 128), (256, 128), (128, 256), (256, 256))
 CALLS = 20
 
 
-def compile_rows(dtype, head_dim: int, rows: int):
-    """``BwdPreprocess`` with ``rows`` rows per CTA, compiled as ``compile_preprocess`` does
-    (not cached: a probe's kernel)."""
+def compile_rows(dtype, head_dim: int, rows: int, threads: int = 128):
+    """``BwdPreprocess`` with ``rows`` rows and ``threads`` threads per CTA, compiled as
+    ``compile_preprocess`` does (not cached: a probe's kernel)."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.runtime import make_fake_stream
@@ -40,7 +42,7 @@ def compile_rows(dtype, head_dim: int, rows: int):
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, row_stat_fakes
 
     return cute.compile(
-        BwdPreprocess(dtype, head_dim, rows=rows),
+        BwdPreprocess(dtype, head_dim, rows=rows, threads=threads),
         *row_stat_fakes(dtype, head_dim),
         fake_tensor(Float32, 2, 4, 16),
         make_fake_stream(use_tvm_ffi_env_stream=True),
@@ -85,9 +87,10 @@ def main() -> None:
         rows_pad = -(-seqlen // 128) * 128
         fns: dict[str, Callable[[], None]] = {}
         outs: dict[str, tuple] = {}
-        for rows in ROWS:
-            kernel = compile_rows(cutlass.BFloat16, head_dim, rows)
-            fns[f"r{rows}"], outs[f"r{rows}"] = side(kernel, o, do, lse, rows_pad, zero)
+        for rows, threads in SIDES:
+            kernel = compile_rows(cutlass.BFloat16, head_dim, rows, threads)
+            name = f"r{rows}" + (f"t{threads}" if threads != 128 else "")
+            fns[name], outs[name] = side(kernel, o, do, lse, rows_pad, zero)
         summed = torch.empty_like(o)
         fns["add"] = lambda: [torch.add(o, do, out=summed) for _ in range(CALLS)]  # noqa: B023
         for fn in fns.values():

@@ -96,21 +96,28 @@ class BwdPreprocess:
     where the main kernel adds every partial; see the module)."""
 
     def __init__(
-        self, dtype: type[cutlass.Numeric], head_dim: int, pdl: bool = False, rows: int = PRE_ROWS
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        pdl: bool = False,
+        rows: int = PRE_ROWS,
+        threads: int = PRE_THREADS,
     ) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
-        # rows: rows per CTA (a probe's knob, tools/hopper/preprocess_rows_ab.py; a multiple of
-        # the rows one pass of the CTA's threads covers).
+        # rows, threads: rows and threads per CTA (a probe's knobs,
+        # tools/hopper/preprocess_rows_ab.py; rows a multiple of what one pass of the threads
+        # covers).
         self.rows = rows
+        self.threads = threads
         # pdl: let the main kernel (a programmatic dependent launch) start once this CTA's loads
         # are issued; the main kernel waits for this grid's end before reading its outputs.
         self.pdl = pdl
         self.lanes = _row_lanes(head_dim)
         self.per_lane = head_dim // VEC // self.lanes  # vectors per thread and row
-        self.rows_per_pass = PRE_THREADS // self.lanes
+        self.rows_per_pass = threads // self.lanes
         if rows % self.rows_per_pass:
             raise ValueError(f"rows must be a multiple of {self.rows_per_pass}, got {rows}")
 
@@ -128,7 +135,7 @@ class BwdPreprocess:
         batch, heads = mO.shape[0], mO.shape[2]
         blocks = (mLSE2.shape[1] + self.rows - 1) // self.rows
         self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mZero).launch(
-            grid=[blocks, batch * heads, 1], block=[PRE_THREADS, 1, 1], stream=stream
+            grid=[blocks, batch * heads, 1], block=[self.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
@@ -195,7 +202,9 @@ class BwdPreprocess:
         zeros = cute.make_rmem_tensor((4,), Float32)
         zeros.fill(0.0)
         cta = bh * blocks + block
-        for i in cutlass.range(cta * PRE_THREADS + tid, mZero.shape[0], bhs * blocks * PRE_THREADS):
+        for i in cutlass.range(
+            cta * self.threads + tid, mZero.shape[0], bhs * blocks * self.threads
+        ):
             cute.autovec_copy(zeros, mZero[i, None])
 
 

@@ -121,14 +121,17 @@ def test_preprocess_rows_per_cta() -> None:
     import cutlass
 
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess
-    from tools.hopper.preprocess_rows_ab import ROWS, compile_rows
+    from tools.hopper.preprocess_rows_ab import SIDES, compile_rows
 
     with pytest.raises(ValueError, match="rows must be a multiple of 16"):
         BwdPreprocess(cutlass.BFloat16, 64, rows=24)
     with pytest.raises(ValueError, match="rows must be a multiple of 32"):
         BwdPreprocess(cutlass.BFloat16, 96, rows=48)
-    assert BwdPreprocess(cutlass.BFloat16, 128).rows == 64  # the shipped kernel's
-    assert callable(compile_rows(cutlass.BFloat16, 64, max(ROWS)))
+    with pytest.raises(ValueError, match="rows must be a multiple of 32"):
+        BwdPreprocess(cutlass.BFloat16, 64, rows=16, threads=256)
+    shipped = BwdPreprocess(cutlass.BFloat16, 128)
+    assert (shipped.rows, shipped.threads) == SIDES[0] == (64, 128)
+    assert callable(compile_rows(cutlass.BFloat16, 64, *SIDES[-1]))
 
 
 @gpu

@@ -1,21 +1,24 @@
 """GPU probe: the hopper backward's preprocess (``bwd_pre_post.BwdPreprocess``: delta and LSE2
-of every row) with more rows per CTA, timed against the shipped 64 and against what the memory
-system gives a plain elementwise kernel on the same bytes.
+of every row) with other CTA shapes and grid orders, timed against the shipped one and against
+what the memory system gives a plain elementwise kernel on the same bytes.
 
 Why: at 16k tokens and hidden 2048 the preprocess reads O and dO (134 MB in bf16) in about 57 us
 on an H100 (``benchmarks/NOTES.md`` item 370), 2.4 TB/s, a fixed 2-3% of a 4k-token backward
 and up to 15% of a 512-token one. Its 8192 CTAs of 128 threads each keep 16 KB of loads in
-flight for one memory latency and exit, so the CTA launches may cost more than the bytes.
-Rows per CTA change only which CTA computes a row, not its arithmetic: every variant's LSE2 and
-delta must be ``torch.equal`` to the shipped kernel's (checked before timing).
+flight for one memory latency and exit, so the CTA launches may cost more than the bytes; and
+its grid walks one head's row blocks first, so the CTAs launched together read 128 bytes (hd
+64) or 256 every 4 KB of O and dO. The knobs: rows and threads per CTA, and the grid's heads
+first (``h``: CTAs launched together read neighbouring heads of the same rows, contiguous in
+(b, s, h, d) memory). None changes a row's arithmetic, only which CTA computes it: every side's
+LSE2 and delta must be ``torch.equal`` to the shipped kernel's (checked before timing).
 
 Per head dim (the sweep's 4k shape: b4 x 4096 x hidden 2048), interleaved rounds of 20
 back-to-back launches each (``tools.hopper.interleaved``): ``r64`` (shipped: 64 rows, 128
-threads), ``r128``, ``r256``, ``r128t256`` and ``r256t256`` (256 threads), and ``add``,
+threads), ``r64h``, ``r128``, ``r128h``, ``r256h``, ``r128t256h``, ``r256t256h``, and ``add``,
 ``torch.add(o, do, out=...)`` (reads the same 134 MB, writes 67 MB): a bandwidth reference,
-not a contender. Prints each side's median time per launch, the bandwidth
-its bytes mean, and the ratios to ``r64``. From the repository root on an sm_90 GPU with the
-CuTe-DSL kit sourced::
+not a contender. Prints each side's median time per launch, the bandwidth its bytes mean, and
+the ratios to ``r64``. From the repository root on an sm_90 GPU with the CuTe-DSL kit
+sourced::
 
     python3 -m tools.hopper.preprocess_rows_ab --rounds 12
 """
@@ -26,14 +29,22 @@ import argparse
 import statistics
 from collections.abc import Callable
 
-# (rows, threads) per CTA of each side; (64, 128) is the shipped kernel's.
-SIDES = ((64, 128), (128, 128), (256, 128), (128, 256), (256, 256))
+# (rows, threads, heads_fastest) of each side's CTAs and grid; the first is the shipped kernel.
+SIDES = (
+    (64, 128, False),
+    (64, 128, True),
+    (128, 128, False),
+    (128, 128, True),
+    (256, 128, True),
+    (128, 256, True),
+    (256, 256, True),
+)
 CALLS = 20
 
 
-def compile_rows(dtype, head_dim: int, rows: int, threads: int = 128):
-    """``BwdPreprocess`` with ``rows`` rows and ``threads`` threads per CTA, compiled as
-    ``compile_preprocess`` does (not cached: a probe's kernel)."""
+def compile_rows(dtype, head_dim: int, rows: int, threads: int = 128, heads_fastest=False):
+    """``BwdPreprocess`` with ``rows`` rows and ``threads`` threads per CTA (and the grid's
+    heads first), compiled as ``compile_preprocess`` does (not cached: a probe's kernel)."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.runtime import make_fake_stream
@@ -42,7 +53,7 @@ def compile_rows(dtype, head_dim: int, rows: int, threads: int = 128):
     from dash_attn.backends.hopper.bwd_pre_post import BwdPreprocess, row_stat_fakes
 
     return cute.compile(
-        BwdPreprocess(dtype, head_dim, rows=rows, threads=threads),
+        BwdPreprocess(dtype, head_dim, rows=rows, threads=threads, heads_fastest=heads_fastest),
         *row_stat_fakes(dtype, head_dim),
         fake_tensor(Float32, 2, 4, 16),
         make_fake_stream(use_tvm_ffi_env_stream=True),
@@ -87,9 +98,9 @@ def main() -> None:
         rows_pad = -(-seqlen // 128) * 128
         fns: dict[str, Callable[[], None]] = {}
         outs: dict[str, tuple] = {}
-        for rows, threads in SIDES:
-            kernel = compile_rows(cutlass.BFloat16, head_dim, rows, threads)
-            name = f"r{rows}" + (f"t{threads}" if threads != 128 else "")
+        for rows, threads, heads_fastest in SIDES:
+            kernel = compile_rows(cutlass.BFloat16, head_dim, rows, threads, heads_fastest)
+            name = f"r{rows}" + (f"t{threads}" if threads != 128 else "") + "h" * heads_fastest
             fns[name], outs[name] = side(kernel, o, do, lse, rows_pad, zero)
         summed = torch.empty_like(o)
         fns["add"] = lambda: [torch.add(o, do, out=summed) for _ in range(CALLS)]  # noqa: B023

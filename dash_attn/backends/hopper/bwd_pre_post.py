@@ -102,16 +102,20 @@ class BwdPreprocess:
         pdl: bool = False,
         rows: int = PRE_ROWS,
         threads: int = PRE_THREADS,
+        heads_fastest: bool = False,
     ) -> None:
         if head_dim % (4 * VEC):
             raise ValueError(f"head_dim must be a multiple of {4 * VEC}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
-        # rows, threads: rows and threads per CTA (a probe's knobs,
+        # rows, threads: rows and threads per CTA; heads_fastest: the grid's first axis walks
+        # the (batch x head)s, so that CTAs launched together read neighbouring heads of the
+        # same rows, contiguous in (b, s, h, d) memory (probe knobs,
         # tools/hopper/preprocess_rows_ab.py; rows a multiple of what one pass of the threads
         # covers).
         self.rows = rows
         self.threads = threads
+        self.heads_fastest = heads_fastest
         # pdl: let the main kernel (a programmatic dependent launch) start once this CTA's loads
         # are issued; the main kernel waits for this grid's end before reading its outputs.
         self.pdl = pdl
@@ -134,8 +138,11 @@ class BwdPreprocess:
     ):
         batch, heads = mO.shape[0], mO.shape[2]
         blocks = (mLSE2.shape[1] + self.rows - 1) // self.rows
+        grid = [blocks, batch * heads, 1]
+        if const_expr(self.heads_fastest):
+            grid = [batch * heads, blocks, 1]
         self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mZero).launch(
-            grid=[blocks, batch * heads, 1], block=[self.threads, 1, 1], stream=stream
+            grid=grid, block=[self.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
@@ -151,6 +158,9 @@ class BwdPreprocess:
         tid, _, _ = cute.arch.thread_idx()
         block, bh, _ = cute.arch.block_idx()
         blocks, bhs, _ = cute.arch.grid_dim()
+        if const_expr(self.heads_fastest):
+            bh, block, _ = cute.arch.block_idx()
+            bhs, blocks, _ = cute.arch.grid_dim()
         heads = mO.shape[2]
         seqlen_q = mO.shape[1]
         rows_pad = mLSE2.shape[1]

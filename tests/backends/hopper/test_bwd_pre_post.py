@@ -130,7 +130,7 @@ def test_preprocess_rows_per_cta() -> None:
     with pytest.raises(ValueError, match="rows must be a multiple of 32"):
         BwdPreprocess(cutlass.BFloat16, 64, rows=16, threads=256)
     shipped = BwdPreprocess(cutlass.BFloat16, 128)
-    assert (shipped.rows, shipped.threads) == SIDES[0] == (64, 128)
+    assert (shipped.rows, shipped.threads, shipped.heads_fastest) == SIDES[0] == (64, 128, False)
     assert callable(compile_rows(cutlass.BFloat16, 64, *SIDES[-1]))
 
 

@@ -31,7 +31,7 @@ import argparse
 import hashlib
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Key lengths below and above every BWD_VARIANT_LONG threshold.
@@ -101,6 +101,15 @@ def forward_configs() -> list[tuple[int, bool, int, bool, bool, bool]]:
     return configs
 
 
+def _dumped(compile_with: Callable[[str], object], kind: str) -> bytes:
+    """The ``kind`` file (``ptx`` or ``cubin``) of one compile: ``compile_with(options)`` must
+    pass ``options`` (``--keep-<kind>`` into a temporary folder) as its extra compile options."""
+    with tempfile.TemporaryDirectory() as dump:
+        compile_with(f"--keep-{kind} --dump-dir {dump}")
+        (path,) = Path(dump).glob(f"*.{kind}")
+        return path.read_bytes()
+
+
 def _kept_file(
     head_dim: int, causal: bool, deterministic: bool, variant: str, kind: str, dkv_sum: bool = False
 ) -> bytes:
@@ -109,13 +118,13 @@ def _kept_file(
 
     from dash_attn.backends.hopper import bwd_launch
 
-    with tempfile.TemporaryDirectory() as dump:
-        bwd_launch.compile_bwd(
+    return _dumped(
+        lambda options: bwd_launch.compile_bwd(
             torch.bfloat16, head_dim, causal=causal, deterministic=deterministic,
-            variant=variant, dkv_sum=dkv_sum, extra_options=f"--keep-{kind} --dump-dir {dump}",
-        )  # fmt: skip
-        (path,) = Path(dump).glob(f"*.{kind}")
-        return path.read_bytes()
+            variant=variant, dkv_sum=dkv_sum, extra_options=options,
+        ),
+        kind,
+    )  # fmt: skip
 
 
 def masked_ptx(
@@ -158,19 +167,17 @@ def pre_post_masked_ptx(kind: str, head_dim: int, block_m: int) -> str:
 
     from dash_attn.backends.hopper.bwd_pre_post import compile_dq_cast, compile_preprocess
 
-    with tempfile.TemporaryDirectory() as dump:
-        options = f"--keep-ptx --dump-dir {dump}"
+    def compile_with(options: str) -> object:
         if kind.startswith("pre"):
-            compile_preprocess(
+            return compile_preprocess(
                 cutlass.BFloat16, head_dim, pdl=kind == "pre_pdl", extra_options=options
             )
-        else:
-            compile_dq_cast(
-                cutlass.BFloat16, head_dim, block_m, pdl=kind == "cast_pdl",
-                poll=kind == "cast_poll", extra_options=options,
-            )  # fmt: skip
-        (path,) = Path(dump).glob("*.ptx")
-        return _NAMES.sub("K", path.read_text())
+        return compile_dq_cast(
+            cutlass.BFloat16, head_dim, block_m, pdl=kind == "cast_pdl",
+            poll=kind == "cast_poll", extra_options=options,
+        )  # fmt: skip
+
+    return _NAMES.sub("K", _dumped(compile_with, "ptx").decode())
 
 
 def _md5(text: str) -> str:

@@ -159,8 +159,7 @@ class BwdPreprocess:
         block, bh, _ = cute.arch.block_idx()
         blocks, bhs, _ = cute.arch.grid_dim()
         if const_expr(self.heads_fastest):
-            bh, block, _ = cute.arch.block_idx()
-            bhs, blocks, _ = cute.arch.grid_dim()
+            block, bh, blocks, bhs = bh, block, bhs, blocks
         heads = mO.shape[2]
         seqlen_q = mO.shape[1]
         rows_pad = mLSE2.shape[1]

@@ -68,6 +68,29 @@ def test_each_config_takes_the_newest_run_that_timed_both(tmp_path: Path) -> Non
     assert "1 of 2." in counts[1] and counts[2].endswith("1 of 1.")
 
 
+def test_forward_takes_fa4_det_where_a_run_timed_only_that(tmp_path: Path) -> None:
+    """FA4's det flag changes only its backward: a forward run that timed ``fa4_det`` alone
+    counts, and where a run timed both, ``fa4_nondet`` is the one taken."""
+    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
+    for run in ("old", "new"):
+        (tmp_path / run).mkdir()
+    write_csv(tmp_path / "old" / "bench.csv", [
+        _row("dash_hopper_auto", 100.0, old, mode="fwd"),
+        _row("fa4_nondet", 100.0, old, mode="fwd"),
+        _row("dash_hopper_auto", 100.0, old, mode="fwd", seqlen=2048, batch=8),
+        _row("fa4_nondet", 125.0, old, mode="fwd", seqlen=2048, batch=8),
+        _row("fa4_det", 80.0, old, mode="fwd", seqlen=2048, batch=8),
+    ], CSV_FIELDS)  # fmt: skip
+    write_csv(tmp_path / "new" / "bench.csv", [
+        _row("dash_hopper_auto", 110.0, new, mode="fwd"),
+        _row("fa4_det", 100.0, new, mode="fwd"),
+    ], CSV_FIELDS)  # fmt: skip
+    table, counts = targets_table.forward_table(targets_table.newest_runs(tmp_path))
+    assert "| 64 | full | 1k | 1.10x (1.10-1.10) | yes | new (" in table
+    assert "| 64 | full | 2k | 0.80x (0.80-0.80) | **no** | old (" in table
+    assert counts == ["- forward / FA4's >= 0.9x: 1 of 2 configs; >= 1.0x: 1 of 2."]
+
+
 def test_compressed_runs_are_read(tmp_path: Path) -> None:
     date = "2026-12-01T00:00:00+00:00"
     rows = [_row("dash_hopper_auto", 100.0, date, mode="fwd"), _row("fa4_nondet", 100.0, date,

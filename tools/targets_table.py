@@ -9,8 +9,8 @@ full and causal; hidden 2048 at head dims 64 and 128, the "24 configs", and the 
   FA4-det loses most to its own non-deterministic kernel (full mask up to 4k tokens, causal up to
   1k, at head dims 64 and 128);
 - deterministic at >= 0.95x our own non-deterministic backward (``dash_hopper_nondet``);
-- the hopper forward at >= 0.9x FA4's forward (``fa4_nondet``: FA4's det flag only changes its
-  backward).
+- the hopper forward at >= 0.9x FA4's forward (``fa4_nondet``, or where a run timed only
+  ``fa4_det``, that: FA4's det flag only changes its backward, so both run one forward kernel).
 
 Every ``bench.csv`` (or ``bench.csv.gz``) under the results folder is read; rows off the sweep
 grid are ignored. Each config takes the newest run (by the rows' ``date``) that timed both
@@ -126,9 +126,13 @@ def newest_runs(results: Path) -> list[tuple[str, list[dict]]]:
 
 
 def latest(
-    runs: Sequence[tuple[str, list[dict]]], mode: str, num: str, den: str
+    runs: Sequence[tuple[str, list[dict]]], mode: str, num: str, den: str | Sequence[str]
 ) -> dict[Config, tuple[Comparison, str]]:
-    """Per config of ``mode``: ``num`` over ``den`` from the newest run that timed both."""
+    """Per config of ``mode``: ``num`` over ``den`` from the newest run that timed both.
+
+    ``den`` may name several providers that time the same kernel, in order of preference: a run
+    counts if it timed ``num`` and any of them, and the first it timed is taken."""
+    dens = (den,) if isinstance(den, str) else tuple(den)
     found: dict[Config, tuple[Comparison, str]] = {}
     for name, rows in runs:
         by_config: dict[Config, dict[str, dict]] = {}
@@ -137,8 +141,9 @@ def latest(
                 key = (mode, int(row["headdim"]), bool(row["causal"]), int(row["seqlen"]))
                 by_config.setdefault(key, {})[str(row["provider"])] = row
         for key, providers in by_config.items():
-            if key not in found and num in providers and den in providers:
-                found[key] = (compare(providers[num], providers[den]), name)
+            timed = [d for d in dens if d in providers]
+            if key not in found and num in providers and timed:
+                found[key] = (compare(providers[num], providers[timed[0]]), name)
     return dict(sorted(found.items()))
 
 
@@ -187,7 +192,7 @@ def backward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[st
 
 def forward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[str]]:
     """The forward's table and its count line."""
-    vs_fa4 = latest(runs, "fwd", DET, FA4_NONDET)
+    vs_fa4 = latest(runs, "fwd", DET, (FA4_NONDET, FA4_DET))
     header = ["hdim", "mask", "seqlen", "hopper / FA4", f">= {FWD_FLOOR}x", "run"]
     body, met = [], 0
     for (_, headdim, causal, seqlen), (comparison, name) in vs_fa4.items():

@@ -230,8 +230,9 @@ def test_readme_results_are_generated_from_the_committed_files(
         # 192 and 256 with the grouped causal launch order.
         (results / "session42-8a8b3d3" / "call8" / "sweep-fwd" / "bench.csv", readme_text),
         (results / "session43-2d2ab7d" / "call6" / "fwd-large" / "bench.csv", readme_text),
-        # Session 45: the backward at 192 and 256 after the merged rounds and the area floor.
-        (results / "session45-c166108" / "call6" / "bwd-large" / "bench.csv", readme_text),
+        # Session 45: the backward at 192 and 256 after the merged rounds and the area floor
+        # (sessions 45-56's H200 runs are in the history since session 69's run).
+        (results / "session45-c166108" / "call6" / "bwd-large" / "bench.csv", text),
         # Session 47: the hd-64 backward with the next chain's K/V prefetched, and session 48's
         # with dK/dV staged too (both in the history since session 50's run).
         (results / "session47-54b87c1" / "call3" / "bwd64" / "bench.csv", text),
@@ -241,15 +242,22 @@ def test_readme_results_are_generated_from_the_committed_files(
         (results / "session50-5723982" / "call3" / "bwd64" / "bench.csv", text),
         (results / "session50-5723982" / "call3" / "bwd128" / "bench.csv", text),
         # Session 51: head dims 96 and 128 with the dQ cast beside the main kernel everywhere.
-        (results / "session51-8c102d0" / "call3" / "bwd96" / "bench.csv", readme_text),
-        (results / "session51-8c102d0" / "call3" / "bwd128" / "bench.csv", readme_text),
+        (results / "session51-8c102d0" / "call3" / "bwd96" / "bench.csv", text),
+        (results / "session51-8c102d0" / "call3" / "bwd128" / "bench.csv", text),
         # Session 55: head dims 64 and 128 on the kernels shipped now (call 9: the first three
         # hd-128 configs again with eight rounds).
-        (results / "session55-73abb0b" / "call7" / "bwd64" / "bench.csv", readme_text),
-        (results / "session55-73abb0b" / "call8" / "bwd128" / "bench.csv", readme_text),
-        (results / "session55-73abb0b" / "call9" / "bwd128_head" / "bench.csv", readme_text),
+        (results / "session55-73abb0b" / "call7" / "bwd64" / "bench.csv", text),
+        (results / "session55-73abb0b" / "call8" / "bwd128" / "bench.csv", text),
+        (results / "session55-73abb0b" / "call9" / "bwd128_head" / "bench.csv", text),
         # Session 56: head dim 256 on the kernels shipped now.
-        (results / "session56-644086d" / "call3" / "bwd256" / "bench.csv", readme_text),
+        (results / "session56-644086d" / "call3" / "bwd256" / "bench.csv", text),
+        # Session 69: every head dim on the kernels shipped now, the H200 table's rows.
+        (results / "session69" / "call1" / "bwd64" / "bench.csv.gz", readme_text),
+        (results / "session69" / "call1" / "bwd128" / "bench.csv.gz", readme_text),
+        (results / "session69" / "call3" / "bwd96" / "bench.csv.gz", readme_text),
+        (results / "session69" / "call3" / "bwd192" / "bench.csv.gz", readme_text),
+        (results / "session69" / "call3" / "bwd256" / "bench.csv.gz", readme_text),
+        (results / "session69" / "call4" / "bwd_long" / "bench.csv.gz", readme_text),
         # Session 58: every provider with "_kf" on both masks, on an H100 (session 57's runs
         # of four providers are in git history at 066a382).
         (h100 / "session58-066a382" / "call4" / "sweep" / "bench.csv.gz", readme_text),

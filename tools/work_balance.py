@@ -2,10 +2,10 @@
 
 A persistent worker runs whole chains (one KV tile over its queries: dK/dV stay in its
 registers), so a launch takes at least as long as its busiest worker. For each config of the
-benchmark sweep (16384 tokens, hidden 2048, head dims 64 and 128, 512..16k tokens, full and
-causal; the hopper tiles) this prints the busiest worker's steps over the mean, for the
-schedule ``auto`` picks (dynamic ones: tickets in order, each to the first free worker) and
-for greedy longest-first dispatch of single chains (what FA4's
+benchmark sweep (16384 tokens, hidden 2048, head dims 64 and 128 unless ``--headdims`` names
+others, 512..16k tokens, full and causal; the hopper tiles) this prints the busiest worker's
+steps over the mean, for the schedule ``auto`` picks (dynamic ones: tickets in order, each to
+the first free worker) and for greedy longest-first dispatch of single chains (what FA4's
 deterministic backward does with its tiles: an LPT order over one CTA per KV tile).
 
 The sweep's shapes all have a power-of-two number of equal units (chains, or symmetric pairs
@@ -13,7 +13,8 @@ of chains), which 132 workers cannot share evenly; single causal chains of diffe
 can be packed almost perfectly.
 
 Pure CPU, from the repository root:
-``PYTHONPATH=. python tools/work_balance.py [--workers 132] [--out CSV]``
+``PYTHONPATH=. python tools/work_balance.py [--workers 132] [--headdims 64,128] [--out CSV]``
+(head dims 96 and 192 at hidden 3072, as the bench sweeps them)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dash_attn.schedule.report import analysis_spec
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HIDDEN_OF = {96: 3072, 192: 3072}  # the bench's hidden size where it is not HIDDEN
 
 
 def busiest_over_mean(schedule: Schedule) -> float:
@@ -50,11 +52,11 @@ def lpt_busiest_over_mean(chain_steps: np.ndarray, workers: int) -> float:
     return float(load.max() / load.mean())
 
 
-def rows(workers: int) -> list[dict]:
+def rows(workers: int, headdims: tuple[int, ...] = (64, 128)) -> list[dict]:
     """One row per sweep config."""
     out = []
-    for headdim in (64, 128):
-        heads = HIDDEN // headdim
+    for headdim in headdims:
+        heads = HIDDEN_OF.get(headdim, HIDDEN) // headdim
         for causal in (False, True):
             for seqlen in SEQLENS:
                 problem = Problem(
@@ -78,9 +80,12 @@ def rows(workers: int) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=132)
+    parser.add_argument(
+        "--headdims", default="64,128", help="comma-separated head dims (of 64, 96, 128, 192, 256)"
+    )
     parser.add_argument("--out", type=Path, help="CSV to write (default: print only)")
     args = parser.parse_args()
-    table = rows(args.workers)
+    table = rows(args.workers, tuple(int(h) for h in args.headdims.split(",")))
     with args.out.open("w", newline="") if args.out else nullcontext(sys.stdout) as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()

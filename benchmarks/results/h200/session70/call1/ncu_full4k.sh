@@ -5,10 +5,11 @@
 # beside FA4 det and non-det at full 4k, hd 64 (4 x 4096 x 32) and hd 128 (4 x 4096 x 16), one
 # backward each (tools/hopper/backwards_for_ncu.py). Session 55's d128 profile of its kernels
 # (h200/session55-73abb0b/call4) is the same table for the kernels shipped then. Runs on the card
-# that comes and says which in env.txt. Then a short A/B at hd 192 causal 8k/16k (det/non-det
-# 0.93x at 16k, item 388, where the plan's whole pair units put 1.062x the mean on the busiest
-# worker; the DAG model gives det `descending` 3.8% less makespan there at r = c/2): hopper det
-# auto (symmetric_shift), det descending and non-det, three interleaved rounds. About 6 minutes.
+# that comes and says which in env.txt. Then a short A/B at hd 192 and 256 causal 8k/16k
+# (det/non-det 0.93x at d192 16k and 0.78x at d256 8k, item 388, where the plan's whole units
+# put 1.062x and 1.159x the mean on the busiest worker, item 389; the DAG model gives det
+# `descending` 3.8% and 5.5% less makespan there at r = c/2): hopper det auto
+# (symmetric_shift), det descending and non-det, three interleaved rounds. About 7 minutes.
 #   bash benchmarks/results/h200/session70/call1/ncu_full4k.sh <commit>   (carry [".peers"])
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
@@ -34,12 +35,12 @@ python3 $S --raw /tmp/raw_f4k.csv.gz --source /tmp/src_f4k.csv.gz --top 30 \
   > "$R/ncu_summary.txt" 2>&1
 cut -c1-220 "$R/table_f4k.txt"; ls -la /tmp/raw_f4k.csv.gz /tmp/src_f4k.csv.gz
 gzip -f "$R/ncu_console.txt" "$R/ncu_summary.txt"
-timeout 150 python3 -m dash_attn bench --mode bwd --headdims 192 --masks causal \
-  --seqlens 8192,16384 --no-determinism --no-model --hidden 3072 \
+timeout 200 python3 -m dash_attn bench --mode bwd --headdims 192,256 --masks causal \
+  --seqlens 8192,16384 --no-determinism --no-model --hidden 2048,192:3072 \
   --providers dash_hopper_auto,dash_hopper_descending,dash_hopper_nondet \
-  --rounds 3 --repeat-check 0 --no-plot --deadline-s 130 --commit "$COMMIT" \
-  --out-dir "$R/bwd192" > "$R/bwd192.log" 2>&1
-el "bench 192 rc $?"
-grep "^\[" "$R/bwd192.log" | cut -c1-220
-gzip -f "$R/bwd192.log"
+  --rounds 3 --repeat-check 0 --no-plot --deadline-s 180 --commit "$COMMIT" \
+  --out-dir "$R/bwd_causal" > "$R/bwd_causal.log" 2>&1
+el "bench causal rc $?"
+grep "^\[" "$R/bwd_causal.log" | cut -c1-220
+gzip -f "$R/bwd_causal.log"
 cd "$OUT" && tar czf r.tgz r && rm -rf r; el done

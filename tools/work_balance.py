@@ -14,7 +14,7 @@ can be packed almost perfectly.
 
 Pure CPU, from the repository root:
 ``PYTHONPATH=. python tools/work_balance.py [--workers 132] [--headdims 64,128] [--out CSV]``
-(head dims 96 and 192 at hidden 3072, as the bench sweeps them)
+(the heads of each head dim are ``targets_table.SWEEP_HEADS``: the README's sweeps)
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from dash_attn.plan import Problem
 from dash_attn.schedule import Mask, Schedule, auto_schedule_name, make_schedule, simulate
 from dash_attn.schedule.invariant import place_chains
 from dash_attn.schedule.report import analysis_spec
+from tools.targets_table import SWEEP_HEADS
 
-TOKENS, HIDDEN = 16384, 2048
+TOKENS = 16384
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-HIDDEN_OF = {96: 3072, 192: 3072}  # the bench's hidden size where it is not HIDDEN
 
 
 def busiest_over_mean(schedule: Schedule) -> float:
@@ -56,7 +56,7 @@ def rows(workers: int, headdims: tuple[int, ...] = (64, 128)) -> list[dict]:
     """One row per sweep config."""
     out = []
     for headdim in headdims:
-        heads = HIDDEN_OF.get(headdim, HIDDEN) // headdim
+        heads = SWEEP_HEADS[headdim]
         for causal in (False, True):
             for seqlen in SEQLENS:
                 problem = Problem(
@@ -85,7 +85,10 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, help="CSV to write (default: print only)")
     args = parser.parse_args()
-    table = rows(args.workers, tuple(int(h) for h in args.headdims.split(",")))
+    headdims = tuple(int(h) for h in args.headdims.split(","))
+    if unknown := [h for h in headdims if h not in SWEEP_HEADS]:
+        parser.error(f"--headdims: no sweep at {unknown}; the sweeps have {list(SWEEP_HEADS)}")
+    table = rows(args.workers, headdims)
     with args.out.open("w", newline="") if args.out else nullcontext(sys.stdout) as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()

@@ -11,7 +11,7 @@
 # `descending` 3.8% and 5.5% less makespan there at r = c/2): hopper det auto
 # (symmetric_shift), det descending and non-det, three interleaved rounds. About 7 minutes.
 #   bash benchmarks/results/h200/session70/next-not-run/ncu_full4k.sh <commit>   (carry [".peers"])
-# Prepared in session 70, not run: thirteen requests got no machine (NOTES session 70).
+# Prepared in session 70, not run: no machine came (NOTES session 70).
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

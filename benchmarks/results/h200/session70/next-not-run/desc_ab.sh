@@ -2,7 +2,8 @@
 # Session 70, the second half of next-not-run/ncu_full4k.sh alone (too little device time was
 # left for the whole): det `descending` beside `auto` (symmetric_shift) and non-det at hd 192 and
 # 256, causal 8k/16k, three interleaved rounds (NOTES item 389). About 4 minutes.
-#   bash benchmarks/results/h200/session70/call1/desc_ab.sh <commit>   (carry [".peers"])
+#   bash benchmarks/results/h200/session70/next-not-run/desc_ab.sh <commit>   (carry [".peers"])
+# Prepared in session 70, not run: no machine came (NOTES session 70).
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"

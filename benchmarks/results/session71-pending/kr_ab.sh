@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 71: K in registers as the A operand of S^T at hd 64 (`kv_regs`, the "_kr" variants of
+# Session 71: K in registers as the A operand of S^T at hd 64 (`k_regs`, the "_kr" variants of
 # the shipped det twins and counted kernels; bwd_step.py): each of S^T's k-blocks then reads 4 KiB
 # of shared memory instead of 6, a chain's first step loading K by ldmatrix and issuing S^T again.
 # Compiled on the CPU without spills or serialised WGMMAs. The same bits (checked: torch.equal to

@@ -188,7 +188,7 @@ class HopperAttnBwd(
         kv_on_full: bool = False,
         gemm_before_flags: bool = False,
         nondet_first_store: bool = False,
-        kv_regs: bool = False,
+        k_regs: bool = False,
         step_trace: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -513,7 +513,7 @@ class HopperAttnBwd(
             raise ValueError("gemm_before_flags needs kv_on_full (K ready at every step's barrier)")
         self.kv_on_full = kv_on_full
         self.gemm_before_flags = gemm_before_flags
-        # kv_regs (a probe, hd 64): each MMA thread holds its share of the chain's K rows in
+        # k_regs (a probe, hd 64): each MMA thread holds its share of the chain's K rows in
         #   registers (16 at hd 64, loaded by ldmatrix at the chain's first step), and S^T reads
         #   them as its register A operand (RS WGMMA), so each of its k-blocks reads only Q from
         #   shared memory (4 KiB instead of 6). With gemm_before_flags the S^T issued before the
@@ -521,9 +521,9 @@ class HopperAttnBwd(
         #   loaded and S^T issued again. The same products in the same order: the same bits.
         #   (V as dP^T's register operand too, 16 more registers: ptxas spilled 20-38 and
         #   serialised every WGMMA, session 71.)
-        if kv_regs and (dkv_swap or head_dim != 64):
-            raise NotImplementedError("kv_regs: at hd 64 only (the registers of K)")
-        self.kv_regs = kv_regs
+        if k_regs and (dkv_swap or head_dim != 64):
+            raise NotImplementedError("k_regs: at hd 64 only (the registers K takes)")
+        self.k_regs = k_regs
         # step_trace = n (> 0: a probe, never shipped): the MMA warps of the step loop at head
         #   dims 64-128 write their SM clock at bwd_step.TRACE_POINTS of each of a CTA's first
         #   n steps (later steps overwrite the last) into the buffer the kernel takes for the

@@ -319,12 +319,12 @@ for _name in _D64_FULL_4K:
             **VARIANTS[_name], "ptxas": f"--register-usage-level={_level}"
         }  # fmt: skip
 # Session 71 (a probe): the hd-64 det twins and counted kernels (full and causal) with K held in
-# registers as the A operand of S^T ("_kr", kv_regs): each of its k-blocks then reads 4 KiB of
+# registers as the A operand of S^T ("_kr", k_regs): each of its k-blocks then reads 4 KiB of
 # shared memory instead of 6. The same bits.
 _D64_KERNELS = (*_D64_FULL_4K, "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
                 "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf_nc")  # fmt: skip
 for _name in _D64_KERNELS:
-    VARIANTS[_name + "_kr"] = {**VARIANTS[_name], "kv_regs": True}
+    VARIANTS[_name + "_kr"] = {**VARIANTS[_name], "k_regs": True}
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

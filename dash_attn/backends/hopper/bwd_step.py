@@ -94,11 +94,11 @@ class StepMixin:
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
-        # The tiled MMA of S^T: mma_sdp, or with kv_regs its register-A twin, K then a register
+        # The tiled MMA of S^T: mma_sdp, or with k_regs its register-A twin, K then a register
         # fragment of this thread's rows (loaded at a chain's first step).
         mma_kq = mma_sdp
         k_load = None
-        if const_expr(self.kv_regs):
+        if const_expr(self.k_regs):
             mma_kq, tSrK, k_load = self._k_register_operand(sK, tidx)
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
@@ -174,7 +174,7 @@ class StepMixin:
                         kv_phase = kv_phase ^ 1
                         acc_dK.fill(0.0)
                         acc_dV.fill(0.0)
-                if const_expr(self.kv_regs):  # noqa: SIM102 (compile-time, then runtime)
+                if const_expr(self.k_regs):  # noqa: SIM102 (compile-time, then runtime)
                     if flags & F_FIRST != 0:
                         # A new chain: its K into registers (with gemm_before_flags the S^T
                         # issued above read the last chain's K: awaited, then issued again).
@@ -344,7 +344,7 @@ class StepMixin:
             )
 
     def _k_register_operand(self, sK: cute.Tensor, tidx: Int32):
-        """kv_regs: (the register-A tiled MMA of S^T, this thread's K fragment for it, the
+        """k_regs: (the register-A tiled MMA of S^T, this thread's K fragment for it, the
         ldmatrix copy that fills it from shared memory)."""
         mma_kq = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,

@@ -435,7 +435,7 @@ def _check_kernel_code(
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
     # (block_n/16).
     gemm_blocks = 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
-    if options.get("kv_regs") and options.get("gemm_before_flags"):
+    if options.get("k_regs") and options.get("gemm_before_flags"):
         # S^T issued again at a chain's first step, once K is in registers.
         gemm_blocks += head_dim // 16
     assert ptx.count("wgmma.mma_async") == gemm_blocks
@@ -799,8 +799,8 @@ def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: 
     assert 0 <= loop.find("HGMMA") < loop.find("LDS")
 
 
-def test_kv_regs_reads_k_from_registers(tmp_path: Path) -> None:
-    """``kv_regs`` (the ``_kr`` probes at hd 64): K reaches S^T as a register A operand,
+def test_k_regs_reads_k_from_registers(tmp_path: Path) -> None:
+    """``k_regs`` (the ``_kr`` probes at hd 64): K reaches S^T as a register A operand,
     loaded by ldmatrix at a chain's first step, S^T issued again there; no spills and no
     serialised WGMMAs (``_check_kernel_code``)."""
     config = (64, torch.bfloat16, False, True)
@@ -906,8 +906,8 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(
             cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_sum=True, step_trace=8
         )  # fmt: skip
-    with pytest.raises(NotImplementedError, match="kv_regs: at hd 64 only"):
-        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, kv_regs=True)
+    with pytest.raises(NotImplementedError, match="k_regs: at hd 64 only"):
+        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, k_regs=True)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -560,17 +560,22 @@ class HopperAttnBwd(
         order = (0, 1) if stages is None else (0, 1, 2)
         return cute.tile_to_shape(atom, shape, order=order)
 
+    def _sdp_tiled_mma(self, a_source=warpgroup.OperandSource.SMEM) -> cute.TiledMma:
+        """The tiled MMA of S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two
+        WGs, both operands K-major (with ``a_source`` RMEM: K from registers, ``k_regs``)."""
+        K_major = cute.nvgpu.OperandMajorMode.K
+        return sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, K_major, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.block_m), a_source=a_source,
+        )  # fmt: skip
+
     def _tiled_mmas(self):
         if self.dkv_swap:
             return self._swapped_tiled_mmas()
         bm, hd = self.block_m, self.head_dim
         K_major = cute.nvgpu.OperandMajorMode.K
         MN_major = cute.nvgpu.OperandMajorMode.MN
-        # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
-        mma_sdp = sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_major, K_major, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, bm),
-        )  # fmt: skip
+        mma_sdp = self._sdp_tiled_mma()
         # dV += P^T dO and dK += dS^T Q: A from registers, B = dO / Q read MN-major.
         mma_dkv = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_major, MN_major, Float32,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
@@ -346,11 +345,7 @@ class StepMixin:
     def _k_register_operand(self, sK: cute.Tensor, tidx: Int32):
         """k_regs: (the register-A tiled MMA of S^T, this thread's K fragment for it, the
         ldmatrix copy that fills it from shared memory)."""
-        mma_kq = sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.block_m),
-            a_source=warpgroup.OperandSource.RMEM,
-        )  # fmt: skip
+        mma_kq = self._sdp_tiled_mma(a_source=warpgroup.OperandSource.RMEM)
         thr_kq = mma_kq.get_slice(tidx)
         tSrK = thr_kq.make_fragment_A(thr_kq.partition_A(sK))
         ldsm = cute.make_copy_atom(

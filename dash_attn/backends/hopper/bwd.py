@@ -188,7 +188,6 @@ class HopperAttnBwd(
         kv_on_full: bool = False,
         gemm_before_flags: bool = False,
         nondet_first_store: bool = False,
-        k_regs: bool = False,
         step_trace: int = 0,
     ) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
@@ -513,17 +512,6 @@ class HopperAttnBwd(
             raise ValueError("gemm_before_flags needs kv_on_full (K ready at every step's barrier)")
         self.kv_on_full = kv_on_full
         self.gemm_before_flags = gemm_before_flags
-        # k_regs (a probe, hd 64): each MMA thread holds its share of the chain's K rows in
-        #   registers (16 at hd 64, loaded by ldmatrix at the chain's first step), and S^T reads
-        #   them as its register A operand (RS WGMMA), so each of its k-blocks reads only Q from
-        #   shared memory (4 KiB instead of 6). With gemm_before_flags the S^T issued before the
-        #   flags are read used the last chain's K at a chain's first step: it is awaited, K
-        #   loaded and S^T issued again. The same products in the same order: the same bits.
-        #   (V as dP^T's register operand too, 16 more registers: ptxas spilled 20-38 and
-        #   serialised every WGMMA, session 71.)
-        if k_regs and (dkv_swap or head_dim != 64):
-            raise NotImplementedError("k_regs: at hd 64 only (the registers K takes)")
-        self.k_regs = k_regs
         # step_trace = n (> 0: a probe, never shipped): the MMA warps of the step loop at head
         #   dims 64-128 write their SM clock at bwd_step.TRACE_POINTS of each of a CTA's first
         #   n steps (later steps overwrite the last) into the buffer the kernel takes for the
@@ -560,22 +548,17 @@ class HopperAttnBwd(
         order = (0, 1) if stages is None else (0, 1, 2)
         return cute.tile_to_shape(atom, shape, order=order)
 
-    def _sdp_tiled_mma(self, a_source=warpgroup.OperandSource.SMEM) -> cute.TiledMma:
-        """The tiled MMA of S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two
-        WGs, both operands K-major (with ``a_source`` RMEM: K from registers, ``k_regs``)."""
-        K_major = cute.nvgpu.OperandMajorMode.K
-        return sm90_helpers.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_major, K_major, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, self.block_m), a_source=a_source,
-        )  # fmt: skip
-
     def _tiled_mmas(self):
         if self.dkv_swap:
             return self._swapped_tiled_mmas()
         bm, hd = self.block_m, self.head_dim
         K_major = cute.nvgpu.OperandMajorMode.K
         MN_major = cute.nvgpu.OperandMajorMode.MN
-        mma_sdp = self._sdp_tiled_mma()
+        # S^T = K Q^T and dP^T = V dO^T: M = KV rows split over the two WGs.
+        mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_major, K_major, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, bm),
+        )  # fmt: skip
         # dV += P^T dO and dK += dS^T Q: A from registers, B = dO / Q read MN-major.
         mma_dkv = sm90_helpers.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_major, MN_major, Float32,

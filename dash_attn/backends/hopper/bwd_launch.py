@@ -318,13 +318,10 @@ for _name in _D64_FULL_4K:
         VARIANTS[f"{_name}_ru{_level}"] = {
             **VARIANTS[_name], "ptxas": f"--register-usage-level={_level}"
         }  # fmt: skip
-# Session 71 (a probe): the hd-64 det twins and counted kernels (full and causal) with K held in
-# registers as the A operand of S^T ("_kr", k_regs): each of its k-blocks then reads 4 KiB of
-# shared memory instead of 6. The same bits.
-_D64_KERNELS = (*_D64_FULL_4K, "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf",
-                "t128_xm24r_sm2_fs_dq2_dt_kp_w2_st_kf_nc")  # fmt: skip
-for _name in _D64_KERNELS:
-    VARIANTS[_name + "_kr"] = {**VARIANTS[_name], "k_regs": True}
+# (Session 71, measured in session 72 and not kept: K held in registers as S^T's A operand at
+# hd 64, k_regs "_kr" on the det twins and counted kernels: the same bits, 0.968x [0.959, 1.016]
+# det at d64 full 4k, 0.967x causal 4k, 3.171 against 3.029 ms under Nsight Compute with 4% fewer
+# shared-memory wavefronts; code in git history at f1b274c, benchmarks/NOTES.md item 391.)
 # Launcher-level keys of a variant (not kernel options): its tiles and ptxas flags.
 _LAUNCH_KEYS = ("tiles", "ptxas")
 DEFAULT_TILES = (64, 128)

@@ -93,12 +93,6 @@ class StepMixin:
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
-        # The tiled MMA of S^T: mma_sdp, or with k_regs its register-A twin, K then a register
-        # fragment of this thread's rows (loaded at a chain's first step).
-        mma_kq = mma_sdp
-        k_load = None
-        if const_expr(self.k_regs):
-            mma_kq, tSrK, k_load = self._k_register_operand(sK, tidx)
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
         tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
@@ -151,7 +145,7 @@ class StepMixin:
             if const_expr(self.gemm_before_flags):
                 # S^T = K Q^T before the flags are read: K is in (it arrives with the chain's
                 # first step's barrier); at the terminator the result is dropped.
-                self._issue_s(mma_kq, acc_S, tSrK, tSrQ, stage)
+                self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage)
             flags = sInfo[I_FLAGS, stage]
             done = flags & F_DONE
             # dS has one buffer with dq_double (its comment in HopperAttnBwd.__init__), one per
@@ -173,15 +167,6 @@ class StepMixin:
                         kv_phase = kv_phase ^ 1
                         acc_dK.fill(0.0)
                         acc_dV.fill(0.0)
-                if const_expr(self.k_regs):  # noqa: SIM102 (compile-time, then runtime)
-                    if flags & F_FIRST != 0:
-                        # A new chain: its K into registers (with gemm_before_flags the S^T
-                        # issued above read the last chain's K: awaited, then issued again).
-                        if const_expr(self.gemm_before_flags):
-                            warpgroup.wait_group(0)
-                        cute.copy(k_load, k_load.partition_S(sK), k_load.retile(tSrK))
-                        if const_expr(self.gemm_before_flags):
-                            self._issue_s(mma_kq, acc_S, tSrK, tSrQ, stage)
 
                 if const_expr(self.early_meta):
                     n0, m0, shift, edge = self._step_tiles(sInfo, stage, seqlen_q, seqlen_k)
@@ -189,7 +174,7 @@ class StepMixin:
                 # groups).
                 acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(shape_st), Float32)
                 if const_expr(not self.gemm_before_flags):
-                    self._issue_s(mma_kq, acc_S, tSrK, tSrQ, stage)
+                    self._issue_s(mma_sdp, acc_S, tSrK, tSrQ, stage)
                 self._issue_dp(acc_dP, tPrV, tPrdO, do_stage, storage, do_phase, mma_sdp)
                 warpgroup.wait_group(1)  # S^T done (dP^T may still run)
                 self._trace(dkv_sums, wg, traced, point_index("s_done"))
@@ -341,17 +326,6 @@ class StepMixin:
             cute.arch.barrier_arrive(
                 barrier_id=BAR_DQ_READ + wg, number_of_threads=self.num_mma_threads
             )
-
-    def _k_register_operand(self, sK: cute.Tensor, tidx: Int32):
-        """k_regs: (the register-A tiled MMA of S^T, this thread's K fragment for it, the
-        ldmatrix copy that fills it from shared memory)."""
-        mma_kq = self._sdp_tiled_mma(a_source=warpgroup.OperandSource.RMEM)
-        thr_kq = mma_kq.get_slice(tidx)
-        tSrK = thr_kq.make_fragment_A(thr_kq.partition_A(sK))
-        ldsm = cute.make_copy_atom(
-            cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        return mma_kq, tSrK, cute.make_tiled_copy_A(ldsm, mma_kq).get_slice(tidx)
 
     @cute.jit
     def _issue_s(

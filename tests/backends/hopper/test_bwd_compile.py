@@ -435,9 +435,6 @@ def _check_kernel_code(
     # Five GEMMs per step, all WGMMA: S, dP (hd/16 k-blocks each), dV, dK (block_m/16 each), dQ
     # (block_n/16).
     gemm_blocks = 2 * head_dim // 16 + 2 * block_m // 16 + block_n // 16
-    if options.get("k_regs") and options.get("gemm_before_flags"):
-        # S^T issued again at a chain's first step, once K is in registers.
-        gemm_blocks += head_dim // 16
     assert ptx.count("wgmma.mma_async") == gemm_blocks
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
@@ -799,17 +796,6 @@ def test_kv_on_full_issues_the_first_gemm_before_the_flags(det: bool, tmp_path: 
     assert 0 <= loop.find("HGMMA") < loop.find("LDS")
 
 
-def test_k_regs_reads_k_from_registers(tmp_path: Path) -> None:
-    """``k_regs`` (the ``_kr`` probes at hd 64): K reaches S^T as a register A operand,
-    loaded by ldmatrix at a chain's first step, S^T issued again there; no spills and no
-    serialised WGMMAs (``_check_kernel_code``)."""
-    config = (64, torch.bfloat16, False, True)
-    _, sass = _check_kernel_code(config, "t128_xm24r_sm2_fs_dq2_kp_w2_st_kf_kr", tmp_path)
-    mma_code = sass[sass.find("USETMAXREG.TRY_ALLOC.CTAPOOL") :]
-    # Each warp's 16 K rows x 64 columns: four ldmatrix x4.
-    assert len(re.findall(r"\bLDSM\.16\.M88\.4\b", mma_code)) == 4
-
-
 def test_step_trace_stamps_a_clock_per_trace_point(tmp_path: Path) -> None:
     """``step_trace`` (a probe, tools/hopper/step_trace.py): the MMA warpgroups read the SM
     clock at each of ``bwd_step.TRACE_POINTS`` but the fine ones (hd 64 only) and store it (no
@@ -906,8 +892,6 @@ def test_bad_kernel_options_raise() -> None:
         HopperAttnBwd(
             cutlass.BFloat16, 128, causal=False, deterministic=True, dkv_sum=True, step_trace=8
         )  # fmt: skip
-    with pytest.raises(NotImplementedError, match="k_regs: at hd 64 only"):
-        HopperAttnBwd(cutlass.BFloat16, 128, causal=False, deterministic=True, k_regs=True)
     with pytest.raises(ValueError, match="dkv_stage needs dkv_smem"):
         HopperAttnBwd(cutlass.BFloat16, 64, causal=False, deterministic=True, dkv_stage=True)
     # The staged dK/dV epilogue builds on the row-addressed one.

@@ -68,6 +68,26 @@ def test_each_config_takes_the_newest_run_that_timed_both(tmp_path: Path) -> Non
     assert "1 of 2." in counts[1] and counts[2].endswith("1 of 1.")
 
 
+def test_a_row_names_both_runs_when_det_over_nondet_is_newer(tmp_path: Path) -> None:
+    """A newer run that timed det and non-det without FA4 gives the row its det / non-det
+    ratio, and the run column names it beside the run of the FA4 comparison."""
+    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
+    for run in ("old", "new"):
+        (tmp_path / run).mkdir()
+    write_csv(tmp_path / "old" / "bench.csv", [
+        _row("dash_hopper_auto", 110.0, old), _row("fa4_det", 100.0, old),
+        _row("dash_hopper_nondet", 100.0, old),
+    ], CSV_FIELDS)  # fmt: skip
+    write_csv(tmp_path / "new" / "bench.csv", [
+        _row("dash_hopper_auto", 99.0, new), _row("dash_hopper_nondet", 100.0, new),
+    ], CSV_FIELDS)  # fmt: skip
+    table, counts = targets_table.backward_table(targets_table.newest_runs(tmp_path))
+    row = next(line for line in table.splitlines() if line.startswith("| 64 | full | 1k |"))
+    assert "| 1.10x (1.10-1.10) | >= 1.10x | yes | 0.99x (0.99-0.99) yes |" in row
+    assert row.endswith("| old (0:00, 2 rounds); det / non-det: new (0:00, 2 rounds) |")
+    assert counts[2].endswith("1 of 1.")
+
+
 def test_forward_takes_fa4_det_where_a_run_timed_only_that(tmp_path: Path) -> None:
     """FA4's det flag changes only its backward: a forward run that timed ``fa4_det`` alone
     counts, and where a run timed both, ``fa4_nondet`` is the one taken."""

@@ -155,6 +155,11 @@ def _met(value: float, target: float) -> str:
     return "yes" if round(value, 2) >= target else "**no**"
 
 
+def _run(name: str, comparison: Comparison) -> str:
+    """A table's run column: the run's folder, commit and round count."""
+    return f"{name} ({comparison.commit}, {comparison.rounds} rounds)"
+
+
 def backward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[str]]:
     """The backward's table (one row per config) and its count lines."""
     vs_fa4 = latest(runs, "bwd", DET, FA4_DET)
@@ -171,13 +176,17 @@ def backward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[st
         counts["cells_met"] += cell and value >= DASH_CELL_GOAL
         own = vs_nondet.get(("bwd", headdim, causal, seqlen))
         own_text = "-"
+        run_text = _run(name, comparison)
         if own is not None:
-            counts["nondet"] += round(own[0].ratio, 2) >= DET_OVER_NONDET
-            own_text = f"{own[0].cell()} {_met(own[0].ratio, DET_OVER_NONDET)}"
+            own_comparison, own_name = own
+            counts["nondet"] += round(own_comparison.ratio, 2) >= DET_OVER_NONDET
+            own_text = f"{own_comparison.cell()} {_met(own_comparison.ratio, DET_OVER_NONDET)}"
+            if own_name != name:
+                # A newer run timed det and non-det without FA4: the row names both runs.
+                run_text += f"; det / non-det: {_run(own_name, own_comparison)}"
         body.append([
             str(headdim), "causal" if causal else "full", _seq(seqlen), comparison.cell(),
-            f">= {target:.2f}x", _met(comparison.ratio, target), own_text,
-            f"{name} ({comparison.commit}, {comparison.rounds} rounds)",
+            f">= {target:.2f}x", _met(comparison.ratio, target), own_text, run_text,
         ])  # fmt: skip
     total = len(vs_fa4)
     lines = [
@@ -200,7 +209,7 @@ def forward_table(runs: Sequence[tuple[str, list[dict]]]) -> tuple[str, list[str
         body.append([
             str(headdim), "causal" if causal else "full", _seq(seqlen), comparison.cell(),
             _met(comparison.ratio, FWD_FLOOR),
-            f"{name} ({comparison.commit}, {comparison.rounds} rounds)",
+            _run(name, comparison),
         ])  # fmt: skip
     lines = [
         f"- forward / FA4's >= {FWD_FLOOR}x: {met} of {len(vs_fa4)} configs; >= {GOAL:.1f}x: "

@@ -29,30 +29,37 @@ def _row(provider: str, tflops: float, date: str, **over: object) -> dict:
     return row
 
 
+OLD, NEW = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
+
+
+def _write_run(results: Path, name: str, rows: list[dict]) -> None:
+    """A run folder ``results/name`` holding ``rows`` as its bench.csv."""
+    (results / name).mkdir()
+    write_csv(results / name / "bench.csv", rows, CSV_FIELDS)
+
+
 def test_doctests_run() -> None:
     result = doctest.testmod(targets_table)
     assert result.attempted > 0 and result.failed == 0
 
 
 def test_each_config_takes_the_newest_run_that_timed_both(tmp_path: Path) -> None:
-    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
-    for run in ("old", "new"):
-        (tmp_path / run).mkdir()
-    write_csv(tmp_path / "old" / "bench.csv", [
+    old, new = OLD, NEW
+    _write_run(tmp_path, "old", [
         _row("dash_hopper_auto", 110.0, old), _row("fa4_det", 100.0, old),
         _row("dash_hopper_nondet", 100.0, old),
         _row("dash_hopper_auto", 90.0, old, seqlen=2048, batch=8),
         _row("fa4_det", 100.0, old, seqlen=2048, batch=8),
-    ], CSV_FIELDS)  # fmt: skip
+    ])  # fmt: skip
     # The newer run: 1k without FA4 (so 1k stays with the old run), 2k with both, and a row off
     # the grid (batch 1 at 1k is not 16384 tokens) that must not count.
-    write_csv(tmp_path / "new" / "bench.csv", [
+    _write_run(tmp_path, "new", [
         _row("dash_hopper_auto", 130.0, new),
         _row("dash_hopper_auto", 95.0, new, seqlen=2048, batch=8),
         _row("fa4_det", 100.0, new, seqlen=2048, batch=8),
         _row("dash_hopper_auto", 50.0, new, seqlen=2048, batch=1),
         _row("fa4_det", 100.0, new, seqlen=2048, batch=1),
-    ], CSV_FIELDS)  # fmt: skip
+    ])  # fmt: skip
     runs = targets_table.newest_runs(tmp_path)
     assert [name for name, _ in runs] == ["new", "old"]
     found = targets_table.latest(runs, "bwd", "dash_hopper_auto", "fa4_det")
@@ -71,16 +78,14 @@ def test_each_config_takes_the_newest_run_that_timed_both(tmp_path: Path) -> Non
 def test_a_row_names_both_runs_when_det_over_nondet_is_newer(tmp_path: Path) -> None:
     """A newer run that timed det and non-det without FA4 gives the row its det / non-det
     ratio, and the run column names it beside the run of the FA4 comparison."""
-    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
-    for run in ("old", "new"):
-        (tmp_path / run).mkdir()
-    write_csv(tmp_path / "old" / "bench.csv", [
+    old, new = OLD, NEW
+    _write_run(tmp_path, "old", [
         _row("dash_hopper_auto", 110.0, old), _row("fa4_det", 100.0, old),
         _row("dash_hopper_nondet", 100.0, old),
-    ], CSV_FIELDS)  # fmt: skip
-    write_csv(tmp_path / "new" / "bench.csv", [
+    ])  # fmt: skip
+    _write_run(tmp_path, "new", [
         _row("dash_hopper_auto", 99.0, new), _row("dash_hopper_nondet", 100.0, new),
-    ], CSV_FIELDS)  # fmt: skip
+    ])  # fmt: skip
     table, counts = targets_table.backward_table(targets_table.newest_runs(tmp_path))
     row = next(line for line in table.splitlines() if line.startswith("| 64 | full | 1k |"))
     assert "| 1.10x (1.10-1.10) | >= 1.10x | yes | 0.99x (0.99-0.99) yes |" in row
@@ -91,20 +96,18 @@ def test_a_row_names_both_runs_when_det_over_nondet_is_newer(tmp_path: Path) -> 
 def test_forward_takes_fa4_det_where_a_run_timed_only_that(tmp_path: Path) -> None:
     """FA4's det flag changes only its backward: a forward run that timed ``fa4_det`` alone
     counts, and where a run timed both, ``fa4_nondet`` is the one taken."""
-    old, new = "2026-12-01T00:00:00+00:00", "2026-12-02T00:00:00+00:00"
-    for run in ("old", "new"):
-        (tmp_path / run).mkdir()
-    write_csv(tmp_path / "old" / "bench.csv", [
+    old, new = OLD, NEW
+    _write_run(tmp_path, "old", [
         _row("dash_hopper_auto", 100.0, old, mode="fwd"),
         _row("fa4_nondet", 100.0, old, mode="fwd"),
         _row("dash_hopper_auto", 100.0, old, mode="fwd", seqlen=2048, batch=8),
         _row("fa4_nondet", 125.0, old, mode="fwd", seqlen=2048, batch=8),
         _row("fa4_det", 80.0, old, mode="fwd", seqlen=2048, batch=8),
-    ], CSV_FIELDS)  # fmt: skip
-    write_csv(tmp_path / "new" / "bench.csv", [
+    ])  # fmt: skip
+    _write_run(tmp_path, "new", [
         _row("dash_hopper_auto", 110.0, new, mode="fwd"),
         _row("fa4_det", 100.0, new, mode="fwd"),
-    ], CSV_FIELDS)  # fmt: skip
+    ])  # fmt: skip
     table, counts = targets_table.forward_table(targets_table.newest_runs(tmp_path))
     assert "| 64 | full | 1k | 1.10x (1.10-1.10) | yes | new (" in table
     assert "| 64 | full | 2k | 0.80x (0.80-0.80) | **no** | old (" in table
@@ -115,8 +118,7 @@ def test_compressed_runs_are_read(tmp_path: Path) -> None:
     date = "2026-12-01T00:00:00+00:00"
     rows = [_row("dash_hopper_auto", 100.0, date, mode="fwd"), _row("fa4_nondet", 100.0, date,
             mode="fwd")]  # fmt: skip
-    (tmp_path / "run").mkdir()
-    write_csv(tmp_path / "run" / "bench.csv", rows, CSV_FIELDS)
+    _write_run(tmp_path, "run", rows)
     plain, packed = tmp_path / "run" / "bench.csv", tmp_path / "run" / "bench.csv.gz"
     with open(plain, "rb") as src, gzip.open(packed, "wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -167,8 +169,7 @@ def test_by_headdim_table_takes_geometric_means_per_pair(tmp_path: Path) -> None
         _row("fa4_nondet", 125.0, date),
         _row("dash_hopper_auto", 100.0, date, causal=True),
     ]
-    (tmp_path / "run").mkdir()
-    write_csv(tmp_path / "run" / "bench.csv", rows, CSV_FIELDS)
+    _write_run(tmp_path, "run", rows)
     table = targets_table.by_headdim_table(targets_table.newest_runs(tmp_path))
     assert "| 64 | full | 1.10x (1.00-1.21) | 1.00x (1.00-1.00) | 0.80x (0.80-0.80) |" in table
     assert "causal" not in table

@@ -4,13 +4,15 @@
 # (tools/parallel_tests.py), the groups of session 55's calls 1-2, the last run of the whole set
 # (benchmarks/results/h200/session55-73abb0b). Logs: r/<group>.log, one summary line per group.
 #   bash benchmarks/results/session72-pending/gpu_tests_all.sh <commit>   (carry [".peers"])
+# (Run in session 73 on an H100 with GROUPS renamed TEST_GROUPS: bash keeps GROUPS for itself
+# and the first call ran no group. Superseded by tools/gpu_tests.sh.)
 # With little device time: NO_TRITON=1 TESTS_TIMEOUT=400 bash ...
 COMMIT="$1"; KIT=.peers/fa4; R=$OUT/r
 source tools/device_setup.sh
 cp "${BASH_SOURCE[0]}" "$R/"
 el kit
 G=tests/backends/test_gpu.py
-GROUPS=(
+TEST_GROUPS=(
   "hopper_ref=$G -m gpu -k 'not triton and test_matches_fp32'"
   "hopper_bits=$G -m gpu -k 'not triton and test_bitwise'"
   "hopper_rest1=$G -m gpu -k 'not triton and not test_matches_fp32 and not test_bitwise and forward'"
@@ -21,13 +23,13 @@ GROUPS=(
 )
 # NO_TRITON=1 leaves out the Triton kernels' own groups (unchanged since session 55's run).
 if [ "${NO_TRITON:-}" != 1 ]; then
-  GROUPS+=(
+  TEST_GROUPS+=(
     "triton_ref=$G -m gpu -k 'triton and test_matches_fp32'"
     "triton_rest=$G -m gpu -k 'triton and not test_matches_fp32'"
   )
 fi
 echo "NO_TRITON=${NO_TRITON:-} TESTS_TIMEOUT=${TESTS_TIMEOUT:-}" >> "$R/env.txt"
-python3 -m tools.parallel_tests --out "$R" --timeout "${TESTS_TIMEOUT:-500}" "${GROUPS[@]}"
+python3 -m tools.parallel_tests --out "$R" --timeout "${TESTS_TIMEOUT:-500}" "${TEST_GROUPS[@]}"
 el "tests rc $?"
 for f in "$R"/*.log; do
   grep -v -e UserWarning -e exe_args "$f" > "$f.tmp" && mv "$f.tmp" "$f"
